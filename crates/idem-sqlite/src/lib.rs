@@ -1,0 +1,1 @@
+//! Embedded SQLite store.

@@ -1,0 +1,611 @@
+//! The engine: turns "a request with a key arrived" into exactly one
+//! execution and replays for everyone else.
+//!
+//! ```
+//! use idem::{Engine, Fingerprint, IdempotencyKey, MemoryStore, Run, Scope, StoredResponse};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let engine = Engine::new(MemoryStore::new());
+//! let scope = Scope::new("tenant-a", "POST /v1/payments")?;
+//! let key: IdempotencyKey = "pay-7".parse()?;
+//! let fp = Fingerprint::builder().json_body(br#"{"amount":100}"#).finish();
+//!
+//! let first = engine
+//!     .run(&scope, &key, fp, || async { StoredResponse::new(201, "charged once") })
+//!     .await?;
+//! assert!(matches!(first, Run::Executed(_)));
+//!
+//! let again = engine
+//!     .run(&scope, &key, fp, || async { unreachable!("never runs twice") })
+//!     .await?;
+//! let Run::Replayed(replay) = again else { panic!("expected a replay") };
+//! assert_eq!(&replay.response.body[..], b"charged once");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`Engine::begin`] is the lower-level form: it hands out a [`Guard`] that
+//! owns the record until the caller records a decision.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::store::{FinalOutcome, Reservation, ReserveRequest, Store, StoreError, Verdict};
+use crate::{
+    FailMode, Fingerprint, IdempotencyKey, InFlight, Lease, OwnerToken, Policy, RecordState,
+    Resolution, Scope, StoredResponse,
+};
+
+/// The idempotency engine over a store `S`. Cheap to clone; clones share the
+/// store.
+pub struct Engine<S> {
+    store: Arc<S>,
+    policy: Arc<Policy>,
+}
+
+impl<S> fmt::Debug for Engine<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("store", &std::any::type_name::<S>())
+            .field("policy", &self.policy)
+            .finish()
+    }
+}
+
+impl<S> Clone for Engine<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: Arc::clone(&self.store),
+            policy: Arc::clone(&self.policy),
+        }
+    }
+}
+
+/// A final answer found in the store, to be returned instead of running.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replay {
+    /// Completed or failed.
+    pub state: RecordState,
+    /// What to return.
+    pub response: StoredResponse,
+    /// What the original execution created, if it said.
+    pub resource_id: Option<String>,
+}
+
+/// What [`Engine::begin`] decided.
+pub enum Begin<S: Store> {
+    /// This caller owns the record: do the work, then record a decision on
+    /// the guard.
+    Execute(Guard<S>),
+    /// The same request finished before: return its answer.
+    Replay(Replay),
+    /// Another attempt is running (or, under [`LeaseExpiry::Hold`](crate::LeaseExpiry),
+    /// ran and left no answer): ask again later.
+    InProgress {
+        /// When asking again is worthwhile.
+        retry_after: Duration,
+        /// Whether the earlier attempt's outcome is unknown.
+        outcome_unknown: bool,
+    },
+    /// The key was used for a different request.
+    Mismatch {
+        /// State of the existing record.
+        state: RecordState,
+    },
+    /// The store failed and the policy is [`FailMode::Open`]: run the work
+    /// without protection (and count it).
+    Unprotected(StoreError),
+}
+
+impl<S: Store> fmt::Debug for Begin<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Execute(guard) => f.debug_tuple("Execute").field(guard).finish(),
+            Self::Replay(replay) => f.debug_tuple("Replay").field(replay).finish(),
+            Self::InProgress {
+                retry_after,
+                outcome_unknown,
+            } => f
+                .debug_struct("InProgress")
+                .field("retry_after", retry_after)
+                .field("outcome_unknown", outcome_unknown)
+                .finish(),
+            Self::Mismatch { state } => f.debug_struct("Mismatch").field("state", state).finish(),
+            Self::Unprotected(err) => f.debug_tuple("Unprotected").field(err).finish(),
+        }
+    }
+}
+
+/// What [`Engine::run`] did.
+#[derive(Debug)]
+pub enum Run {
+    /// The work ran here and this is its answer.
+    Executed(StoredResponse),
+    /// The work ran before; this is the original answer.
+    Replayed(Replay),
+    /// Another attempt is running.
+    InProgress {
+        /// When asking again is worthwhile.
+        retry_after: Duration,
+        /// Whether the earlier attempt's outcome is unknown.
+        outcome_unknown: bool,
+    },
+    /// The key was used for a different request; the work did not run.
+    Mismatch {
+        /// State of the existing record.
+        state: RecordState,
+    },
+    /// The store failed under [`FailMode::Open`]; the work ran unprotected.
+    Unprotected(StoredResponse),
+}
+
+/// Why the engine could not decide.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The store failed and the policy is [`FailMode::Closed`]: nothing ran.
+    #[error("idempotency store failed; refusing to run unprotected")]
+    Store(#[from] StoreError),
+}
+
+/// Why a finished attempt's answer was not recorded. The work **was done**:
+/// callers still return its answer to their client.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecordError {
+    /// Another attempt took the lease over before this one finished (the
+    /// work ran longer than its lease without a heartbeat), or the record
+    /// was released by an operator.
+    #[error("lease lost before the answer could be recorded")]
+    LeaseLost,
+    /// The store kept failing; the record was marked
+    /// [`OUTCOME_UNKNOWN`](crate::OUTCOME_UNKNOWN) if `marked_unknown`.
+    #[error(
+        "the answer could not be recorded (record marked outcome_unknown: {marked_unknown}): {source}"
+    )]
+    NotRecorded {
+        /// Whether the record now says `outcome_unknown`.
+        marked_unknown: bool,
+        /// The last store error.
+        #[source]
+        source: StoreError,
+    },
+}
+
+impl<S: Store> Engine<S> {
+    /// An engine over `store` with the default [`Policy`].
+    pub fn new(store: S) -> Self {
+        Self::from_arc(Arc::new(store))
+    }
+
+    /// An engine over a shared store.
+    pub fn from_arc(store: Arc<S>) -> Self {
+        Self {
+            store,
+            policy: Arc::new(Policy::default()),
+        }
+    }
+
+    /// This engine with another policy (same store).
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.policy = Arc::new(policy);
+        self
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<S> {
+        &self.store
+    }
+
+    /// Decides what to do with a request: run it (and own the record), replay
+    /// an earlier answer, or refuse.
+    ///
+    /// Under [`InFlight::Wait`], a duplicate of a running attempt waits (up
+    /// to the bound) for its answer and gets [`Begin::Replay`]; if the first
+    /// attempt releases the key meanwhile, the duplicate may get
+    /// [`Begin::Execute`] itself.
+    pub async fn begin(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+    ) -> Result<Begin<S>, EngineError> {
+        let deadline = match self.policy.on_in_flight {
+            InFlight::Reject => None,
+            InFlight::Wait(bound) => Some(Instant::now() + bound),
+        };
+        let mut pause = Duration::from_millis(5);
+        loop {
+            let owner = OwnerToken::random();
+            let req = ReserveRequest {
+                scope,
+                key,
+                fingerprint,
+                owner,
+                lease: self.policy.lease,
+                retention: self.policy.retention,
+                on_lease_expiry: self.policy.on_lease_expiry,
+            };
+            let reservation = match self.store.reserve(req).await {
+                Ok(r) => r,
+                Err(err) => return self.store_failed(err, scope, key),
+            };
+            match reservation {
+                Reservation::Acquired(lease) => {
+                    tracing::debug!(reason = "idempotency_execute", %scope, %key, attempt = lease.attempt);
+                    return Ok(Begin::Execute(Guard::new(self, scope, key, lease)));
+                }
+                Reservation::Existing(record) => {
+                    tracing::debug!(reason = "idempotency_replay", %scope, %key, state = %record.state);
+                    let record = *record;
+                    let Some(response) = record.response else {
+                        let err = StoreError::corrupt(format!(
+                            "final record {scope}/{key} has no stored response"
+                        ));
+                        return self.store_failed(err, scope, key);
+                    };
+                    return Ok(Begin::Replay(Replay {
+                        state: record.state,
+                        response,
+                        resource_id: record.resource_id,
+                    }));
+                }
+                Reservation::Mismatch { state } => {
+                    tracing::debug!(reason = "idempotency_mismatch", %scope, %key, %state);
+                    return Ok(Begin::Mismatch { state });
+                }
+                Reservation::InProgress {
+                    retry_after,
+                    outcome_unknown,
+                } => {
+                    let now = Instant::now();
+                    match deadline {
+                        Some(deadline) if now < deadline => {
+                            tokio::time::sleep(pause.min(deadline - now)).await;
+                            pause = (pause * 2).min(Duration::from_millis(100));
+                        }
+                        _ => {
+                            tracing::debug!(reason = "idempotency_in_progress", %scope, %key, ?retry_after);
+                            return Ok(Begin::InProgress {
+                                retry_after,
+                                outcome_unknown,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn store_failed(
+        &self,
+        err: StoreError,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> Result<Begin<S>, EngineError> {
+        match self.policy.fail_mode {
+            FailMode::Closed => {
+                tracing::warn!(reason = "idempotency_store_error", %scope, %key, %err, "refusing: fail-closed");
+                Err(EngineError::Store(err))
+            }
+            FailMode::Open => {
+                tracing::warn!(reason = "idempotency_unprotected", %scope, %key, %err, "running unprotected: fail-open");
+                Ok(Begin::Unprotected(err))
+            }
+        }
+    }
+
+    /// Runs `work` at most once per `(scope, key)`: the common case of
+    /// [`begin`](Self::begin). The guard keeps its lease alive while `work`
+    /// runs; the answer is recorded as the policy's
+    /// [`resolution_for`](Policy::resolution_for) its status says.
+    ///
+    /// If recording fails after the work ran, the answer is still returned
+    /// as [`Run::Executed`] (the work was done) and the failure is logged;
+    /// the record is left `outcome_unknown` where possible.
+    pub async fn run<F, Fut>(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+        work: F,
+    ) -> Result<Run, EngineError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = StoredResponse>,
+    {
+        Ok(match self.begin(scope, key, fingerprint).await? {
+            Begin::Execute(mut guard) => {
+                guard.keep_alive();
+                let response = work().await;
+                let recorded = guard.finish(response.clone()).await;
+                if let Err(err) = recorded {
+                    tracing::error!(reason = "idempotency_record_failed", %scope, %key, %err);
+                }
+                Run::Executed(response)
+            }
+            Begin::Replay(replay) => Run::Replayed(replay),
+            Begin::InProgress {
+                retry_after,
+                outcome_unknown,
+            } => Run::InProgress {
+                retry_after,
+                outcome_unknown,
+            },
+            Begin::Mismatch { state } => Run::Mismatch { state },
+            Begin::Unprotected(_) => Run::Unprotected(work().await),
+        })
+    }
+}
+
+/// Ownership of one record for one attempt.
+///
+/// Record a decision with [`complete`](Self::complete), [`fail`](Self::fail),
+/// [`release`](Self::release) or [`unknown`](Self::unknown). A guard dropped
+/// without a decision (a panic, a cancelled request) does **not** release
+/// the key: the lease simply runs out, and the policy's
+/// [`LeaseExpiry`](crate::LeaseExpiry) decides what the next attempt may do.
+/// Releasing would be wrong there, because the work may have had effects.
+pub struct Guard<S: Store> {
+    store: Arc<S>,
+    policy: Arc<Policy>,
+    scope: Scope,
+    key: IdempotencyKey,
+    lease: Lease,
+    resource_id: Option<String>,
+    error_code: Option<String>,
+    heartbeat: Option<Heartbeat>,
+}
+
+impl<S: Store> fmt::Debug for Guard<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Guard")
+            .field("scope", &self.scope)
+            .field("key", &self.key)
+            .field("lease", &self.lease)
+            .field("heartbeat", &self.heartbeat.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Heartbeat {
+    task: JoinHandle<()>,
+    lost: Arc<AtomicBool>,
+}
+
+impl<S: Store> Drop for Guard<S> {
+    fn drop(&mut self) {
+        if let Some(hb) = self.heartbeat.take() {
+            hb.task.abort();
+        }
+    }
+}
+
+const RECORD_FIRST_PAUSE: Duration = Duration::from_millis(20);
+const RECORD_MAX_PAUSE: Duration = Duration::from_millis(500);
+
+impl<S: Store> Guard<S> {
+    fn new(engine: &Engine<S>, scope: &Scope, key: &IdempotencyKey, lease: Lease) -> Self {
+        Self {
+            store: Arc::clone(&engine.store),
+            policy: Arc::clone(&engine.policy),
+            scope: scope.clone(),
+            key: key.clone(),
+            lease,
+            resource_id: None,
+            error_code: None,
+            heartbeat: None,
+        }
+    }
+
+    /// The lease this guard holds.
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Which attempt this is (1 for the first; higher after takeovers).
+    pub fn attempt(&self) -> u32 {
+        self.lease.attempt
+    }
+
+    /// The record's scope.
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    /// The record's key.
+    pub fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+
+    /// Names what the work created (a payment id…), stored with the answer.
+    pub fn set_resource_id(&mut self, id: impl Into<String>) {
+        self.resource_id = Some(id.into());
+    }
+
+    /// A machine-readable reason stored with the answer (e.g. a decline code).
+    pub fn set_error_code(&mut self, code: impl Into<String>) {
+        self.error_code = Some(code.into());
+    }
+
+    /// Whether a heartbeat found the lease taken over (the work should stop
+    /// if it can: its answer will not be recorded).
+    pub fn lease_lost(&self) -> bool {
+        self.heartbeat
+            .as_ref()
+            .is_some_and(|hb| hb.lost.load(Ordering::Acquire))
+    }
+
+    /// Extends the lease by the policy's lease duration, now.
+    pub async fn renew(&mut self) -> Result<(), StoreError> {
+        let until = self
+            .store
+            .renew(&self.scope, &self.key, &self.lease, self.policy.lease)
+            .await?;
+        self.lease.locked_until = until;
+        Ok(())
+    }
+
+    /// Starts a background heartbeat that renews the lease every third of
+    /// its duration until the guard is resolved or dropped, so slow work is
+    /// not taken over while its process lives. If the process dies, the
+    /// heartbeat dies with it and the lease lapses as usual. Needs a Tokio
+    /// runtime; calling it twice has no further effect.
+    pub fn keep_alive(&mut self) {
+        if self.heartbeat.is_some() {
+            return;
+        }
+        let lost = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(heartbeat(
+            Arc::clone(&self.store),
+            self.scope.clone(),
+            self.key.clone(),
+            self.lease,
+            self.policy.lease,
+            Arc::clone(&lost),
+        ));
+        self.heartbeat = Some(Heartbeat { task, lost });
+    }
+
+    fn stop_heartbeat(&mut self) {
+        if let Some(hb) = self.heartbeat.take() {
+            hb.task.abort();
+        }
+    }
+
+    /// Records success: the response is replayed to every later duplicate.
+    pub async fn complete(self, response: StoredResponse) -> Result<(), RecordError> {
+        self.record(Verdict::Completed, response).await
+    }
+
+    /// Records a deterministic failure: it is replayed, not retried.
+    pub async fn fail(self, response: StoredResponse) -> Result<(), RecordError> {
+        self.record(Verdict::Failed, response).await
+    }
+
+    /// Records the answer chosen by the policy for its status (complete,
+    /// fail or release).
+    pub async fn finish(self, response: StoredResponse) -> Result<(), RecordError> {
+        match self.policy.resolution_for(response.status) {
+            Resolution::Complete => self.complete(response).await,
+            Resolution::Fail => self.fail(response).await,
+            Resolution::Release => {
+                self.release()
+                    .await
+                    .map_err(|source| RecordError::NotRecorded {
+                        marked_unknown: false,
+                        source,
+                    })
+            }
+        }
+    }
+
+    /// Frees the key: the work had no effect and may run again.
+    pub async fn release(mut self) -> Result<(), StoreError> {
+        self.stop_heartbeat();
+        self.store
+            .release(&self.scope, &self.key, &self.lease)
+            .await
+    }
+
+    /// Marks the outcome unknown (the side effect may have happened, e.g. a
+    /// timeout after sending). The record stays processing until reconciled
+    /// or, under [`LeaseExpiry::Retry`](crate::LeaseExpiry::Retry), until its
+    /// lease lapses and a retry takes over.
+    pub async fn unknown(mut self, reason: &str) -> Result<(), StoreError> {
+        self.stop_heartbeat();
+        tracing::warn!(reason = "idempotency_outcome_unknown", scope = %self.scope, key = %self.key, cause = reason);
+        self.store
+            .mark_unknown(&self.scope, &self.key, &self.lease, reason)
+            .await
+    }
+
+    async fn record(
+        mut self,
+        verdict: Verdict,
+        response: StoredResponse,
+    ) -> Result<(), RecordError> {
+        self.stop_heartbeat();
+        let outcome = FinalOutcome {
+            verdict,
+            response,
+            resource_id: self.resource_id.take(),
+            error_code: self.error_code.take(),
+            retention: self.policy.retention,
+        };
+        let mut pause = RECORD_FIRST_PAUSE;
+        let mut last = None;
+        for attempt in 1..=self.policy.record_attempts {
+            match self
+                .store
+                .resolve(&self.scope, &self.key, &self.lease, &outcome)
+                .await
+            {
+                Ok(()) => return Ok(()),
+                Err(StoreError::Fenced) => return Err(RecordError::LeaseLost),
+                Err(err) => {
+                    tracing::warn!(%err, attempt, scope = %self.scope, key = %self.key, "recording the answer failed");
+                    let transient = err.is_transient();
+                    last = Some(err);
+                    if !transient {
+                        break;
+                    }
+                    if attempt < self.policy.record_attempts {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(RECORD_MAX_PAUSE);
+                    }
+                }
+            }
+        }
+        let source = last.unwrap_or_else(|| StoreError::unavailable("no attempt was made"));
+        let marked_unknown = self
+            .store
+            .mark_unknown(
+                &self.scope,
+                &self.key,
+                &self.lease,
+                "answer could not be recorded",
+            )
+            .await
+            .is_ok();
+        Err(RecordError::NotRecorded {
+            marked_unknown,
+            source,
+        })
+    }
+}
+
+async fn heartbeat<S: Store>(
+    store: Arc<S>,
+    scope: Scope,
+    key: IdempotencyKey,
+    lease: Lease,
+    duration: Duration,
+    lost: Arc<AtomicBool>,
+) {
+    let period = (duration / 3).max(Duration::from_millis(10));
+    loop {
+        tokio::time::sleep(period).await;
+        match store.renew(&scope, &key, &lease, duration).await {
+            Ok(_) => {}
+            Err(StoreError::Fenced) => {
+                tracing::warn!(%scope, %key, attempt = lease.attempt, "heartbeat: lease lost");
+                lost.store(true, Ordering::Release);
+                return;
+            }
+            Err(err) => tracing::warn!(%scope, %key, %err, "heartbeat: renewing the lease failed"),
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! Per-operation policy: how long answers are kept, how long an attempt
+//! holds its lease, what happens when it lapses or the store is down, and
+//! which answers are final.
+//!
+//! ```
+//! use std::time::Duration;
+//! use idem::{FailMode, InFlight, LeaseExpiry, Policy, Resolution};
+//!
+//! let policy = Policy::default()
+//!     .with_retention(Duration::from_secs(3600))
+//!     .with_on_in_flight(InFlight::Wait(Duration::from_secs(5)));
+//! assert_eq!(policy.lease, Duration::from_secs(30));
+//! assert_eq!(policy.on_lease_expiry, LeaseExpiry::Retry);
+//! assert_eq!(policy.fail_mode, FailMode::Closed);
+//! assert_eq!(policy.resolution_for(201), Resolution::Complete);
+//! assert_eq!(policy.resolution_for(422), Resolution::Fail);
+//! assert_eq!(policy.resolution_for(503), Resolution::Release);
+//! ```
+
+use std::time::Duration;
+
+/// What a new attempt may do when it finds a `processing` record whose lease
+/// has lapsed (the previous attempt crashed, hung or timed out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LeaseExpiry {
+    /// Take the record over as attempt + 1 and run again with the same key
+    /// (safe when the work itself is idempotent downstream, e.g. a provider
+    /// that deduplicates by the forwarded key).
+    #[default]
+    Retry,
+    /// Keep answering "in progress" until someone reconciles or releases the
+    /// record (for work that must never run twice).
+    Hold,
+}
+
+/// What to do when the store cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailMode {
+    /// Refuse the request (`503`): nothing runs unprotected.
+    #[default]
+    Closed,
+    /// Run the work without protection and say so.
+    Open,
+}
+
+/// What a duplicate gets while the first attempt is still running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InFlight {
+    /// Answer "in progress" at once, with a retry-after hint.
+    #[default]
+    Reject,
+    /// Wait up to this long for the first attempt's answer and replay it;
+    /// answer "in progress" if it has not come by then.
+    Wait(Duration),
+}
+
+/// How a finished attempt is recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution {
+    /// Store as `completed` and replay it.
+    Complete,
+    /// Store as `failed` (deterministic failure) and replay it.
+    Fail,
+    /// Record nothing and free the key: the answer was transient and a retry
+    /// should run the work again.
+    Release,
+}
+
+/// Statuses that free the key instead of being stored, by default:
+/// request timeout, conflict, too early, too many requests, and the
+/// gateway/availability errors. Retrying any of them may rightly succeed.
+pub const DEFAULT_RELEASE_STATUSES: &[u16] = &[408, 409, 425, 429, 502, 503, 504];
+
+/// Per-operation idempotency policy. Defaults: retention 24 h, lease 30 s,
+/// [`LeaseExpiry::Retry`], [`FailMode::Closed`], [`InFlight::Reject`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Policy {
+    /// How long a final answer is kept and replayed.
+    pub retention: Duration,
+    /// How long one attempt holds the record before others may act on it.
+    /// A [`Guard`](crate::Guard) with a heartbeat renews it while work runs.
+    pub lease: Duration,
+    /// What a new attempt may do with a lapsed lease.
+    pub on_lease_expiry: LeaseExpiry,
+    /// What to do when the store is unreachable.
+    pub fail_mode: FailMode,
+    /// What a duplicate gets while the first attempt runs.
+    pub on_in_flight: InFlight,
+    /// Statuses recorded as nothing and answered as-is: the key is released.
+    pub release_statuses: Vec<u16>,
+    /// How many times recording a finished attempt's answer is tried before
+    /// the record is marked [`OUTCOME_UNKNOWN`](crate::OUTCOME_UNKNOWN).
+    pub record_attempts: u32,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            retention: Duration::from_secs(24 * 3600),
+            lease: Duration::from_secs(30),
+            on_lease_expiry: LeaseExpiry::Retry,
+            fail_mode: FailMode::Closed,
+            on_in_flight: InFlight::Reject,
+            release_statuses: DEFAULT_RELEASE_STATUSES.to_vec(),
+            record_attempts: 4,
+        }
+    }
+}
+
+impl Policy {
+    /// Sets the retention.
+    pub fn with_retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Sets the lease.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets what happens to a lapsed lease.
+    pub fn with_on_lease_expiry(mut self, on_lease_expiry: LeaseExpiry) -> Self {
+        self.on_lease_expiry = on_lease_expiry;
+        self
+    }
+
+    /// Sets the fail mode.
+    pub fn with_fail_mode(mut self, fail_mode: FailMode) -> Self {
+        self.fail_mode = fail_mode;
+        self
+    }
+
+    /// Sets what duplicates get while the first attempt runs.
+    pub fn with_on_in_flight(mut self, on_in_flight: InFlight) -> Self {
+        self.on_in_flight = on_in_flight;
+        self
+    }
+
+    /// Sets which statuses release the key instead of being stored.
+    pub fn with_release_statuses(mut self, statuses: impl Into<Vec<u16>>) -> Self {
+        self.release_statuses = statuses.into();
+        self
+    }
+
+    /// Sets how many times recording an answer is tried (at least once).
+    pub fn with_record_attempts(mut self, attempts: u32) -> Self {
+        self.record_attempts = attempts.max(1);
+        self
+    }
+
+    /// How an answer with this status is recorded: release statuses free the
+    /// key, other statuses from 400 up are deterministic failures, the rest
+    /// complete.
+    pub fn resolution_for(&self, status: u16) -> Resolution {
+        if self.release_statuses.contains(&status) {
+            Resolution::Release
+        } else if status >= 400 {
+            Resolution::Fail
+        } else {
+            Resolution::Complete
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_design() {
+        let p = Policy::default();
+        assert_eq!(p.retention, Duration::from_secs(86_400));
+        assert_eq!(p.lease, Duration::from_secs(30));
+        assert_eq!(p.on_lease_expiry, LeaseExpiry::Retry);
+        assert_eq!(p.fail_mode, FailMode::Closed);
+        assert_eq!(p.on_in_flight, InFlight::Reject);
+    }
+
+    #[test]
+    fn resolution_by_status() {
+        let p = Policy::default();
+        for s in [200, 201, 204, 302] {
+            assert_eq!(p.resolution_for(s), Resolution::Complete, "{s}");
+        }
+        for s in [400, 402, 404, 422, 500] {
+            assert_eq!(p.resolution_for(s), Resolution::Fail, "{s}");
+        }
+        for s in [408, 409, 425, 429, 502, 503, 504] {
+            assert_eq!(p.resolution_for(s), Resolution::Release, "{s}");
+        }
+        let p = p.with_release_statuses(vec![500]);
+        assert_eq!(p.resolution_for(500), Resolution::Release);
+        assert_eq!(p.resolution_for(503), Resolution::Fail);
+        assert_eq!(Policy::default().with_record_attempts(0).record_attempts, 1);
+    }
+}

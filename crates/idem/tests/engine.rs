@@ -1,0 +1,304 @@
+//! Engine behaviour when things go wrong: store faults while recording,
+//! fail-open and fail-closed, duplicates waiting for the first answer, and
+//! a fast tier that loses everything.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use idem::{
+    Begin, CacheStore, Engine, EngineError, FailMode, InFlight, MemoryStore, Policy, RecordError,
+    RecordState, Run, Store, StoredResponse, Tiered,
+};
+use idem_testkit::conformance::{fp, key, unique_scope};
+use idem_testkit::{FaultyStore, Op};
+
+#[tokio::test]
+async fn transient_record_failures_are_retried_within_the_bound() {
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let engine = Engine::from_arc(Arc::clone(&store));
+    let (scope, k) = (unique_scope("retry-record"), key("k"));
+    let Begin::Execute(guard) = engine.begin(&scope, &k, fp("a")).await.expect("begin") else {
+        panic!("executes");
+    };
+    store.fail_next(Op::Resolve, 2);
+    guard
+        .complete(StoredResponse::new(201, "ok"))
+        .await
+        .expect("third try records");
+    assert_eq!(store.calls(Op::Resolve), 3);
+    let rec = store.get(&scope, &k).await.expect("get").expect("exists");
+    assert_eq!(rec.state, RecordState::Completed);
+}
+
+#[tokio::test]
+async fn work_done_but_not_recordable_is_marked_outcome_unknown() {
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let engine =
+        Engine::from_arc(Arc::clone(&store)).with_policy(Policy::default().with_record_attempts(3));
+    let (scope, k) = (unique_scope("unknown-record"), key("k"));
+    store.fail_next(Op::Resolve, 100);
+    let executions = AtomicU32::new(0);
+    let run = engine
+        .run(&scope, &k, fp("a"), || async {
+            executions.fetch_add(1, Ordering::SeqCst);
+            StoredResponse::new(201, "charged")
+        })
+        .await
+        .expect("run");
+    // The caller still gets the answer of the work that was done...
+    let Run::Executed(resp) = run else {
+        panic!("expected Executed, got {run:?}")
+    };
+    assert_eq!(&resp.body[..], b"charged");
+    assert_eq!(store.calls(Op::Resolve), 3, "bounded retries");
+    // ...and the record says the outcome is unknown, so no retry runs it again.
+    let rec = store.get(&scope, &k).await.expect("get").expect("exists");
+    assert!(rec.is_outcome_unknown(), "{rec:?}");
+    let again = engine
+        .run(&scope, &k, fp("a"), || async {
+            executions.fetch_add(1, Ordering::SeqCst);
+            StoredResponse::new(201, "charged twice")
+        })
+        .await
+        .expect("run");
+    assert!(
+        matches!(
+            again,
+            Run::InProgress {
+                outcome_unknown: true,
+                ..
+            }
+        ),
+        "{again:?}"
+    );
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_guard_reports_not_recorded_when_even_marking_fails() {
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let engine =
+        Engine::from_arc(Arc::clone(&store)).with_policy(Policy::default().with_record_attempts(2));
+    let (scope, k) = (unique_scope("not-recorded"), key("k"));
+    let Begin::Execute(guard) = engine.begin(&scope, &k, fp("a")).await.expect("begin") else {
+        panic!("executes");
+    };
+    store.fail_next(Op::Resolve, 100);
+    store.fail_next(Op::MarkUnknown, 100);
+    match guard.complete(StoredResponse::new(200, "x")).await {
+        Err(RecordError::NotRecorded {
+            marked_unknown,
+            source,
+        }) => {
+            assert!(!marked_unknown);
+            assert!(source.is_transient());
+        }
+        other => panic!("expected NotRecorded, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn fail_closed_refuses_and_fail_open_runs_unprotected() {
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let (scope, k) = (unique_scope("fail-mode"), key("k"));
+    let closed = Engine::from_arc(Arc::clone(&store));
+    store.fail_next(Op::Reserve, 1);
+    let executions = AtomicU32::new(0);
+    let result = closed
+        .run(&scope, &k, fp("a"), || async {
+            executions.fetch_add(1, Ordering::SeqCst);
+            StoredResponse::new(200, "x")
+        })
+        .await;
+    assert!(
+        matches!(result, Err(EngineError::Store(ref e)) if e.is_transient()),
+        "{result:?}"
+    );
+    assert_eq!(
+        executions.load(Ordering::SeqCst),
+        0,
+        "fail-closed runs nothing"
+    );
+
+    let open = closed
+        .clone()
+        .with_policy(Policy::default().with_fail_mode(FailMode::Open));
+    store.fail_next(Op::Reserve, 1);
+    let result = open
+        .run(&scope, &k, fp("a"), || async {
+            executions.fetch_add(1, Ordering::SeqCst);
+            StoredResponse::new(200, "unprotected")
+        })
+        .await
+        .expect("fail-open runs");
+    assert!(matches!(result, Run::Unprotected(ref r) if &r.body[..] == b"unprotected"));
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        store.get(&scope, &k).await.expect("get"),
+        None,
+        "nothing recorded"
+    );
+}
+
+#[tokio::test]
+async fn reject_policy_answers_in_progress_at_once() {
+    let engine = Engine::new(MemoryStore::new());
+    let (scope, k) = (unique_scope("reject"), key("k"));
+    let Begin::Execute(_guard) = engine.begin(&scope, &k, fp("a")).await.expect("begin") else {
+        panic!("executes");
+    };
+    match engine.begin(&scope, &k, fp("a")).await.expect("begin") {
+        Begin::InProgress {
+            retry_after,
+            outcome_unknown,
+        } => {
+            assert!(
+                retry_after > Duration::from_secs(25) && retry_after <= Duration::from_secs(30)
+            );
+            assert!(!outcome_unknown);
+        }
+        other => panic!("expected InProgress, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn wait_policy_gives_up_after_its_bound() {
+    let engine = Engine::new(MemoryStore::new()).with_policy(
+        Policy::default().with_on_in_flight(InFlight::Wait(Duration::from_millis(120))),
+    );
+    let (scope, k) = (unique_scope("wait-bound"), key("k"));
+    let Begin::Execute(_guard) = engine.begin(&scope, &k, fp("a")).await.expect("begin") else {
+        panic!("executes");
+    };
+    let started = std::time::Instant::now();
+    let second = engine.begin(&scope, &k, fp("a")).await.expect("begin");
+    assert!(matches!(second, Begin::InProgress { .. }), "{second:?}");
+    assert!(started.elapsed() >= Duration::from_millis(120));
+}
+
+#[tokio::test]
+async fn waiting_duplicate_executes_when_the_first_releases() {
+    let engine = Engine::new(MemoryStore::new())
+        .with_policy(Policy::default().with_on_in_flight(InFlight::Wait(Duration::from_secs(5))));
+    let (scope, k) = (unique_scope("wait-release"), key("k"));
+    let Begin::Execute(first) = engine.begin(&scope, &k, fp("a")).await.expect("begin") else {
+        panic!("executes");
+    };
+    let waiter = {
+        let (engine, scope, k) = (engine.clone(), scope.clone(), k.clone());
+        tokio::spawn(async move { engine.begin(&scope, &k, fp("a")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    first.release().await.expect("release");
+    match waiter.await.expect("task").expect("begin") {
+        Begin::Execute(guard) => assert_eq!(guard.attempt(), 1),
+        other => panic!("expected Execute, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn transient_statuses_release_the_key_and_rerun() {
+    let engine = Engine::new(MemoryStore::new());
+    let (scope, k) = (unique_scope("release-status"), key("k"));
+    let executions = AtomicU32::new(0);
+    for expected in [503u16, 201] {
+        let run = engine
+            .run(&scope, &k, fp("a"), || async {
+                let n = executions.fetch_add(1, Ordering::SeqCst);
+                StoredResponse::new(if n == 0 { 503 } else { 201 }, "x")
+            })
+            .await
+            .expect("run");
+        assert!(
+            matches!(run, Run::Executed(ref r) if r.status == expected),
+            "{run:?}"
+        );
+    }
+    let run = engine
+        .run(&scope, &k, fp("a"), || async {
+            StoredResponse::new(500, "never")
+        })
+        .await
+        .expect("run");
+    assert!(
+        matches!(run, Run::Replayed(ref r) if r.response.status == 201),
+        "{run:?}"
+    );
+    assert_eq!(executions.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn resource_id_and_error_code_are_kept_and_replayed() {
+    let engine = Engine::new(MemoryStore::new());
+    let (scope, k) = (unique_scope("details"), key("k"));
+    let Begin::Execute(mut guard) = engine.begin(&scope, &k, fp("a")).await.expect("begin") else {
+        panic!("executes");
+    };
+    guard.set_resource_id("pay_123");
+    guard.set_error_code("card_declined");
+    guard
+        .fail(StoredResponse::new(422, "declined"))
+        .await
+        .expect("fail");
+    match engine.begin(&scope, &k, fp("a")).await.expect("begin") {
+        Begin::Replay(replay) => {
+            assert_eq!(replay.state, RecordState::Failed);
+            assert_eq!(replay.resource_id.as_deref(), Some("pay_123"));
+            assert_eq!(replay.response.status, 422);
+        }
+        other => panic!("expected Replay, got {other:?}"),
+    }
+    let rec = engine
+        .store()
+        .get(&scope, &k)
+        .await
+        .expect("get")
+        .expect("exists");
+    assert_eq!(rec.error_code.as_deref(), Some("card_declined"));
+}
+
+#[tokio::test]
+async fn tiered_survives_losing_the_fast_tier_without_a_duplicate() {
+    let store = Arc::new(Tiered::new(MemoryStore::new(), MemoryStore::new()));
+    let engine = Engine::from_arc(Arc::clone(&store));
+    let (scope, k) = (unique_scope("tiered-flush"), key("k"));
+    let executions = AtomicU32::new(0);
+    let work = || async {
+        executions.fetch_add(1, Ordering::SeqCst);
+        StoredResponse::new(201, "once")
+    };
+    assert!(matches!(
+        engine.run(&scope, &k, fp("a"), work).await.expect("run"),
+        Run::Executed(_)
+    ));
+    // Replays come from the fast copy.
+    assert!(store.fast().get(&scope, &k).await.expect("get").is_some());
+    assert!(matches!(
+        engine.run(&scope, &k, fp("a"), work).await.expect("run"),
+        Run::Replayed(_)
+    ));
+
+    // The fast tier forgets everything (restart, FLUSHALL, eviction).
+    store.fast().evict(&scope, &k).await.expect("evict");
+    assert!(store.fast().is_empty());
+    let run = engine.run(&scope, &k, fp("a"), work).await.expect("run");
+    assert!(
+        matches!(run, Run::Replayed(ref r) if &r.response.body[..] == b"once"),
+        "{run:?}"
+    );
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
+    // ...and the replay put the copy back.
+    assert!(store.fast().get(&scope, &k).await.expect("get").is_some());
+
+    // A lost fast tier during processing cannot let a duplicate in either.
+    let k2 = key("k2");
+    let Begin::Execute(_guard) = engine.begin(&scope, &k2, fp("a")).await.expect("begin") else {
+        panic!("executes");
+    };
+    store.fast().evict(&scope, &k2).await.expect("evict");
+    assert!(matches!(
+        engine.begin(&scope, &k2, fp("a")).await.expect("begin"),
+        Begin::InProgress { .. }
+    ));
+}
