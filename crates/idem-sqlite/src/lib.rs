@@ -363,7 +363,7 @@ fn reserve_in_tx(
     req: &OwnedReserve,
 ) -> Result<Reservation, StoreError> {
     let (tenant, operation, key) = (req.scope.tenant(), req.scope.operation(), req.key.as_str());
-    let locked_until = now.add(req.lease);
+    let locked_until = now.plus(req.lease);
     let fingerprint = req.fingerprint.digest().as_slice();
     let owner = req.owner.to_bytes();
     let inserted = conn
@@ -375,7 +375,7 @@ fn reserve_in_tx(
                 key,
                 fingerprint,
                 now.as_millis(),
-                now.add(req.retention).as_millis(),
+                now.plus(req.retention).as_millis(),
                 locked_until.as_millis(),
                 owner.as_slice(),
             ])
@@ -403,7 +403,7 @@ fn reserve_in_tx(
                         key,
                         fingerprint,
                         now.as_millis(),
-                        now.add(req.retention).as_millis(),
+                        now.plus(req.retention).as_millis(),
                         locked_until.as_millis(),
                         owner.as_slice(),
                     ])
@@ -511,7 +511,7 @@ impl Store for SqliteStore {
                     a,
                     state.as_str(),
                     now.as_millis(),
-                    now.add(outcome.retention).as_millis(),
+                    now.plus(outcome.retention).as_millis(),
                     outcome.response.status,
                     headers,
                     &outcome.response.body[..],
@@ -571,7 +571,7 @@ impl Store for SqliteStore {
         self.write(move |conn, now| {
             let owner = lease.owner.to_bytes();
             let (t, o, k, w, a) = lease_params(&scope, &key, &owner, &lease);
-            let until = now.add(duration);
+            let until = now.plus(duration);
             fenced(conn.prepare_cached(schema::RENEW).and_then(|mut s| {
                 s.execute(params![t, o, k, w, a, until.as_millis(), now.as_millis()])
             }))?;
@@ -592,7 +592,7 @@ impl ListRecords for SqliteStore {
             let rows = stmt.query_map(
                 params![
                     filter.state.map(|s| s.as_str()),
-                    filter.older_than.map(|age| now.sub(age).as_millis()),
+                    filter.older_than.map(|age| now.minus(age).as_millis()),
                     filter.tenant,
                     now.as_millis(),
                     after.map(|c| c.created_at.as_millis()),

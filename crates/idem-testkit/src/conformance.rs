@@ -871,7 +871,7 @@ pub async fn engine_dropped_guard_keeps_record<S: Store>(store: Arc<S>) {
 /// `$fixture` is an async expression (evaluated once per test) producing a
 /// [`Fixture`]; give it the form `async { ... }`.
 ///
-/// ```ignore
+/// ```text
 /// idem_testkit::store_conformance!(async { std::sync::Arc::new(idem::MemoryStore::new()) });
 /// ```
 #[macro_export]

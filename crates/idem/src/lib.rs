@@ -31,14 +31,14 @@
 //! # }
 //! ```
 
-mod engine;
-mod fingerprint;
-mod key;
-mod memory;
-mod policy;
-mod record;
+pub mod engine;
+pub mod fingerprint;
+pub mod key;
+pub mod memory;
+pub mod policy;
+pub mod record;
 pub mod store;
-mod tiered;
+pub mod tiered;
 
 pub use engine::{Begin, Engine, EngineError, Guard, RecordError, Replay, Run};
 pub use fingerprint::{

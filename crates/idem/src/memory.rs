@@ -108,11 +108,11 @@ fn new_record(req: &ReserveRequest<'_>, now: Timestamp, attempt: u32) -> Record 
         state: RecordState::Processing,
         created_at: now,
         updated_at: now,
-        expires_at: now.add(req.retention),
+        expires_at: now.plus(req.retention),
         lease: Lease {
             owner: req.owner,
             attempt,
-            locked_until: now.add(req.lease),
+            locked_until: now.plus(req.lease),
         },
         response: None,
         resource_id: None,
@@ -140,7 +140,7 @@ impl Store for MemoryStore {
                 existing.lease = Lease {
                     owner: req.owner,
                     attempt: existing.lease.attempt + 1,
-                    locked_until: now.add(req.lease),
+                    locked_until: now.plus(req.lease),
                 };
                 existing.updated_at = now;
                 Reservation::Acquired(existing.lease)
@@ -177,7 +177,7 @@ impl Store for MemoryStore {
             if let Some(r) = shard.get_mut(&id) {
                 r.state = outcome.verdict.into();
                 r.updated_at = now;
-                r.expires_at = now.add(outcome.retention);
+                r.expires_at = now.plus(outcome.retention);
                 r.response = Some(outcome.response.clone());
                 r.resource_id.clone_from(&outcome.resource_id);
                 r.error_code.clone_from(&outcome.error_code);
@@ -220,7 +220,7 @@ impl Store for MemoryStore {
         duration: Duration,
     ) -> Result<Timestamp, StoreError> {
         let now = Timestamp::now();
-        let until = now.add(duration);
+        let until = now.plus(duration);
         self.with_owned(scope, key, lease, owns, |shard, id| {
             if let Some(r) = shard.get_mut(&id) {
                 r.lease.locked_until = until;
@@ -234,7 +234,7 @@ impl Store for MemoryStore {
 impl ListRecords for MemoryStore {
     async fn list(&self, filter: &ListFilter) -> Result<Page, StoreError> {
         let now = Timestamp::now();
-        let cutoff = filter.older_than.map(|age| now.sub(age));
+        let cutoff = filter.older_than.map(|age| now.minus(age));
         let mut records: Vec<Record> = Vec::new();
         for shard in self.shards.iter() {
             let shard = lock(shard);

@@ -48,13 +48,13 @@ impl Timestamp {
     }
 
     /// This instant moved forward by `d`, saturating.
-    pub fn add(self, d: Duration) -> Self {
+    pub fn plus(self, d: Duration) -> Self {
         let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
         Self(self.0.saturating_add(ms))
     }
 
     /// This instant moved back by `d`, saturating.
-    pub fn sub(self, d: Duration) -> Self {
+    pub fn minus(self, d: Duration) -> Self {
         let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
         Self(self.0.saturating_sub(ms))
     }
@@ -331,8 +331,8 @@ mod tests {
     #[test]
     fn timestamps() {
         let t = Timestamp::from_millis(1_000);
-        assert_eq!(t.add(Duration::from_millis(500)).as_millis(), 1_500);
-        assert_eq!(t.sub(Duration::from_secs(2)).as_millis(), -1_000);
+        assert_eq!(t.plus(Duration::from_millis(500)).as_millis(), 1_500);
+        assert_eq!(t.minus(Duration::from_secs(2)).as_millis(), -1_000);
         assert_eq!(
             t.since(Timestamp::from_millis(400)),
             Duration::from_millis(600)

@@ -119,9 +119,9 @@ impl<F: CacheStore, D: Store> Store for Tiered<F, D> {
                 key: req.key.clone(),
                 fingerprint: req.fingerprint,
                 state: RecordState::Processing,
-                created_at: lease.locked_until.sub(req.lease),
-                updated_at: lease.locked_until.sub(req.lease),
-                expires_at: lease.locked_until.add(req.retention),
+                created_at: lease.locked_until.minus(req.lease),
+                updated_at: lease.locked_until.minus(req.lease),
+                expires_at: lease.locked_until.plus(req.retention),
                 lease: *lease,
                 response: None,
                 resource_id: None,
@@ -130,10 +130,10 @@ impl<F: CacheStore, D: Store> Store for Tiered<F, D> {
             Reservation::Existing(record) => Some((**record).clone()),
             Reservation::InProgress { .. } | Reservation::Mismatch { .. } => None,
         };
-        if let Some(copy) = copy {
-            if let Err(err) = self.fast.put(copy).await {
-                tracing::debug!(%err, "tiered: caching the record failed");
-            }
+        if let Some(copy) = copy
+            && let Err(err) = self.fast.put(copy).await
+        {
+            tracing::debug!(%err, "tiered: caching the record failed");
         }
         Ok(reservation)
     }

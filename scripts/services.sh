@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Starts the loopback services idem's integration tests use, if they are
+# down, with the same commands the machine uses at boot. Safe to run again.
+# Usage: scripts/services.sh            (start what is down, then report)
+set -u
+
+up() { # host port
+  (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null
+}
+
+wait_for() { # name host port seconds
+  local i
+  for ((i = 0; i < $4 * 10; i++)); do
+    up "$2" "$3" && { echo "services: $1 is up on $2:$3"; return 0; }
+    sleep 0.1
+  done
+  echo "services: $1 did not come up on $2:$3 within $4 s" >&2
+  return 1
+}
+
+status=0
+if ! up 127.0.0.1 5432 && command -v pg_ctlcluster >/dev/null; then
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
+fi
+wait_for PostgreSQL 127.0.0.1 5432 30 || status=1
+
+if ! up 127.0.0.1 6379 && command -v redis-server >/dev/null; then
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no || true
+fi
+wait_for Redis 127.0.0.1 6379 15 || status=1
+
+if ! up 127.0.0.1 4222 && [ -x /usr/sbin/nats-server ]; then
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+    -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server || true
+fi
+wait_for NATS 127.0.0.1 4222 15 || status=1
+
+if ! up 127.0.0.1 5672 && command -v rabbitmq-server >/dev/null; then
+  rabbitmq-server -detached || true
+fi
+wait_for RabbitMQ 127.0.0.1 5672 90 || status=1
+
+exit $status
