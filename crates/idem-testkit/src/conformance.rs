@@ -38,6 +38,30 @@ pub trait Fixture: Send + Sync + 'static {
     fn store(&self) -> Arc<Self::Store>;
 }
 
+/// What a backend's fixture expression may evaluate to: a [`Fixture`], or
+/// `Option<Fixture>` where `None` means "server absent, test skipped" (see
+/// [`services`](crate::services)).
+pub trait IntoFixture {
+    /// The fixture.
+    type Fixture: Fixture;
+    /// The fixture, or `None` to skip.
+    fn into_fixture(self) -> Option<Self::Fixture>;
+}
+
+impl<F: Fixture> IntoFixture for F {
+    type Fixture = F;
+    fn into_fixture(self) -> Option<F> {
+        Some(self)
+    }
+}
+
+impl<F: Fixture> IntoFixture for Option<F> {
+    type Fixture = F;
+    fn into_fixture(self) -> Option<F> {
+        self
+    }
+}
+
 impl<S: Store + ListRecords + Purge> Fixture for Arc<S> {
     type Store = S;
     fn store(&self) -> Arc<S> {
@@ -869,7 +893,8 @@ pub async fn engine_dropped_guard_keeps_record<S: Store>(store: Arc<S>) {
 /// Generates one `#[tokio::test]` per conformance check for a backend.
 ///
 /// `$fixture` is an async expression (evaluated once per test) producing a
-/// [`Fixture`]; give it the form `async { ... }`.
+/// [`Fixture`], or an `Option` of one where `None` skips the test (a server
+/// is absent); give it the form `async { ... }`.
 ///
 /// ```text
 /// idem_testkit::store_conformance!(async { std::sync::Arc::new(idem::MemoryStore::new()) });
@@ -899,7 +924,9 @@ macro_rules! store_conformance {
         $(
             #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $check() {
-                let fixture = $fixture.await;
+                let Some(fixture) = $crate::conformance::IntoFixture::into_fixture($fixture.await) else {
+                    return;
+                };
                 let store = $crate::conformance::Fixture::store(&fixture);
                 $crate::conformance::$check(store).await;
                 drop(fixture);

@@ -3,9 +3,13 @@
 //! * [`conformance`]: the store conformance suite every backend runs, and
 //!   the [`store_conformance!`] macro that instantiates it;
 //! * [`FaultyStore`]: wraps a real store and fails chosen operations on
-//!   demand, to test what the engine does when the store breaks mid-flight.
+//!   demand, to test what the engine does when the store breaks mid-flight;
+//! * [`services`]: finds the loopback servers (PostgreSQL, Redis, NATS,
+//!   RabbitMQ); skips loudly when one is absent, or fails under
+//!   `IDEM_REQUIRE_SERVICES=1`.
 
 pub mod conformance;
+pub mod services;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;

@@ -1,0 +1,143 @@
+//! Finding the loopback services integration tests need.
+//!
+//! One rule for every test that talks to a real server: the server's URL
+//! comes from the environment at run time (`IDEM_TEST_PG_URL`,
+//! `IDEM_TEST_REDIS_URL`, `IDEM_TEST_NATS_URL`, `IDEM_TEST_AMQP_URL`),
+//! defaulting to the machine's loopback services. If the server does not
+//! answer, the test **skips with a loud notice** — unless
+//! `IDEM_REQUIRE_SERVICES=1` (CI sets it), in which case it **fails**.
+//!
+//! ```no_run
+//! # async fn t() {
+//! let Some(url) = idem_testkit::services::postgres() else { return };
+//! # let _ = url;
+//! # }
+//! ```
+
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+/// The environment variable that turns a skip into a failure.
+pub const REQUIRE_ENV: &str = "IDEM_REQUIRE_SERVICES";
+
+/// PostgreSQL (`IDEM_TEST_PG_URL`, default `postgres://postgres@127.0.0.1:5432/test`).
+pub fn postgres() -> Option<String> {
+    require(
+        "PostgreSQL",
+        "IDEM_TEST_PG_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    )
+}
+
+/// Redis (`IDEM_TEST_REDIS_URL`, default `redis://127.0.0.1:6379`).
+pub fn redis() -> Option<String> {
+    require("Redis", "IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+}
+
+/// NATS with JetStream (`IDEM_TEST_NATS_URL`, default `nats://127.0.0.1:4222`).
+pub fn nats() -> Option<String> {
+    require("NATS", "IDEM_TEST_NATS_URL", "nats://127.0.0.1:4222")
+}
+
+/// RabbitMQ (`IDEM_TEST_AMQP_URL`, default `amqp://guest:guest@127.0.0.1:5672/%2f`).
+pub fn rabbitmq() -> Option<String> {
+    require(
+        "RabbitMQ",
+        "IDEM_TEST_AMQP_URL",
+        "amqp://guest:guest@127.0.0.1:5672/%2f",
+    )
+}
+
+/// Whether absent services fail tests instead of skipping them.
+pub fn required() -> bool {
+    std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+}
+
+/// The URL of a service if it answers on TCP; otherwise a loud skip (or a
+/// panic under `IDEM_REQUIRE_SERVICES=1`).
+pub fn require(name: &str, env: &str, default: &str) -> Option<String> {
+    let url = std::env::var(env).unwrap_or_else(|_| default.to_owned());
+    let reachable = host_port(&url).is_some_and(|addr| {
+        addr.to_socket_addrs()
+            .ok()
+            .into_iter()
+            .flatten()
+            .any(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).is_ok())
+    });
+    if reachable {
+        return Some(url);
+    }
+    let msg = format!(
+        "{name} is not reachable at {url} (set {env} to point elsewhere; scripts/services.sh starts the loopback services)"
+    );
+    if required() {
+        panic!("{msg}; {REQUIRE_ENV}=1, so this test fails instead of skipping");
+    }
+    eprintln!("\n!!!!!!!! SKIPPED: {msg}\n");
+    None
+}
+
+/// `host:port` of a URL like `scheme://user:pass@host:port/path?query`.
+fn host_port(url: &str) -> Option<String> {
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split(['/', '?']).next()?;
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+    let default_port = match url.split_once("://")?.0 {
+        "postgres" | "postgresql" => 5432,
+        "redis" | "rediss" => 6379,
+        "nats" => 4222,
+        "amqp" | "amqps" => 5672,
+        _ => return None,
+    };
+    Some(
+        if host_port
+            .rsplit_once(':')
+            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        {
+            host_port.to_owned()
+        } else {
+            format!("{host_port}:{default_port}")
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_port_of_urls() {
+        assert_eq!(
+            host_port("postgres://u:p@127.0.0.1:5433/db").as_deref(),
+            Some("127.0.0.1:5433")
+        );
+        assert_eq!(
+            host_port("postgres://localhost/db").as_deref(),
+            Some("localhost:5432")
+        );
+        assert_eq!(
+            host_port("redis://127.0.0.1").as_deref(),
+            Some("127.0.0.1:6379")
+        );
+        assert_eq!(
+            host_port("amqp://guest:guest@127.0.0.1:5672/%2f").as_deref(),
+            Some("127.0.0.1:5672")
+        );
+        assert_eq!(host_port("nonsense"), None);
+    }
+
+    #[test]
+    fn an_unreachable_service_is_skipped_or_fails_by_policy() {
+        // Port 1 on loopback is never one of ours.
+        let result = std::panic::catch_unwind(|| {
+            require("Nothing", "IDEM_TEST_NOTHING_URL", "redis://127.0.0.1:1")
+        });
+        match result {
+            Ok(url) => {
+                assert!(!required());
+                assert_eq!(url, None);
+            }
+            Err(_) => assert!(required(), "panics only when services are required"),
+        }
+    }
+}
