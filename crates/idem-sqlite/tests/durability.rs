@@ -261,3 +261,53 @@ async fn a_failed_batch_is_reported_to_its_callers_and_loses_nothing_else() {
         failed.len()
     );
 }
+
+#[tokio::test]
+async fn purge_deletes_exactly_its_batch_and_never_processing_rows() {
+    use idem::{FinalOutcome, LeaseExpiry, Purge, Reservation, Verdict};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("idem.db");
+    let store = SqliteStore::open(&path).expect("open");
+    for i in 0..10 {
+        let k = key(i);
+        let Reservation::Acquired(lease) = store
+            .reserve(idem_testkit::conformance::request(
+                &scope(),
+                &k,
+                fp(i),
+                Duration::from_secs(60),
+                LeaseExpiry::Retry,
+            ))
+            .await
+            .expect("reserve")
+        else {
+            panic!("acquired");
+        };
+        if i < 7 {
+            let outcome = FinalOutcome {
+                verdict: Verdict::Completed,
+                response: StoredResponse::new(200, "x"),
+                resource_id: None,
+                error_code: None,
+                retention: Duration::from_millis(1),
+            };
+            store
+                .resolve(&scope(), &k, &lease, &outcome)
+                .await
+                .expect("resolve");
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let rows = |path: &std::path::Path| -> i64 {
+        let conn = rusqlite::Connection::open(path).expect("open");
+        conn.query_row("SELECT count(*) FROM idem_records", [], |r| r.get(0))
+            .expect("count")
+    };
+    assert_eq!(rows(&path), 10);
+    assert_eq!(store.purge_expired(3).await.expect("purge"), 3);
+    assert_eq!(rows(&path), 7);
+    assert_eq!(store.purge_expired(3).await.expect("purge"), 3);
+    assert_eq!(store.purge_expired(3).await.expect("purge"), 1);
+    assert_eq!(store.purge_expired(3).await.expect("purge"), 0);
+    assert_eq!(rows(&path), 3, "the three processing rows stay");
+}

