@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idem::{LeaseExpiry, Store, StoreError};
+use idem::{LeaseExpiry, ListRecords, Store, StoreError};
 use idem_sqlite::{SqliteError, SqliteOptions, SqliteStore};
 use idem_testkit::conformance::{fp, key, request, unique_scope};
 
@@ -144,4 +144,71 @@ fn source_chain(err: &dyn std::error::Error) -> String {
         cur = e.source();
     }
     out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_do_not_wait_behind_a_stuck_writer() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("idem.db");
+    let mut opts = SqliteOptions::new(&path);
+    opts.busy_timeout = Duration::from_secs(3);
+    let store = std::sync::Arc::new(SqliteStore::open_with(opts).expect("open"));
+    let (scope, k) = (unique_scope("reads"), key("existing"));
+    store
+        .reserve(request(
+            &scope,
+            &k,
+            fp("a"),
+            Duration::from_secs(30),
+            LeaseExpiry::Retry,
+        ))
+        .await
+        .expect("reserve");
+
+    // Another process holds the write lock: the writer thread blocks in
+    // its busy timeout on the next write.
+    let other = rusqlite::Connection::open(&path).expect("open");
+    other.execute_batch("BEGIN EXCLUSIVE").expect("lock");
+    let blocked = {
+        let store = std::sync::Arc::clone(&store);
+        let scope = scope.clone();
+        tokio::spawn(async move {
+            let k = key("blocked-write");
+            store
+                .reserve(request(
+                    &scope,
+                    &k,
+                    fp("a"),
+                    Duration::from_secs(30),
+                    LeaseExpiry::Retry,
+                ))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Reads go to their own connections: answered while the write waits.
+    let rec = store
+        .get(&scope, &k)
+        .await
+        .expect("read while the writer waits");
+    assert!(rec.is_some());
+    let page = store
+        .list(&idem::ListFilter {
+            tenant: Some(scope.tenant().to_owned()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .expect("list while the writer waits");
+    assert_eq!(page.records.len(), 1);
+    assert!(
+        !blocked.is_finished(),
+        "the write is still waiting for the lock"
+    );
+    other.execute_batch("ROLLBACK").expect("unlock");
+    let write = blocked
+        .await
+        .expect("task")
+        .expect("write goes through once the lock is gone");
+    assert!(matches!(write, idem::Reservation::Acquired(_)));
 }
