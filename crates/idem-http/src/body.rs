@@ -1,0 +1,172 @@
+//! Bodies: reading requests within a limit, keeping responses for replay,
+//! and the response body type the layer returns.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+
+/// Errors of bodies the layer hands out.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The body of every response the layer returns: a buffered answer
+/// (replay, problem, recorded response), the inner service's own body
+/// (pass-through), or an inner body whose start was already read while
+/// trying to store it.
+pub enum ResponseBody<B> {
+    /// Fully in memory.
+    Full {
+        /// The bytes.
+        body: Full<Bytes>,
+    },
+    /// The inner service's body, untouched.
+    Inner {
+        /// The inner body.
+        body: Pin<Box<B>>,
+    },
+    /// The part already read, then the rest of the inner body.
+    Prefixed {
+        /// Read already; sent first.
+        prefix: Option<Bytes>,
+        /// The remainder.
+        rest: Pin<Box<B>>,
+    },
+}
+
+impl<B> ResponseBody<B> {
+    /// A buffered body.
+    pub fn full(bytes: impl Into<Bytes>) -> Self {
+        Self::Full {
+            body: Full::new(bytes.into()),
+        }
+    }
+
+    /// The inner service's body.
+    pub fn inner(body: B) -> Self {
+        Self::Inner {
+            body: Box::pin(body),
+        }
+    }
+}
+
+impl<B> std::fmt::Debug for ResponseBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Full { .. } => "ResponseBody::Full",
+            Self::Inner { .. } => "ResponseBody::Inner",
+            Self::Prefixed { .. } => "ResponseBody::Prefixed",
+        })
+    }
+}
+
+impl<B> Body for ResponseBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            Self::Full { body } => Pin::new(body)
+                .poll_frame(cx)
+                .map_err(|never| match never {}),
+            Self::Inner { body } => body.as_mut().poll_frame(cx).map_err(Into::into),
+            Self::Prefixed { prefix, rest } => match prefix.take() {
+                Some(bytes) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
+                None => rest.as_mut().poll_frame(cx).map_err(Into::into),
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Full { body } => body.is_end_stream(),
+            Self::Inner { body } => body.is_end_stream(),
+            Self::Prefixed { prefix, rest } => prefix.is_none() && rest.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Full { body } => body.size_hint(),
+            Self::Inner { body } => body.size_hint(),
+            Self::Prefixed { prefix, rest } => {
+                let extra = prefix.as_ref().map_or(0, |p| p.len() as u64);
+                let inner = rest.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(inner.lower() + extra);
+                if let Some(upper) = inner.upper() {
+                    hint.set_upper(upper + extra);
+                }
+                hint
+            }
+        }
+    }
+}
+
+/// Why a request body could not be taken.
+#[derive(Debug)]
+pub(crate) enum RequestBodyError {
+    /// Over the limit.
+    TooLarge,
+    /// The body broke off or failed.
+    Unreadable(BoxError),
+}
+
+/// Reads a request body completely, refusing it past `limit` bytes.
+pub(crate) async fn read_request<B>(body: B, limit: usize) -> Result<Bytes, RequestBodyError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(err) if err.is::<LengthLimitError>() => Err(RequestBodyError::TooLarge),
+        Err(err) => Err(RequestBodyError::Unreadable(err)),
+    }
+}
+
+/// What reading a response body for storage found.
+pub(crate) enum Kept<B> {
+    /// The whole body, within the limit.
+    Whole(Bytes),
+    /// Over the limit: what was read, and the rest still to stream.
+    TooLarge { prefix: Bytes, rest: Pin<Box<B>> },
+    /// The body failed part-way.
+    Broken(BoxError),
+}
+
+/// Reads a response body for storage, stopping once it passes `limit`.
+pub(crate) async fn keep_response<B>(body: B, limit: usize) -> Kept<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let mut body = Box::pin(body);
+    let mut buf = BytesMut::new();
+    loop {
+        match body.frame().await {
+            None => return Kept::Whole(buf.freeze()),
+            Some(Err(err)) => return Kept::Broken(err.into()),
+            Some(Ok(frame)) => {
+                // Trailers are not kept for replay.
+                if let Ok(data) = frame.into_data() {
+                    buf.extend_from_slice(&data);
+                    if buf.len() > limit {
+                        return Kept::TooLarge {
+                            prefix: buf.freeze(),
+                            rest: body,
+                        };
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,782 @@
+//! The tower layer: the HTTP contract around any service.
+//!
+//! ```no_run
+//! use axum::{Router, routing::post};
+//! use idem::MemoryStore;
+//! use idem_http::IdempotencyLayer;
+//!
+//! let app: Router = Router::new()
+//!     .route("/v1/payments", post(|| async { "charged" }))
+//!     .layer(IdempotencyLayer::new(MemoryStore::new()));
+//! ```
+//!
+//! Per request: find the route (unprotected requests pass through), read
+//! the key and the tenant, read the body within the limit, fingerprint it,
+//! and ask the engine. The owner of a fresh record runs the inner service
+//! **in a task of its own**, so a client that disconnects cancels neither
+//! the work nor the recording of its result (otherwise its retry would run
+//! the work again). The answer is stored as the route's policy says and
+//! returned; duplicates get it back with `Idempotent-Replayed: true`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use http_body::Body;
+use idem::{Begin, Engine, EngineError, Guard, Replay, Scope, Store, StoredResponse};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::body::{BoxError, Kept, RequestBodyError, ResponseBody, keep_response, read_request};
+use crate::request::{TenantExtractor, TenantSource, fingerprint, idempotency_key};
+use crate::{Problem, ProblemKind, RoutePolicy, Routes};
+
+/// Response header marking a replayed answer.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+/// Response header marking a request forwarded without protection
+/// (store down under a fail-open policy).
+pub const IDEMPOTENCY_STATUS: HeaderName = HeaderName::from_static("idempotency-status");
+/// Stored header marking a tombstone: the body was not retained.
+const NOT_RETAINED: &str = "x-idem-body-not-retained";
+
+/// Set by an inner service (the gateway's proxy) on responses it made
+/// itself because the upstream failed, so the layer knows what happened to
+/// the side effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamOutcome {
+    /// Nothing reached the upstream: the key is released.
+    NotSent,
+    /// The request may have reached the upstream (timeout or broken
+    /// connection after sending): the record stays `outcome_unknown`.
+    MaybeSent,
+}
+
+/// What the layer decided, left in the response's extensions for metrics
+/// and logs. Names follow the `idem_requests_total{outcome}` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Not a protected request, or no key where none is required.
+    PassThrough,
+    /// Ran here for the first time.
+    Executed,
+    /// Answered from the store.
+    Replayed,
+    /// Key reused with another request.
+    Mismatch,
+    /// First request still running.
+    InProgress,
+    /// Required key absent.
+    MissingKey,
+    /// Malformed key (or several).
+    InvalidKey,
+    /// Refused before the engine: body too large or unreadable, bad tenant.
+    BadRequest,
+    /// Forwarded unprotected (fail-open).
+    Unprotected,
+    /// Store failed, request refused (fail-closed).
+    StoreError,
+    /// Sent upstream, outcome unknown (timeout after send).
+    OutcomeUnknown,
+}
+
+impl Decision {
+    /// The metric label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::PassThrough => "pass_through",
+            Self::Executed => "executed",
+            Self::Replayed => "replayed",
+            Self::Mismatch => "mismatch",
+            Self::InProgress => "in_progress",
+            Self::MissingKey => "missing_key",
+            Self::InvalidKey => "invalid_key",
+            Self::BadRequest => "bad_request",
+            Self::Unprotected => "unprotected",
+            Self::StoreError => "store_error",
+            Self::OutcomeUnknown => "outcome_unknown",
+        }
+    }
+}
+
+/// Adds idempotency to a service; see the [module docs](self).
+pub struct IdempotencyLayer<S, T = TenantSource> {
+    shared: Arc<Shared<S, T>>,
+}
+
+impl<S, T> Clone for IdempotencyLayer<S, T> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S, T: std::fmt::Debug> std::fmt::Debug for IdempotencyLayer<S, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("routes", &self.shared.routes)
+            .field("tenant", &self.shared.tenant)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Shared<S, T> {
+    store: Arc<S>,
+    routes: Routes,
+    /// One engine per route policy, in [`Routes::policies`] order.
+    engines: Vec<Engine<S>>,
+    tenant: T,
+}
+
+impl<S: Store> IdempotencyLayer<S, TenantSource> {
+    /// Protects `POST`/`PATCH` with the default policy, tenants from the
+    /// `Authorization` header.
+    pub fn new(store: S) -> Self {
+        Self::from_arc(Arc::new(store))
+    }
+
+    /// Like [`new`](Self::new) over a shared store.
+    pub fn from_arc(store: Arc<S>) -> Self {
+        Self::build(store, Routes::default(), TenantSource::Authorization)
+    }
+}
+
+impl<S: Store, T: TenantExtractor> IdempotencyLayer<S, T> {
+    fn build(store: Arc<S>, routes: Routes, tenant: T) -> Self {
+        let engines = routes
+            .policies()
+            .map(|p| Engine::from_arc(Arc::clone(&store)).with_policy(p.engine.clone()))
+            .collect();
+        Self {
+            shared: Arc::new(Shared {
+                store,
+                routes,
+                engines,
+                tenant,
+            }),
+        }
+    }
+
+    /// Uses this route table.
+    pub fn with_routes(self, routes: Routes) -> Self {
+        let Shared { store, tenant, .. } = unwrap_shared(self.shared);
+        Self::build(store, routes, tenant)
+    }
+
+    /// Uses this tenant extractor.
+    pub fn with_tenant<T2: TenantExtractor>(self, tenant: T2) -> IdempotencyLayer<S, T2> {
+        let Shared { store, routes, .. } = unwrap_shared(self.shared);
+        IdempotencyLayer::build(store, routes, tenant)
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<S> {
+        &self.shared.store
+    }
+}
+
+fn unwrap_shared<S, T>(shared: Arc<Shared<S, T>>) -> Shared<S, T> {
+    Arc::try_unwrap(shared).unwrap_or_else(|_| panic!("configure the layer before cloning it"))
+}
+
+impl<I, S, T> Layer<I> for IdempotencyLayer<S, T> {
+    type Service = Idempotency<I, S, T>;
+
+    fn layer(&self, inner: I) -> Self::Service {
+        Idempotency {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// The service made by [`IdempotencyLayer`].
+pub struct Idempotency<I, S, T = TenantSource> {
+    inner: I,
+    shared: Arc<Shared<S, T>>,
+}
+
+impl<I: Clone, S, T> Clone for Idempotency<I, S, T> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<I: std::fmt::Debug, S, T> std::fmt::Debug for Idempotency<I, S, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<I, S, T> Idempotency<I, S, T> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &I {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut I {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming this one.
+    pub fn into_inner(self) -> I {
+        self.inner
+    }
+}
+
+type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
+
+impl<I, S, T, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<I, S, T>
+where
+    I: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    I::Future: Send + 'static,
+    I::Error: Send + 'static,
+    S: Store,
+    T: TenantExtractor,
+    ReqBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = I::Error;
+    type Future = Pin<Box<dyn Future<Output = Answer<ResBody, I::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        // The ready service handles this request; a fresh clone waits for
+        // the next poll_ready (tower's clone-and-swap).
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move { shared.handle(inner, req).await })
+    }
+}
+
+fn with_decision<B>(mut resp: Response<B>, decision: Decision) -> Response<B> {
+    resp.extensions_mut().insert(decision);
+    resp
+}
+
+fn problem<B>(problem: Problem, decision: Decision) -> Response<ResponseBody<B>> {
+    let (parts, body) = problem.to_response().into_parts();
+    with_decision(
+        Response::from_parts(parts, ResponseBody::Full { body }),
+        decision,
+    )
+}
+
+impl<S: Store, T: TenantExtractor> Shared<S, T> {
+    async fn handle<I, ReqBody, ResBody>(
+        &self,
+        inner: I,
+        req: Request<ReqBody>,
+    ) -> Answer<ResBody, I::Error>
+    where
+        I: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+        I::Future: Send + 'static,
+        I::Error: Send + 'static,
+        ReqBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+        ReqBody::Error: Into<BoxError>,
+        ResBody: Body<Data = Bytes> + Send + 'static,
+        ResBody::Error: Into<BoxError>,
+    {
+        let Some(route) = self.routes.matching(req.method(), req.uri().path()) else {
+            return pass_through(inner, req, Decision::PassThrough).await;
+        };
+        let policy = Arc::clone(route.policy);
+        let engine = &self.engines[route.index];
+        let operation = route.operation.into_owned();
+        let key = match idempotency_key(req.headers()) {
+            Ok(Some(key)) => key,
+            Ok(None) if policy.require_key => {
+                tracing::info!(reason = "idempotency_missing_key", %operation);
+                return Ok(problem(
+                    Problem::new(
+                        ProblemKind::KeyMissing,
+                        format!("{operation} requires an Idempotency-Key header"),
+                    ),
+                    Decision::MissingKey,
+                ));
+            }
+            Ok(None) => return pass_through(inner, req, Decision::PassThrough).await,
+            Err(p) => {
+                tracing::info!(reason = "idempotency_invalid_key", %operation, detail = p.detail());
+                return Ok(problem(p, Decision::InvalidKey));
+            }
+        };
+        let (parts, body) = req.into_parts();
+        let scope = match self.tenant.tenant(&parts).and_then(|t| {
+            Scope::new(&t, &operation)
+                .map_err(|e| Problem::new(ProblemKind::TenantInvalid, e.to_string()))
+        }) {
+            Ok(scope) => scope,
+            Err(p) => {
+                tracing::info!(reason = "idempotency_bad_tenant", %operation, detail = p.detail());
+                return Ok(problem(p, Decision::BadRequest));
+            }
+        };
+        if content_length(&parts.headers).is_some_and(|n| n > policy.max_request_body as u64) {
+            return Ok(too_large(&policy, &scope, &key));
+        }
+        let bytes = match read_request(body, policy.max_request_body).await {
+            Ok(bytes) => bytes,
+            Err(RequestBodyError::TooLarge) => return Ok(too_large(&policy, &scope, &key)),
+            Err(RequestBodyError::Unreadable(err)) => {
+                tracing::info!(reason = "idempotency_body_unreadable", %scope, %key, %err);
+                return Ok(problem(
+                    Problem::new(
+                        ProblemKind::BodyUnreadable,
+                        format!("the request body could not be read to its end: {err}"),
+                    ),
+                    Decision::BadRequest,
+                ));
+            }
+        };
+        let fp = match fingerprint(&parts, &operation, &policy.fingerprint_headers, &bytes) {
+            Ok(fp) => fp,
+            Err(p) => {
+                tracing::info!(reason = "idempotency_body_encoding", %scope, %key);
+                return Ok(problem(p, Decision::BadRequest));
+            }
+        };
+        match engine.begin(&scope, &key, fp).await {
+            Ok(Begin::Execute(guard)) => {
+                let req = Request::from_parts(parts, ReqBody::from(bytes));
+                execute(inner, req, guard, policy).await
+            }
+            Ok(Begin::Replay(replay)) => {
+                tracing::debug!(reason = "idempotency_replay", %scope, %key, status = replay.response.status);
+                Ok(with_decision(replayed(replay), Decision::Replayed))
+            }
+            Ok(Begin::InProgress {
+                retry_after,
+                outcome_unknown,
+            }) => {
+                tracing::info!(reason = "idempotency_in_progress", %scope, %key, outcome_unknown);
+                let detail = if outcome_unknown {
+                    "an earlier attempt with this key may have taken effect; its outcome is being reconciled"
+                } else {
+                    "a request with this key is still being processed; retry after the indicated delay"
+                };
+                Ok(problem(
+                    Problem::new(ProblemKind::InProgress, detail).with_retry_after(retry_after),
+                    Decision::InProgress,
+                ))
+            }
+            Ok(Begin::Mismatch { state }) => {
+                tracing::info!(reason = "idempotency_mismatch", %scope, %key, %state);
+                Ok(problem(
+                    Problem::new(
+                        ProblemKind::KeyReused,
+                        format!("this Idempotency-Key was used for a different request ({state}); use a new key for a new request"),
+                    )
+                    .with_status(policy.mismatch_status),
+                    Decision::Mismatch,
+                ))
+            }
+            Ok(Begin::Unprotected(err)) => {
+                tracing::warn!(reason = "idempotency_unprotected", %scope, %key, %err);
+                let req = Request::from_parts(parts, ReqBody::from(bytes));
+                let mut resp = pass_through(inner, req, Decision::Unprotected).await?;
+                resp.headers_mut()
+                    .insert(IDEMPOTENCY_STATUS, HeaderValue::from_static("unprotected"));
+                Ok(resp)
+            }
+            Err(EngineError::Store(err)) => {
+                tracing::warn!(reason = "idempotency_store_error", %scope, %key, %err);
+                Ok(problem(
+                    Problem::new(
+                        ProblemKind::StoreUnavailable,
+                        "the idempotency store is unavailable; nothing was forwarded",
+                    )
+                    .with_retry_after(std::time::Duration::from_secs(1)),
+                    Decision::StoreError,
+                ))
+            }
+            Err(err) => {
+                tracing::warn!(reason = "idempotency_store_error", %scope, %key, %err);
+                Ok(problem(
+                    Problem::new(ProblemKind::StoreUnavailable, err.to_string()),
+                    Decision::StoreError,
+                ))
+            }
+        }
+    }
+}
+
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+fn too_large<B>(
+    policy: &RoutePolicy,
+    scope: &Scope,
+    key: &idem::IdempotencyKey,
+) -> Response<ResponseBody<B>> {
+    tracing::info!(reason = "idempotency_body_too_large", %scope, %key, limit = policy.max_request_body);
+    problem(
+        Problem::new(
+            ProblemKind::BodyTooLarge,
+            format!(
+                "the request body is larger than the {} bytes this route accepts",
+                policy.max_request_body
+            ),
+        ),
+        Decision::BadRequest,
+    )
+}
+
+async fn pass_through<I, ReqBody, ResBody>(
+    mut inner: I,
+    req: Request<ReqBody>,
+    decision: Decision,
+) -> Answer<ResBody, I::Error>
+where
+    I: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    let resp = inner.call(req).await?;
+    Ok(with_decision(resp.map(ResponseBody::inner), decision))
+}
+
+/// Runs the work as the record's owner, detached from the caller.
+async fn execute<I, S, ReqBody, ResBody>(
+    mut inner: I,
+    req: Request<ReqBody>,
+    mut guard: Guard<S>,
+    policy: Arc<RoutePolicy>,
+) -> Answer<ResBody, I::Error>
+where
+    I: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    I::Future: Send + 'static,
+    I::Error: Send + 'static,
+    S: Store,
+    ReqBody: Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    guard.keep_alive();
+    let work = inner.call(req);
+    let task = tokio::spawn(async move {
+        let (scope, key) = (guard.scope().clone(), guard.key().clone());
+        let resp = match work.await {
+            Ok(resp) => resp,
+            Err(err) => {
+                log_recording(
+                    &scope,
+                    &key,
+                    "inner service failed",
+                    guard.unknown("inner service failed").await,
+                );
+                return Err(err);
+            }
+        };
+        let (parts, body) = resp.into_parts();
+        match parts.extensions.get::<UpstreamOutcome>() {
+            Some(UpstreamOutcome::NotSent) => {
+                log_recording(
+                    &scope,
+                    &key,
+                    "upstream not reached; key released",
+                    guard.release().await,
+                );
+                return Ok(with_decision(
+                    Response::from_parts(parts, ResponseBody::inner(body)),
+                    Decision::Executed,
+                ));
+            }
+            Some(UpstreamOutcome::MaybeSent) => {
+                tracing::warn!(reason = "idempotency_outcome_unknown", %scope, %key, status = parts.status.as_u16());
+                log_recording(
+                    &scope,
+                    &key,
+                    "outcome unknown",
+                    guard
+                        .unknown("upstream failed after the request was sent")
+                        .await,
+                );
+                return Ok(with_decision(
+                    Response::from_parts(parts, ResponseBody::inner(body)),
+                    Decision::OutcomeUnknown,
+                ));
+            }
+            None => {}
+        }
+        if policy.engine.resolution_for(parts.status.as_u16()) == idem::Resolution::Release {
+            log_recording(
+                &scope,
+                &key,
+                "transient status; key released",
+                guard.release().await,
+            );
+            return Ok(with_decision(
+                Response::from_parts(parts, ResponseBody::inner(body)),
+                Decision::Executed,
+            ));
+        }
+        let streamed = is_streamed(&parts.headers);
+        let kept = if streamed {
+            Kept::TooLarge {
+                prefix: Bytes::new(),
+                rest: Box::pin(body),
+            }
+        } else {
+            keep_response(body, policy.max_stored_response).await
+        };
+        let stored_headers = storable_headers(&parts.headers, &policy.unstored_headers);
+        let status = parts.status.as_u16();
+        match kept {
+            Kept::Whole(bytes) => {
+                let stored = StoredResponse {
+                    status,
+                    headers: stored_headers,
+                    body: bytes.clone(),
+                };
+                if let Err(err) = guard.finish(stored).await {
+                    tracing::error!(reason = "idempotency_record_failed", %scope, %key, %err);
+                }
+                tracing::debug!(reason = "idempotency_executed", %scope, %key, status);
+                Ok(with_decision(
+                    Response::from_parts(parts, ResponseBody::full(bytes)),
+                    Decision::Executed,
+                ))
+            }
+            Kept::TooLarge { prefix, rest } => {
+                let mut headers = stored_headers;
+                headers.push((NOT_RETAINED.to_owned(), Bytes::from_static(b"1")));
+                let tombstone = StoredResponse {
+                    status,
+                    headers,
+                    body: Bytes::new(),
+                };
+                if let Err(err) = guard.finish(tombstone).await {
+                    tracing::error!(reason = "idempotency_record_failed", %scope, %key, %err);
+                }
+                tracing::info!(reason = "idempotency_body_not_retained", %scope, %key, status, streamed);
+                let body = ResponseBody::Prefixed {
+                    prefix: (!prefix.is_empty()).then_some(prefix),
+                    rest,
+                };
+                Ok(with_decision(
+                    Response::from_parts(parts, body),
+                    Decision::Executed,
+                ))
+            }
+            Kept::Broken(err) => {
+                tracing::warn!(reason = "idempotency_outcome_unknown", %scope, %key, %err, "response body broke off");
+                log_recording(
+                    &scope,
+                    &key,
+                    "outcome unknown",
+                    guard.unknown("response body broke off").await,
+                );
+                Ok(problem(
+                    Problem::new(
+                        ProblemKind::UpstreamBroken,
+                        "the response broke off after the request was processed; its outcome is unknown",
+                    ),
+                    Decision::OutcomeUnknown,
+                ))
+            }
+        }
+    });
+    match task.await {
+        Ok(answer) => answer,
+        Err(join) => {
+            // A panic in the inner service: its guard was dropped, the lease
+            // will lapse; the caller learns the outcome is unknown.
+            tracing::error!(reason = "idempotency_outcome_unknown", error = %join, "the request task failed");
+            Ok(problem(
+                Problem::new(
+                    ProblemKind::UpstreamBroken,
+                    "processing failed unexpectedly; the outcome is unknown",
+                ),
+                Decision::OutcomeUnknown,
+            ))
+        }
+    }
+}
+
+fn log_recording(
+    scope: &Scope,
+    key: &idem::IdempotencyKey,
+    what: &str,
+    result: Result<(), idem::StoreError>,
+) {
+    if let Err(err) = result {
+        tracing::error!(reason = "idempotency_record_failed", %scope, %key, %err, what);
+    }
+}
+
+/// Server-sent events and the like are never buffered for storage.
+fn is_streamed(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| {
+            ct.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("text/event-stream")
+        })
+}
+
+/// Connection-level headers: never forwarded by a proxy, never stored.
+pub const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+fn storable_headers(headers: &HeaderMap, unstored: &[HeaderName]) -> Vec<(String, Bytes)> {
+    let named_by_connection: Vec<String> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .collect();
+    headers
+        .iter()
+        .filter(|(name, _)| {
+            let n = name.as_str();
+            !HOP_BY_HOP.contains(&n)
+                && *name != header::CONTENT_LENGTH
+                && *name != IDEMPOTENT_REPLAYED
+                && !unstored.contains(name)
+                && !named_by_connection.iter().any(|c| c == n)
+        })
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                Bytes::copy_from_slice(value.as_bytes()),
+            )
+        })
+        .collect()
+}
+
+/// Rebuilds the original answer from the store.
+fn replayed<B>(replay: Replay) -> Response<ResponseBody<B>> {
+    let StoredResponse {
+        status,
+        headers,
+        body,
+    } = replay.response;
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+    let tombstone = headers.iter().any(|(n, _)| n == NOT_RETAINED);
+    let mut resp = if tombstone {
+        let (mut parts, body) = Problem::new(
+            ProblemKind::ResponseNotRetained,
+            "this request was already processed; its original response body was too large (or streamed) to keep",
+        )
+        .with_status(status)
+        .to_response()
+        .into_parts();
+        for (name, value) in &headers {
+            if name == NOT_RETAINED || name == header::CONTENT_TYPE.as_str() {
+                continue;
+            }
+            append(&mut parts.headers, name, value);
+        }
+        Response::from_parts(parts, ResponseBody::Full { body })
+    } else {
+        let mut resp = Response::new(ResponseBody::full(body));
+        *resp.status_mut() = status;
+        for (name, value) in &headers {
+            append(resp.headers_mut(), name, value);
+        }
+        resp
+    };
+    resp.headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    resp
+}
+
+fn append(headers: &mut HeaderMap, name: &str, value: &Bytes) {
+    if let (Ok(name), Ok(value)) = (
+        HeaderName::from_bytes(name.as_bytes()),
+        HeaderValue::from_bytes(value),
+    ) {
+        headers.append(name, value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_headers_drop_hop_by_hop_cookies_and_connection_named() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("10"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-private"),
+        );
+        h.insert("x-private", HeaderValue::from_static("secret"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::SET_COOKIE, HeaderValue::from_static("session=1"));
+        h.insert(header::LOCATION, HeaderValue::from_static("/v1/payments/1"));
+        let kept = storable_headers(&h, &[header::SET_COOKIE]);
+        let names: Vec<&str> = kept.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["content-type", "location"]);
+    }
+
+    #[test]
+    fn replay_marks_and_restores() {
+        let replay = Replay {
+            state: idem::RecordState::Completed,
+            response: StoredResponse::new(201, "made").with_header("location", "/x/1"),
+            resource_id: None,
+        };
+        let resp: Response<ResponseBody<http_body_util::Empty<Bytes>>> = replayed(replay);
+        assert_eq!(resp.status(), 201);
+        assert_eq!(resp.headers()["location"], "/x/1");
+        assert_eq!(resp.headers()[IDEMPOTENT_REPLAYED], "true");
+    }
+
+    #[test]
+    fn tombstone_replays_as_problem_with_original_status() {
+        let replay = Replay {
+            state: idem::RecordState::Completed,
+            response: StoredResponse::new(200, "")
+                .with_header("content-type", "text/plain")
+                .with_header("x-request-id", "abc")
+                .with_header(NOT_RETAINED, "1"),
+            resource_id: None,
+        };
+        let resp: Response<ResponseBody<http_body_util::Empty<Bytes>>> = replayed(replay);
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()[header::CONTENT_TYPE], crate::PROBLEM_JSON);
+        assert_eq!(resp.headers()["x-request-id"], "abc");
+        assert!(resp.headers().get(NOT_RETAINED).is_none());
+    }
+}

@@ -1,0 +1,54 @@
+//! # idem-http — Stripe-style `Idempotency-Key` for HTTP services
+//!
+//! A [`tower`](https://docs.rs/tower) layer that gives any HTTP service
+//! (axum, plain hyper, the `idem` gateway's proxy) the idempotency contract
+//! of the IETF *Idempotency-Key* draft, with Stripe's behaviour where the
+//! draft is silent:
+//!
+//! | situation | answer |
+//! |---|---|
+//! | first request with a key | executed; response stored per policy |
+//! | same key, same request, finished | stored status, headers, body + `Idempotent-Replayed: true` |
+//! | same key, different request | `422` (configurable), `…/idempotency-key-reused` |
+//! | same key while the first still runs | `409` + `Retry-After` |
+//! | key missing where required / malformed | `400` |
+//! | body over the limit | `413` |
+//! | store down, fail-closed / fail-open | `503` + `Retry-After` / forwarded with `Idempotency-Status: unprotected` |
+//! | upstream unreachable / timed out after sending | `502`, key released / `504`, record `outcome_unknown` |
+//!
+//! Every refusal is an RFC 9457 `application/problem+json` document with a
+//! stable `type` ([`ProblemKind`]).
+//!
+//! ```no_run
+//! use axum::{Router, routing::post};
+//! use http::Method;
+//! use idem_http::{IdempotencyLayer, RoutePolicy, Routes};
+//! use idem_sqlite::SqliteStore;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let routes = Routes::default()
+//!     .route(Method::POST, "/v1/payments", RoutePolicy::default().with_require_key(true))?;
+//! let app: Router = Router::new()
+//!     .route("/v1/payments", post(|| async { "charged" }))
+//!     .layer(IdempotencyLayer::new(SqliteStore::open("idem.db")?).with_routes(routes));
+//! # Ok(())
+//! # }
+//! ```
+
+mod body;
+pub mod layer;
+mod problem;
+pub mod request;
+pub mod routes;
+
+pub use body::{BoxError, ResponseBody};
+pub use layer::{
+    Decision, HOP_BY_HOP, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer,
+    UpstreamOutcome,
+};
+pub use problem::{PROBLEM_BASE, PROBLEM_JSON, Problem, ProblemKind, retry_after_secs};
+pub use request::{
+    ANONYMOUS_TENANT, IDEMPOTENCY_KEY, TenantExtractor, TenantSource, fingerprint, idempotency_key,
+    is_json,
+};
+pub use routes::{PathPattern, PatternError, RouteMatch, RoutePolicy, Routes};

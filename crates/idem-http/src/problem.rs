@@ -1,0 +1,265 @@
+//! RFC 9457 problem details: every refusal has a stable `type`.
+//!
+//! ```
+//! use idem_http::{Problem, ProblemKind};
+//! let p = Problem::new(ProblemKind::KeyReused, "the key was used for another request");
+//! assert_eq!(p.status().as_u16(), 422);
+//! assert_eq!(p.kind().type_uri(), "https://idem.dev/problems/idempotency-key-reused");
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use http_body_util::Full;
+
+/// The base of every problem `type` URI; the suffix is the kind's slug.
+pub const PROBLEM_BASE: &str = "https://idem.dev/problems/";
+
+/// The media type of problem responses.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// Every kind of refusal or failure the HTTP layer answers itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ProblemKind {
+    /// The route requires an `Idempotency-Key` and none was sent (400).
+    KeyMissing,
+    /// The key is empty, too long, or not visible ASCII (400).
+    KeyInvalid,
+    /// More than one `Idempotency-Key` header (or a list) was sent (400).
+    KeyAmbiguous,
+    /// The key was used before for a different request (422 by default).
+    KeyReused,
+    /// The first request with this key is still running (409 + Retry-After).
+    InProgress,
+    /// The request body is over the route's limit (413).
+    BodyTooLarge,
+    /// The request body could not be read to its end (truncated) (400).
+    BodyUnreadable,
+    /// A JSON body is not valid UTF-8 (400).
+    BodyEncoding,
+    /// The tenant could not be determined (400).
+    TenantInvalid,
+    /// The idempotency store is unreachable and the route fails closed (503).
+    StoreUnavailable,
+    /// The upstream could not be reached; nothing was sent (502).
+    UpstreamUnreachable,
+    /// The upstream did not answer in time after the request was sent (504).
+    UpstreamTimeout,
+    /// The upstream's response broke off after the request was sent (502).
+    UpstreamBroken,
+    /// A replay of a response whose body was too large or streamed to keep.
+    ResponseNotRetained,
+}
+
+impl ProblemKind {
+    /// The stable slug, last part of the `type` URI.
+    pub const fn slug(self) -> &'static str {
+        match self {
+            Self::KeyMissing => "idempotency-key-missing",
+            Self::KeyInvalid => "idempotency-key-invalid",
+            Self::KeyAmbiguous => "idempotency-key-ambiguous",
+            Self::KeyReused => "idempotency-key-reused",
+            Self::InProgress => "idempotency-request-in-progress",
+            Self::BodyTooLarge => "request-body-too-large",
+            Self::BodyUnreadable => "request-body-unreadable",
+            Self::BodyEncoding => "request-body-invalid-encoding",
+            Self::TenantInvalid => "tenant-invalid",
+            Self::StoreUnavailable => "idempotency-store-unavailable",
+            Self::UpstreamUnreachable => "upstream-unreachable",
+            Self::UpstreamTimeout => "upstream-timeout",
+            Self::UpstreamBroken => "upstream-response-broken",
+            Self::ResponseNotRetained => "idempotency-response-not-retained",
+        }
+    }
+
+    /// The `type` URI.
+    pub fn type_uri(self) -> String {
+        format!("{PROBLEM_BASE}{}", self.slug())
+    }
+
+    /// A short, constant summary.
+    pub const fn title(self) -> &'static str {
+        match self {
+            Self::KeyMissing => "Idempotency-Key header required",
+            Self::KeyInvalid => "Invalid Idempotency-Key",
+            Self::KeyAmbiguous => "More than one Idempotency-Key",
+            Self::KeyReused => "Idempotency-Key reused with a different request",
+            Self::InProgress => "A request with this Idempotency-Key is still in progress",
+            Self::BodyTooLarge => "Request body too large",
+            Self::BodyUnreadable => "Request body could not be read",
+            Self::BodyEncoding => "JSON request body is not valid UTF-8",
+            Self::TenantInvalid => "Tenant could not be determined",
+            Self::StoreUnavailable => "Idempotency store unavailable",
+            Self::UpstreamUnreachable => "Upstream unreachable",
+            Self::UpstreamTimeout => "Upstream timed out",
+            Self::UpstreamBroken => "Upstream response broke off",
+            Self::ResponseNotRetained => "Original response body not retained",
+        }
+    }
+
+    /// The status this kind answers with unless configured otherwise.
+    pub const fn default_status(self) -> StatusCode {
+        match self {
+            Self::KeyMissing
+            | Self::KeyInvalid
+            | Self::KeyAmbiguous
+            | Self::BodyUnreadable
+            | Self::BodyEncoding
+            | Self::TenantInvalid => StatusCode::BAD_REQUEST,
+            Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::InProgress => StatusCode::CONFLICT,
+            Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::UpstreamUnreachable | Self::UpstreamBroken => StatusCode::BAD_GATEWAY,
+            Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::ResponseNotRetained => StatusCode::OK,
+        }
+    }
+}
+
+/// One problem response: kind, status, human detail, optional retry hint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    kind: ProblemKind,
+    status: StatusCode,
+    detail: String,
+    retry_after: Option<Duration>,
+}
+
+impl Problem {
+    /// A problem with the kind's default status.
+    pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Self {
+        Self {
+            kind,
+            status: kind.default_status(),
+            detail: detail.into(),
+            retry_after: None,
+        }
+    }
+
+    /// Overrides the status (e.g. the configured mismatch status).
+    pub fn with_status(mut self, status: StatusCode) -> Self {
+        self.status = status;
+        self
+    }
+
+    /// Adds a `Retry-After` hint (rounded up to whole seconds, at least 1).
+    pub fn with_retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+
+    /// The kind.
+    pub fn kind(&self) -> ProblemKind {
+        self.kind
+    }
+
+    /// The status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The detail text.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
+    /// The JSON document.
+    pub fn to_json(&self) -> Vec<u8> {
+        let doc = serde_json::json!({
+            "type": self.kind.type_uri(),
+            "title": self.kind.title(),
+            "status": self.status.as_u16(),
+            "detail": self.detail,
+        });
+        doc.to_string().into_bytes()
+    }
+
+    /// The full HTTP response.
+    pub fn to_response(&self) -> Response<Full<Bytes>> {
+        let mut resp = Response::new(Full::new(Bytes::from(self.to_json())));
+        *resp.status_mut() = self.status;
+        resp.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(after) = self.retry_after {
+            resp.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(retry_after_secs(after)),
+            );
+        }
+        resp
+    }
+}
+
+/// Seconds for a `Retry-After` header: rounded up, at least 1.
+pub fn retry_after_secs(after: Duration) -> u64 {
+    let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ({}): {}",
+            self.kind.title(),
+            self.status,
+            self.detail
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_has_the_rfc_9457_members() {
+        let p = Problem::new(ProblemKind::InProgress, "wait")
+            .with_retry_after(Duration::from_millis(1500));
+        let v: serde_json::Value = serde_json::from_slice(&p.to_json()).expect("json");
+        assert_eq!(
+            v["type"],
+            "https://idem.dev/problems/idempotency-request-in-progress"
+        );
+        assert_eq!(v["status"], 409);
+        assert_eq!(v["detail"], "wait");
+        let r = p.to_response();
+        assert_eq!(r.headers()[header::RETRY_AFTER], "2");
+        assert_eq!(r.headers()[header::CONTENT_TYPE], PROBLEM_JSON);
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_at_least_one_second() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(10)), 1);
+        assert_eq!(retry_after_secs(Duration::from_secs(3)), 3);
+        assert_eq!(retry_after_secs(Duration::from_millis(3001)), 4);
+    }
+
+    #[test]
+    fn slugs_are_unique() {
+        use ProblemKind::*;
+        let all = [
+            KeyMissing,
+            KeyInvalid,
+            KeyAmbiguous,
+            KeyReused,
+            InProgress,
+            BodyTooLarge,
+            BodyUnreadable,
+            BodyEncoding,
+            TenantInvalid,
+            StoreUnavailable,
+            UpstreamUnreachable,
+            UpstreamTimeout,
+            UpstreamBroken,
+            ResponseNotRetained,
+        ];
+        let slugs: std::collections::HashSet<_> = all.iter().map(|k| k.slug()).collect();
+        assert_eq!(slugs.len(), all.len());
+    }
+}

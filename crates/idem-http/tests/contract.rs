@@ -1,0 +1,592 @@
+//! The HTTP contract, end to end: a real axum server on loopback with the
+//! layer, real HTTP requests, handler executions counted.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::routing::post;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use idem::{FailMode, InFlight, MemoryStore, Policy};
+use idem_http::{IdempotencyLayer, RoutePolicy, Routes, TenantSource};
+use idem_testkit::{FaultyStore, Op};
+
+#[derive(Clone, Default)]
+struct Counter(Arc<AtomicU64>);
+
+impl Counter {
+    fn get(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+async fn charge(
+    State(c): State<Counter>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, [(&'static str, String); 2], String) {
+    let n = c.0.fetch_add(1, Ordering::SeqCst) + 1;
+    let delay = headers
+        .get("x-delay-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    tokio::time::sleep(Duration::from_millis(delay)).await;
+    let status = headers
+        .get("x-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .unwrap_or(StatusCode::CREATED);
+    let size: usize = headers
+        .get("x-size")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let body = if size > 0 {
+        "x".repeat(size)
+    } else {
+        format!("{{\"charge\":{n},\"len\":{}}}", body.len())
+    };
+    (
+        status,
+        [
+            ("location", format!("/v1/payments/{n}")),
+            ("set-cookie", format!("s={n}")),
+        ],
+        body,
+    )
+}
+
+fn app<S: idem::Store>(store: Arc<S>, routes: Routes, counter: Counter) -> Router {
+    Router::new()
+        .route("/v1/payments", post(charge).get(|| async { "list" }))
+        .route("/v1/orders/{id}/capture", post(charge))
+        .route("/v1/big", post(charge))
+        .layer(
+            IdempotencyLayer::from_arc(store)
+                .with_routes(routes)
+                .with_tenant(TenantSource::Authorization),
+        )
+        .with_state(counter)
+}
+
+fn routes() -> Routes {
+    let strict = RoutePolicy::default()
+        .with_require_key(true)
+        .with_max_request_body(1024);
+    Routes::default()
+        .route(Method::POST, "/v1/payments", strict.clone())
+        .and_then(|r| {
+            r.route(
+                Method::POST,
+                "/v1/big",
+                strict.with_max_stored_response(100),
+            )
+        })
+        .expect("routes")
+}
+
+async fn serve(router: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
+    addr
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Answer {
+    fn problem_type(&self) -> String {
+        let v: serde_json::Value = serde_json::from_slice(&self.body).expect("problem json");
+        v["type"]
+            .as_str()
+            .expect("type")
+            .rsplit('/')
+            .next()
+            .expect("slug")
+            .to_owned()
+    }
+}
+
+async fn send(
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Answer {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = client
+        .request(
+            req.body(Full::new(Bytes::copy_from_slice(body.as_bytes())))
+                .expect("request"),
+        )
+        .await
+        .expect("response");
+    let (parts, body) = resp.into_parts();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.expect("body").to_bytes(),
+    }
+}
+
+const JSON: (&str, &str) = ("content-type", "application/json");
+const AUTH: (&str, &str) = ("authorization", "Bearer tenant-one");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn first_request_executes_and_retries_replay_the_same_bytes() {
+    let counter = Counter::default();
+    let addr = serve(app(Arc::new(MemoryStore::new()), routes(), counter.clone())).await;
+    let h = [JSON, AUTH, ("idempotency-key", "k-1")];
+    let first = send(
+        addr,
+        Method::POST,
+        "/v1/payments",
+        &h,
+        r#"{"amount":100,"currency":"EUR"}"#,
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(first.headers.get("idempotent-replayed").is_none());
+    let again = send(
+        addr,
+        Method::POST,
+        "/v1/payments",
+        &h,
+        r#"{"amount":100,"currency":"EUR"}"#,
+    )
+    .await;
+    assert_eq!(again.status, StatusCode::CREATED);
+    assert_eq!(again.body, first.body);
+    assert_eq!(again.headers["location"], first.headers["location"]);
+    assert_eq!(again.headers["idempotent-replayed"], "true");
+    assert!(
+        again.headers.get("set-cookie").is_none(),
+        "cookies are not stored"
+    );
+    // Same JSON, other key order and white space: the same request.
+    let reordered = send(
+        addr,
+        Method::POST,
+        "/v1/payments",
+        &h,
+        "{ \"currency\" : \"EUR\",\n \"amount\": 100 }",
+    )
+    .await;
+    assert_eq!(reordered.status, StatusCode::CREATED);
+    assert_eq!(reordered.body, first.body);
+    // Another amount under the same key: refused, not executed.
+    let changed = send(
+        addr,
+        Method::POST,
+        "/v1/payments",
+        &h,
+        r#"{"amount":101,"currency":"EUR"}"#,
+    )
+    .await;
+    assert_eq!(changed.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(changed.headers["content-type"], "application/problem+json");
+    assert_eq!(changed.problem_type(), "idempotency-key-reused");
+    assert_eq!(counter.get(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_concurrent_duplicates_execute_once() {
+    let counter = Counter::default();
+    let store = Arc::new(MemoryStore::new());
+    let wait = RoutePolicy::default()
+        .with_require_key(true)
+        .with_engine(Policy::default().with_on_in_flight(InFlight::Wait(Duration::from_secs(10))));
+    let routes = Routes::default()
+        .route(Method::POST, "/v1/payments", wait)
+        .expect("route");
+    let addr = serve(app(store, routes, counter.clone())).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..64 {
+        tasks.spawn(async move {
+            send(
+                addr,
+                Method::POST,
+                "/v1/payments",
+                &[
+                    JSON,
+                    AUTH,
+                    ("idempotency-key", "storm"),
+                    ("x-delay-ms", "100"),
+                ],
+                r#"{"amount":1}"#,
+            )
+            .await
+        });
+    }
+    let mut bodies = std::collections::HashSet::new();
+    let mut replayed = 0;
+    while let Some(done) = tasks.join_next().await {
+        let a = done.expect("task");
+        assert_eq!(a.status, StatusCode::CREATED);
+        replayed += usize::from(a.headers.contains_key("idempotent-replayed"));
+        bodies.insert(a.body);
+    }
+    assert_eq!(counter.get(), 1, "exactly one execution");
+    assert_eq!(bodies.len(), 1, "every answer byte-identical");
+    assert_eq!(replayed, 63);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_during_the_first_gets_409_with_retry_after() {
+    let counter = Counter::default();
+    let addr = serve(app(Arc::new(MemoryStore::new()), routes(), counter.clone())).await;
+    let slow = tokio::spawn(async move {
+        send(
+            addr,
+            Method::POST,
+            "/v1/payments",
+            &[
+                JSON,
+                AUTH,
+                ("idempotency-key", "slow"),
+                ("x-delay-ms", "500"),
+            ],
+            "{}",
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let dup = send(
+        addr,
+        Method::POST,
+        "/v1/payments",
+        &[
+            JSON,
+            AUTH,
+            ("idempotency-key", "slow"),
+            ("x-delay-ms", "500"),
+        ],
+        "{}",
+    )
+    .await;
+    assert_eq!(dup.status, StatusCode::CONFLICT);
+    assert!(
+        dup.headers["retry-after"]
+            .to_str()
+            .expect("ascii")
+            .parse::<u64>()
+            .expect("seconds")
+            >= 1
+    );
+    assert_eq!(dup.problem_type(), "idempotency-request-in-progress");
+    // A different body under the same key is a mismatch even in flight.
+    let other = send(
+        addr,
+        Method::POST,
+        "/v1/payments",
+        &[JSON, AUTH, ("idempotency-key", "slow")],
+        r#"{"x":1}"#,
+    )
+    .await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(slow.await.expect("task").status, StatusCode::CREATED);
+    assert_eq!(counter.get(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_keys_and_bodies_are_refused_without_forwarding_or_records() {
+    let counter = Counter::default();
+    let store = Arc::new(MemoryStore::new());
+    let addr = serve(app(Arc::clone(&store), routes(), counter.clone())).await;
+    let long = "k".repeat(256);
+    let cases: Vec<(Vec<(&str, &str)>, String, StatusCode, &str)> = vec![
+        (
+            vec![JSON, AUTH],
+            "{}".into(),
+            StatusCode::BAD_REQUEST,
+            "idempotency-key-missing",
+        ),
+        (
+            vec![JSON, AUTH, ("idempotency-key", "\"\"")],
+            "{}".into(),
+            StatusCode::BAD_REQUEST,
+            "idempotency-key-invalid",
+        ),
+        (
+            vec![JSON, AUTH, ("idempotency-key", &long)],
+            "{}".into(),
+            StatusCode::BAD_REQUEST,
+            "idempotency-key-invalid",
+        ),
+        (
+            vec![JSON, AUTH, ("idempotency-key", "\"unterminated")],
+            "{}".into(),
+            StatusCode::BAD_REQUEST,
+            "idempotency-key-invalid",
+        ),
+        (
+            vec![
+                JSON,
+                AUTH,
+                ("idempotency-key", "a"),
+                ("idempotency-key", "a"),
+            ],
+            "{}".into(),
+            StatusCode::BAD_REQUEST,
+            "idempotency-key-ambiguous",
+        ),
+        (
+            vec![JSON, AUTH, ("idempotency-key", "big")],
+            "x".repeat(2048),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request-body-too-large",
+        ),
+    ];
+    for (headers, body, status, kind) in cases {
+        let a = send(addr, Method::POST, "/v1/payments", &headers, &body).await;
+        assert_eq!(a.status, status, "{kind}");
+        assert_eq!(a.problem_type(), kind);
+    }
+    // Invalid UTF-8 in a JSON body.
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let req = http::Request::post(format!("http://{addr}/v1/payments"))
+        .header("content-type", "application/json")
+        .header("idempotency-key", "utf8")
+        .body(Full::new(Bytes::from_static(b"{\"a\":\"\xff\xfe\"}")))
+        .expect("request");
+    let resp = client.request(req).await.expect("response");
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(counter.get(), 0, "nothing forwarded");
+    assert!(store.is_empty(), "no record left behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unprotected_methods_and_keyless_posts_pass_through() {
+    let counter = Counter::default();
+    let addr = serve(app(Arc::new(MemoryStore::new()), routes(), counter.clone())).await;
+    let list = send(
+        addr,
+        Method::GET,
+        "/v1/payments",
+        &[("idempotency-key", "k")],
+        "",
+    )
+    .await;
+    assert_eq!(
+        (list.status, &list.body[..]),
+        (StatusCode::OK, &b"list"[..])
+    );
+    // Default policy: a POST without a key is forwarded unprotected, twice.
+    for _ in 0..2 {
+        let a = send(addr, Method::POST, "/v1/orders/1/capture", &[JSON], "{}").await;
+        assert_eq!(a.status, StatusCode::CREATED);
+    }
+    assert_eq!(counter.get(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_are_independent() {
+    let counter = Counter::default();
+    let addr = serve(app(Arc::new(MemoryStore::new()), routes(), counter.clone())).await;
+    for auth in ["Bearer a", "Bearer b", "Bearer a"] {
+        let a = send(
+            addr,
+            Method::POST,
+            "/v1/payments",
+            &[JSON, ("authorization", auth), ("idempotency-key", "same")],
+            "{}",
+        )
+        .await;
+        assert_eq!(a.status, StatusCode::CREATED);
+    }
+    assert_eq!(counter.get(), 2, "one execution per tenant");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_statuses_release_and_deterministic_failures_replay() {
+    let counter = Counter::default();
+    let addr = serve(app(Arc::new(MemoryStore::new()), routes(), counter.clone())).await;
+    let busy = [JSON, AUTH, ("idempotency-key", "t"), ("x-status", "503")];
+    assert_eq!(
+        send(addr, Method::POST, "/v1/payments", &busy, "{}")
+            .await
+            .status,
+        503
+    );
+    let ok = [JSON, AUTH, ("idempotency-key", "t")];
+    assert_eq!(
+        send(addr, Method::POST, "/v1/payments", &ok, "{}")
+            .await
+            .status,
+        201
+    );
+    assert_eq!(counter.get(), 2, "503 released the key");
+    let declined = [JSON, AUTH, ("idempotency-key", "d"), ("x-status", "402")];
+    assert_eq!(
+        send(addr, Method::POST, "/v1/payments", &declined, "{}")
+            .await
+            .status,
+        402
+    );
+    let again = send(addr, Method::POST, "/v1/payments", &declined, "{}").await;
+    assert_eq!(
+        (
+            again.status,
+            again.headers.contains_key("idempotent-replayed")
+        ),
+        (StatusCode::PAYMENT_REQUIRED, true)
+    );
+    assert_eq!(counter.get(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_responses_are_recorded_as_tombstones() {
+    let counter = Counter::default();
+    let addr = serve(app(Arc::new(MemoryStore::new()), routes(), counter.clone())).await;
+    let h = [JSON, AUTH, ("idempotency-key", "big"), ("x-size", "5000")];
+    let first = send(addr, Method::POST, "/v1/big", &h, "{}").await;
+    assert_eq!(
+        (first.status, first.body.len()),
+        (StatusCode::CREATED, 5000),
+        "the client gets the whole body"
+    );
+    let replay = send(addr, Method::POST, "/v1/big", &h, "{}").await;
+    assert_eq!(replay.status, StatusCode::CREATED);
+    assert_eq!(replay.headers["idempotent-replayed"], "true");
+    assert_eq!(replay.problem_type(), "idempotency-response-not-retained");
+    assert_eq!(counter.get(), 1, "never executed twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_does_not_cancel_the_work_or_its_record() {
+    let counter = Counter::default();
+    let addr = serve(app(Arc::new(MemoryStore::new()), routes(), counter.clone())).await;
+    let h = [
+        JSON,
+        AUTH,
+        ("idempotency-key", "gone"),
+        ("x-delay-ms", "300"),
+    ];
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(50),
+        send(addr, Method::POST, "/v1/payments", &h, "{}"),
+    )
+    .await;
+    assert!(abandoned.is_err(), "the client gave up");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let retry = send(addr, Method::POST, "/v1/payments", &h, "{}").await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(retry.headers["idempotent-replayed"], "true");
+    assert_eq!(counter.get(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_down_fails_closed_or_open_by_policy() {
+    let counter = Counter::default();
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let open = RoutePolicy::default().with_engine(Policy::default().with_fail_mode(FailMode::Open));
+    let routes = Routes::default()
+        .route(Method::POST, "/v1/payments", RoutePolicy::default())
+        .and_then(|r| r.route(Method::POST, "/v1/orders/{id}/capture", open))
+        .expect("routes");
+    let addr = serve(app(Arc::clone(&store), routes, counter.clone())).await;
+    store.fail_next(Op::Reserve, 1);
+    let closed = send(
+        addr,
+        Method::POST,
+        "/v1/payments",
+        &[JSON, AUTH, ("idempotency-key", "c")],
+        "{}",
+    )
+    .await;
+    assert_eq!(closed.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(closed.headers.contains_key("retry-after"));
+    assert_eq!(closed.problem_type(), "idempotency-store-unavailable");
+    assert_eq!(counter.get(), 0, "fail-closed forwards nothing");
+    store.fail_next(Op::Reserve, 1);
+    let opened = send(
+        addr,
+        Method::POST,
+        "/v1/orders/9/capture",
+        &[JSON, AUTH, ("idempotency-key", "o")],
+        "{}",
+    )
+    .await;
+    assert_eq!(opened.status, StatusCode::CREATED);
+    assert_eq!(opened.headers["idempotency-status"], "unprotected");
+    assert_eq!(counter.get(), 1);
+    // The store is back: protection resumes.
+    let protected = send(
+        addr,
+        Method::POST,
+        "/v1/payments",
+        &[JSON, AUTH, ("idempotency-key", "c")],
+        "{}",
+    )
+    .await;
+    assert_eq!(protected.status, StatusCode::CREATED);
+    assert!(!protected.headers.contains_key("idempotency-status"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_axum_example_runs_and_dedupes() {
+    let exe = std::env::current_exe().expect("test exe");
+    let example = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target dir")
+        .join("examples")
+        .join("axum_payments");
+    assert!(
+        example.exists(),
+        "cargo test builds examples: {}",
+        example.display()
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut child = tokio::process::Command::new(&example)
+        .env("ADDR", "127.0.0.1:0")
+        .env("IDEM_DB", dir.path().join("p.db"))
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn example");
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let line = lines.next_line().await.expect("read").expect("a line");
+    let addr: SocketAddr = line
+        .strip_prefix("listening on ")
+        .expect("banner")
+        .parse()
+        .expect("addr");
+    let h = [JSON, AUTH, ("idempotency-key", "ex-1")];
+    let body = r#"{"amount_cents":500,"currency":"EUR"}"#;
+    let first = send(addr, Method::POST, "/v1/payments", &h, body).await;
+    let second = send(addr, Method::POST, "/v1/payments", &h, body).await;
+    assert_eq!(
+        (first.status, second.status),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
+    assert_eq!(first.body, second.body);
+    let count = send(addr, Method::GET, "/v1/charges/count", &[], "").await;
+    assert_eq!(&count.body[..], br#"{"charges":1}"#);
+    let missing = send(addr, Method::POST, "/v1/payments", &[JSON], body).await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    child.kill().await.expect("kill");
+}
