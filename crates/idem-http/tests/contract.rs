@@ -316,7 +316,8 @@ async fn bad_keys_and_bodies_are_refused_without_forwarding_or_records() {
     let store = Arc::new(MemoryStore::new());
     let addr = serve(app(Arc::clone(&store), routes(), counter.clone())).await;
     let long = "k".repeat(256);
-    let cases: Vec<(Vec<(&str, &str)>, String, StatusCode, &str)> = vec![
+    type Case<'a> = (Vec<(&'a str, &'a str)>, String, StatusCode, &'a str);
+    let cases: Vec<Case<'_>> = vec![
         (
             vec![JSON, AUTH],
             "{}".into(),
