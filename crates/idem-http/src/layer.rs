@@ -352,67 +352,120 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                 return Ok(problem(p, Decision::BadRequest));
             }
         };
-        match engine.begin(&scope, &key, fp).await {
-            Ok(Begin::Execute(guard)) => {
-                let req = Request::from_parts(parts, ReqBody::from(bytes));
-                execute(inner, req, guard, policy).await
-            }
-            Ok(Begin::Replay(replay)) => {
-                tracing::debug!(reason = "idempotency_replay", %scope, %key, status = replay.response.status);
-                Ok(with_decision(replayed(replay), Decision::Replayed))
-            }
-            Ok(Begin::InProgress {
-                retry_after,
-                outcome_unknown,
-            }) => {
-                tracing::info!(reason = "idempotency_in_progress", %scope, %key, outcome_unknown);
-                let detail = if outcome_unknown {
-                    "an earlier attempt with this key may have taken effect; its outcome is being reconciled"
-                } else {
-                    "a request with this key is still being processed; retry after the indicated delay"
-                };
-                Ok(problem(
-                    Problem::new(ProblemKind::InProgress, detail).with_retry_after(retry_after),
-                    Decision::InProgress,
-                ))
-            }
-            Ok(Begin::Mismatch { state }) => {
-                tracing::info!(reason = "idempotency_mismatch", %scope, %key, %state);
+        // From the reservation on, everything runs in a task of its own: a
+        // client that disconnects must not drop a reservation just made, nor
+        // cancel the work or the recording of its result (its retry would
+        // otherwise wait out the lease or run the work again).
+        let task = tokio::spawn(decide(
+            engine.clone(),
+            inner,
+            parts,
+            bytes,
+            scope,
+            key,
+            fp,
+            policy,
+        ));
+        match task.await {
+            Ok(answer) => answer,
+            Err(join) => {
+                // A panic in the inner service: its guard was dropped and the
+                // lease will lapse; the caller learns the outcome is unknown.
+                tracing::error!(reason = "idempotency_outcome_unknown", error = %join, "the request task failed");
                 Ok(problem(
                     Problem::new(
-                        ProblemKind::KeyReused,
-                        format!("this Idempotency-Key was used for a different request ({state}); use a new key for a new request"),
-                    )
-                    .with_status(policy.mismatch_status),
-                    Decision::Mismatch,
+                        ProblemKind::UpstreamBroken,
+                        "processing failed unexpectedly; the outcome is unknown",
+                    ),
+                    Decision::OutcomeUnknown,
                 ))
             }
-            Ok(Begin::Unprotected(err)) => {
-                tracing::warn!(reason = "idempotency_unprotected", %scope, %key, %err);
-                let req = Request::from_parts(parts, ReqBody::from(bytes));
-                let mut resp = pass_through(inner, req, Decision::Unprotected).await?;
-                resp.headers_mut()
-                    .insert(IDEMPOTENCY_STATUS, HeaderValue::from_static("unprotected"));
-                Ok(resp)
-            }
-            Err(EngineError::Store(err)) => {
-                tracing::warn!(reason = "idempotency_store_error", %scope, %key, %err);
-                Ok(problem(
-                    Problem::new(
-                        ProblemKind::StoreUnavailable,
-                        "the idempotency store is unavailable; nothing was forwarded",
-                    )
-                    .with_retry_after(std::time::Duration::from_secs(1)),
-                    Decision::StoreError,
-                ))
-            }
-            Err(err) => {
-                tracing::warn!(reason = "idempotency_store_error", %scope, %key, %err);
-                Ok(problem(
-                    Problem::new(ProblemKind::StoreUnavailable, err.to_string()),
-                    Decision::StoreError,
-                ))
-            }
+        }
+    }
+}
+
+/// Asks the engine and acts on its answer; runs detached from the client.
+#[allow(clippy::too_many_arguments)]
+async fn decide<I, S, ReqBody, ResBody>(
+    engine: Engine<S>,
+    inner: I,
+    parts: http::request::Parts,
+    bytes: Bytes,
+    scope: Scope,
+    key: idem::IdempotencyKey,
+    fp: idem::Fingerprint,
+    policy: Arc<RoutePolicy>,
+) -> Answer<ResBody, I::Error>
+where
+    I: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    I::Future: Send + 'static,
+    I::Error: Send + 'static,
+    S: Store,
+    ReqBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    match engine.begin(&scope, &key, fp).await {
+        Ok(Begin::Execute(guard)) => {
+            let req = Request::from_parts(parts, ReqBody::from(bytes));
+            execute(inner, req, guard, policy).await
+        }
+        Ok(Begin::Replay(replay)) => {
+            tracing::debug!(reason = "idempotency_replay", %scope, %key, status = replay.response.status);
+            Ok(with_decision(replayed(replay), Decision::Replayed))
+        }
+        Ok(Begin::InProgress {
+            retry_after,
+            outcome_unknown,
+        }) => {
+            tracing::info!(reason = "idempotency_in_progress", %scope, %key, outcome_unknown);
+            let detail = if outcome_unknown {
+                "an earlier attempt with this key may have taken effect; its outcome is being reconciled"
+            } else {
+                "a request with this key is still being processed; retry after the indicated delay"
+            };
+            Ok(problem(
+                Problem::new(ProblemKind::InProgress, detail).with_retry_after(retry_after),
+                Decision::InProgress,
+            ))
+        }
+        Ok(Begin::Mismatch { state }) => {
+            tracing::info!(reason = "idempotency_mismatch", %scope, %key, %state);
+            Ok(problem(
+                Problem::new(
+                    ProblemKind::KeyReused,
+                    format!("this Idempotency-Key was used for a different request ({state}); use a new key for a new request"),
+                )
+                .with_status(policy.mismatch_status),
+                Decision::Mismatch,
+            ))
+        }
+        Ok(Begin::Unprotected(err)) => {
+            tracing::warn!(reason = "idempotency_unprotected", %scope, %key, %err);
+            let req = Request::from_parts(parts, ReqBody::from(bytes));
+            let mut resp = pass_through(inner, req, Decision::Unprotected).await?;
+            resp.headers_mut()
+                .insert(IDEMPOTENCY_STATUS, HeaderValue::from_static("unprotected"));
+            Ok(resp)
+        }
+        Err(EngineError::Store(err)) => {
+            tracing::warn!(reason = "idempotency_store_error", %scope, %key, %err);
+            Ok(problem(
+                Problem::new(
+                    ProblemKind::StoreUnavailable,
+                    "the idempotency store is unavailable; nothing was forwarded",
+                )
+                .with_retry_after(std::time::Duration::from_secs(1)),
+                Decision::StoreError,
+            ))
+        }
+        Err(err) => {
+            tracing::warn!(reason = "idempotency_store_error", %scope, %key, %err);
+            Ok(problem(
+                Problem::new(ProblemKind::StoreUnavailable, err.to_string()),
+                Decision::StoreError,
+            ))
         }
     }
 }
@@ -474,7 +527,7 @@ where
 {
     guard.keep_alive();
     let work = inner.call(req);
-    let task = tokio::spawn(async move {
+    {
         let (scope, key) = (guard.scope().clone(), guard.key().clone());
         let resp = match work.await {
             Ok(resp) => resp,
@@ -595,21 +648,6 @@ where
                     Decision::OutcomeUnknown,
                 ))
             }
-        }
-    });
-    match task.await {
-        Ok(answer) => answer,
-        Err(join) => {
-            // A panic in the inner service: its guard was dropped, the lease
-            // will lapse; the caller learns the outcome is unknown.
-            tracing::error!(reason = "idempotency_outcome_unknown", error = %join, "the request task failed");
-            Ok(problem(
-                Problem::new(
-                    ProblemKind::UpstreamBroken,
-                    "processing failed unexpectedly; the outcome is unknown",
-                ),
-                Decision::OutcomeUnknown,
-            ))
         }
     }
 }

@@ -330,6 +330,21 @@ fn fenced(changed: rusqlite::Result<usize>) -> Result<(), StoreError> {
     }
 }
 
+/// Reads one record as stored (expired or not).
+fn select_record(
+    conn: &Connection,
+    scope: &Scope,
+    key: &IdempotencyKey,
+) -> Result<Option<Record>, SqliteError> {
+    Ok(conn
+        .prepare_cached(&schema::select_one())?
+        .query_row(
+            params![scope.tenant(), scope.operation(), key.as_str()],
+            schema::record_from_row,
+        )
+        .optional()?)
+}
+
 /// An owned copy of a [`ReserveRequest`], to cross to the writer thread.
 struct OwnedReserve {
     scope: Scope,
@@ -469,6 +484,32 @@ impl Store for SqliteStore {
             retention: req.retention,
             on_lease_expiry: req.on_lease_expiry,
         };
+        // Duplicates, replays and mismatches change nothing: answer them
+        // from a committed snapshot on a reader connection, without waiting
+        // for the writer's next commit. Only a reservation that may create
+        // or take over a record goes to the writer, which decides again
+        // inside its transaction.
+        let (scope, key) = (req.scope.clone(), req.key.clone());
+        let existing = self
+            .read(move |conn| select_record(conn, &scope, &key))
+            .await?;
+        if let Some(existing) = existing {
+            match decide_existing(&existing, &req.borrow(), Timestamp::now()) {
+                ExistingDecision::Replay => return Ok(Reservation::Existing(Box::new(existing))),
+                ExistingDecision::Mismatch => {
+                    return Ok(Reservation::Mismatch {
+                        state: existing.state,
+                    });
+                }
+                ExistingDecision::InProgress { retry_after } => {
+                    return Ok(Reservation::InProgress {
+                        retry_after,
+                        outcome_unknown: existing.is_outcome_unknown(),
+                    });
+                }
+                ExistingDecision::Replace | ExistingDecision::TakeOver => {}
+            }
+        }
         self.write(move |conn, now| reserve_in_tx(conn, now, &req))
             .await
     }
@@ -476,17 +517,8 @@ impl Store for SqliteStore {
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         let (scope, key) = (scope.clone(), key.clone());
         let now = Timestamp::now();
-        self.read(move |conn| {
-            let record = conn
-                .prepare_cached(&schema::select_one())?
-                .query_row(
-                    params![scope.tenant(), scope.operation(), key.as_str()],
-                    schema::record_from_row,
-                )
-                .optional()?;
-            Ok(record.filter(|r| !r.is_expired(now)))
-        })
-        .await
+        self.read(move |conn| Ok(select_record(conn, &scope, &key)?.filter(|r| !r.is_expired(now))))
+            .await
     }
 
     async fn resolve(

@@ -31,6 +31,7 @@
 //! # }
 //! ```
 
+pub mod dyn_store;
 pub mod engine;
 pub mod fingerprint;
 pub mod key;
@@ -40,6 +41,7 @@ pub mod record;
 pub mod store;
 pub mod tiered;
 
+pub use dyn_store::DynStore;
 pub use engine::{Begin, Engine, EngineError, Guard, RecordError, Replay, Run};
 pub use fingerprint::{
     BodyKind, Fingerprint, FingerprintBuilder, FingerprintParseError, canonical_json,

@@ -12,3 +12,9 @@ mod tiered_memory_memory {
         ))
     });
 }
+
+mod dyn_memory {
+    idem_testkit::store_conformance!(async {
+        std::sync::Arc::new(idem::DynStore::new(idem::MemoryStore::new()))
+    });
+}

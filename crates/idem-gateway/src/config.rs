@@ -1,0 +1,726 @@
+//! The gateway's configuration: flags, `IDEM_*` environment variables and
+//! the TOML file, merged in that order of precedence, validated at start.
+//!
+//! A bad file is refused with the file, the line, the key, the value and
+//! why: `idem.toml:12: defaults.lease = "3x": not a duration (…)`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::{HeaderName, Method, StatusCode, Uri};
+use idem::{FailMode, InFlight, LeaseExpiry, Policy};
+use idem_http::{RoutePolicy, Routes, TenantSource};
+use serde::Deserialize;
+use toml::Spanned;
+
+/// Defaults of DESIGN.md §7.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// The embedded store in the working directory.
+pub const DEFAULT_STORE: &str = "sqlite://idem.db";
+/// The admin listener.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
+
+/// A configuration error, ready to print.
+#[derive(Debug)]
+pub struct ConfigError(pub String);
+
+impl std::error::Error for ConfigError {}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The file, as written. Every table refuses keys it does not know.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    upstream: Option<Spanned<String>>,
+    store: Option<Spanned<String>>,
+    listen: Option<Spanned<String>>,
+    admin_listen: Option<Spanned<String>>,
+    admin_token: Option<Spanned<String>>,
+    shutdown_grace: Option<Spanned<String>>,
+    tenant: Option<TenantConfig>,
+    defaults: Option<PolicyConfig>,
+    #[serde(default)]
+    route: Vec<PolicyConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantConfig {
+    from: Spanned<String>,
+    name: Option<Spanned<String>>,
+}
+
+/// `[defaults]` and each `[[route]]` (routes also say `method` and `path`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyConfig {
+    method: Option<Spanned<String>>,
+    path: Option<Spanned<String>>,
+    retention: Option<Spanned<String>>,
+    lease: Option<Spanned<String>>,
+    require_key: Option<bool>,
+    on_in_flight: Option<Spanned<String>>,
+    in_flight_wait: Option<Spanned<String>>,
+    on_store_error: Option<Spanned<String>>,
+    on_lease_expiry: Option<Spanned<String>>,
+    max_request_body: Option<Spanned<String>>,
+    max_stored_response: Option<Spanned<String>>,
+    upstream_timeout: Option<Spanned<String>>,
+    mismatch_status: Option<Spanned<u16>>,
+    fingerprint_headers: Option<Spanned<Vec<String>>>,
+    unstored_headers: Option<Spanned<Vec<String>>>,
+    release_statuses: Option<Spanned<Vec<u16>>>,
+}
+
+/// Values given on the command line or in the environment (they win over
+/// the file).
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    /// `--upstream` / `IDEM_UPSTREAM`.
+    pub upstream: Option<String>,
+    /// `--store` / `IDEM_STORE`.
+    pub store: Option<String>,
+    /// `--listen` / `IDEM_LISTEN`.
+    pub listen: Option<String>,
+    /// `--admin-listen` / `IDEM_ADMIN_LISTEN`.
+    pub admin_listen: Option<String>,
+    /// `--admin-token` / `IDEM_ADMIN_TOKEN`.
+    pub admin_token: Option<String>,
+}
+
+/// Everything `serve` needs, validated.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Where clients connect.
+    pub listen: SocketAddr,
+    /// The upstream origin (`http://host:port`).
+    pub upstream: Uri,
+    /// The store URL.
+    pub store: String,
+    /// The admin listener.
+    pub admin_listen: SocketAddr,
+    /// Bearer token for admin routes other than `/healthz`.
+    pub admin_token: Option<String>,
+    /// Protected routes and their policies.
+    pub routes: Routes,
+    /// Where tenants come from.
+    pub tenant: TenantSource,
+    /// How long to wait for the upstream's response headers.
+    pub upstream_timeout: Duration,
+    /// How long in-flight requests may take to finish at shutdown.
+    pub shutdown_grace: Duration,
+}
+
+/// Where in the file a value sits, for messages.
+struct Source<'a> {
+    file: &'a Path,
+    text: &'a str,
+}
+
+impl Source<'_> {
+    fn line(&self, span: std::ops::Range<usize>) -> usize {
+        self.text[..span.start.min(self.text.len())]
+            .matches('\n')
+            .count()
+            + 1
+    }
+
+    fn error<T: std::fmt::Debug>(
+        &self,
+        key: &str,
+        value: &Spanned<T>,
+        why: impl std::fmt::Display,
+    ) -> ConfigError {
+        ConfigError(format!(
+            "{}:{}: {key} = {:?}: {why}",
+            self.file.display(),
+            self.line(value.span()),
+            value.get_ref()
+        ))
+    }
+}
+
+/// Loads and validates: the file (if any), then the overrides.
+pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, ConfigError> {
+    let (path, text) = match file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                ConfigError(format!("cannot read config file {}: {e}", path.display()))
+            })?;
+            (path.to_path_buf(), text)
+        }
+        None => (PathBuf::from("(no config file)"), String::new()),
+    };
+    let parsed: FileConfig =
+        toml::from_str(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
+    let src = Source {
+        file: &path,
+        text: &text,
+    };
+    build(parsed, &src, overrides)
+}
+
+fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, ConfigError> {
+    let pick = |flag: &Option<String>,
+                key: &str,
+                value: &Option<Spanned<String>>|
+     -> Option<(String, Option<ConfigError>)> {
+        match (flag, value) {
+            (Some(v), _) => Some((v.clone(), None)),
+            (None, Some(v)) => Some((v.get_ref().clone(), Some(src.error(key, v, "")))),
+            (None, None) => None,
+        }
+    };
+    let upstream = pick(&o.upstream, "upstream", &file.upstream).ok_or_else(|| {
+        ConfigError("no upstream: pass --upstream URL, set IDEM_UPSTREAM, or write upstream = \"http://…\" in the config file".to_owned())
+    })?;
+    let upstream = parse_upstream(&upstream.0)
+        .map_err(|why| located(upstream.1, &why, "--upstream / IDEM_UPSTREAM"))?;
+    let listen =
+        pick(&o.listen, "listen", &file.listen).unwrap_or((DEFAULT_LISTEN.to_owned(), None));
+    let listen =
+        parse_addr(&listen.0).map_err(|why| located(listen.1, &why, "--listen / IDEM_LISTEN"))?;
+    let admin = pick(&o.admin_listen, "admin_listen", &file.admin_listen)
+        .unwrap_or((DEFAULT_ADMIN_LISTEN.to_owned(), None));
+    let admin_listen = parse_addr(&admin.0)
+        .map_err(|why| located(admin.1, &why, "--admin-listen / IDEM_ADMIN_LISTEN"))?;
+    let admin_token = o
+        .admin_token
+        .clone()
+        .or_else(|| file.admin_token.as_ref().map(|t| t.get_ref().clone()))
+        .filter(|t| !t.is_empty());
+    if admin_token.is_none() && !admin_listen.ip().is_loopback() {
+        return Err(ConfigError(format!(
+            "admin_listen {admin_listen} is not a loopback address: set an admin token (--admin-token or IDEM_ADMIN_TOKEN) before exposing the admin API"
+        )));
+    }
+    let store = o
+        .store
+        .clone()
+        .or_else(|| file.store.as_ref().map(|s| s.get_ref().clone()))
+        .unwrap_or_else(|| DEFAULT_STORE.to_owned());
+    let shutdown_grace = match &file.shutdown_grace {
+        Some(v) => duration(src, "shutdown_grace", v)?,
+        None => Duration::from_secs(30),
+    };
+    let tenant = match &file.tenant {
+        None => TenantSource::Authorization,
+        Some(t) => tenant_source(src, t)?,
+    };
+
+    let base = RoutePolicy::default();
+    let defaults_cfg = file.defaults.unwrap_or_default();
+    for (key, value) in [
+        ("method", &defaults_cfg.method),
+        ("path", &defaults_cfg.path),
+    ] {
+        if let Some(v) = value {
+            return Err(src.error(
+                &format!("defaults.{key}"),
+                v,
+                "only [[route]] entries have a method and a path",
+            ));
+        }
+    }
+    let mut upstream_timeout = Duration::from_secs(30);
+    if let Some(v) = &defaults_cfg.upstream_timeout {
+        upstream_timeout = positive(
+            src,
+            "defaults.upstream_timeout",
+            v,
+            duration(src, "defaults.upstream_timeout", v)?,
+        )?;
+    }
+    let defaults = apply(src, "defaults", &defaults_cfg, base)?;
+    let mut routes = Routes::new(defaults.clone());
+    for (i, r) in file.route.iter().enumerate() {
+        let at = format!("route[{i}]");
+        if let Some(v) = &r.upstream_timeout {
+            return Err(src.error(
+                &format!("{at}.upstream_timeout"),
+                v,
+                "upstream_timeout is set once, in [defaults]",
+            ));
+        }
+        let method = r
+            .method
+            .as_ref()
+            .ok_or_else(|| ConfigError(format!("{}: {at} has no method", src.file.display())))?;
+        let m = Method::from_bytes(method.get_ref().to_ascii_uppercase().as_bytes())
+            .map_err(|_| src.error(&format!("{at}.method"), method, "not an HTTP method"))?;
+        let path = r
+            .path
+            .as_ref()
+            .ok_or_else(|| ConfigError(format!("{}: {at} has no path", src.file.display())))?;
+        let policy = apply(src, &at, r, defaults.clone())?;
+        routes = routes
+            .route(m, path.get_ref(), policy)
+            .map_err(|e| src.error(&format!("{at}.path"), path, e))?;
+    }
+    Ok(Settings {
+        listen,
+        upstream,
+        store,
+        admin_listen,
+        admin_token,
+        routes,
+        tenant,
+        upstream_timeout,
+        shutdown_grace,
+    })
+}
+
+/// A message for a value that came from the file (with its line) or from a
+/// flag / environment variable.
+fn located(from_file: Option<ConfigError>, why: &str, flag: &str) -> ConfigError {
+    match from_file {
+        Some(ConfigError(prefix)) => ConfigError(format!("{prefix}{why}")),
+        None => ConfigError(format!("{flag}: {why}")),
+    }
+}
+
+fn parse_upstream(text: &str) -> Result<Uri, String> {
+    let uri: Uri = text.parse().map_err(|e| format!("not a URL ({e})"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => return Err("https upstreams are not supported yet; put the gateway next to the service and use http://".to_owned()),
+        _ => return Err("the upstream must be an http:// URL such as http://127.0.0.1:3000".to_owned()),
+    }
+    if uri.authority().is_none() {
+        return Err("the upstream URL has no host".to_owned());
+    }
+    if uri
+        .path_and_query()
+        .is_some_and(|p| p.as_str() != "/" && !p.as_str().is_empty())
+    {
+        return Err("the upstream is an origin (scheme, host, port) without a path".to_owned());
+    }
+    Ok(uri)
+}
+
+fn parse_addr(text: &str) -> Result<SocketAddr, String> {
+    text.parse()
+        .map_err(|_| format!("{text:?} is not an address like 127.0.0.1:8080"))
+}
+
+fn duration(src: &Source<'_>, key: &str, v: &Spanned<String>) -> Result<Duration, ConfigError> {
+    humantime::parse_duration(v.get_ref().trim()).map_err(|e| {
+        src.error(
+            key,
+            v,
+            format!("not a duration like \"30s\" or \"24h\" ({e})"),
+        )
+    })
+}
+
+fn positive<T>(
+    src: &Source<'_>,
+    key: &str,
+    v: &Spanned<T>,
+    d: Duration,
+) -> Result<Duration, ConfigError>
+where
+    T: std::fmt::Debug,
+{
+    if d.is_zero() {
+        return Err(src.error(key, v, "must be greater than zero"));
+    }
+    Ok(d)
+}
+
+/// Parses `1MiB`, `512 KiB`, `10MB`, `1048576` into bytes.
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| "not a size like \"1MiB\" or \"64KiB\"".to_owned())?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "kib" => 1 << 10,
+        "mb" => 1_000_000,
+        "mib" => 1 << 20,
+        "gb" => 1_000_000_000,
+        "gib" => 1 << 30,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?}; use B, KiB, MiB, GiB, KB, MB or GB"
+            ));
+        }
+    };
+    n.checked_mul(mult)
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or_else(|| "too large".to_owned())
+}
+
+fn size(src: &Source<'_>, key: &str, v: &Spanned<String>) -> Result<usize, ConfigError> {
+    match parse_size(v.get_ref()) {
+        Ok(0) => Err(src.error(key, v, "must be greater than zero")),
+        Ok(n) => Ok(n),
+        Err(why) => Err(src.error(key, v, why)),
+    }
+}
+
+fn header_names(
+    src: &Source<'_>,
+    key: &str,
+    v: &Spanned<Vec<String>>,
+) -> Result<Vec<HeaderName>, ConfigError> {
+    v.get_ref()
+        .iter()
+        .map(|h| {
+            HeaderName::from_bytes(h.trim().to_ascii_lowercase().as_bytes())
+                .map_err(|_| src.error(key, v, format!("{h:?} is not a header name")))
+        })
+        .collect()
+}
+
+fn tenant_source(src: &Source<'_>, t: &TenantConfig) -> Result<TenantSource, ConfigError> {
+    match t.from.get_ref().as_str() {
+        "authorization" => Ok(TenantSource::Authorization),
+        "header" => {
+            let name = t
+                .name
+                .as_ref()
+                .ok_or_else(|| src.error("tenant.from", &t.from, "from = \"header\" needs name = \"X-Tenant-Id\" (the header a trusted proxy sets)"))?;
+            HeaderName::from_bytes(name.get_ref().to_ascii_lowercase().as_bytes())
+                .map(TenantSource::Header)
+                .map_err(|_| src.error("tenant.name", name, "not a header name"))
+        }
+        "none" => Ok(TenantSource::Single("default".to_owned())),
+        _ => Err(src.error(
+            "tenant.from",
+            &t.from,
+            "expected \"authorization\", \"header\" or \"none\"",
+        )),
+    }
+}
+
+/// Applies the keys present in `cfg` on top of `base`.
+fn apply(
+    src: &Source<'_>,
+    at: &str,
+    cfg: &PolicyConfig,
+    base: RoutePolicy,
+) -> Result<RoutePolicy, ConfigError> {
+    let key = |k: &str| format!("{at}.{k}");
+    let mut p = base;
+    let mut engine: Policy = p.engine.clone();
+    if let Some(v) = &cfg.retention {
+        engine = engine.with_retention(positive(
+            src,
+            &key("retention"),
+            v,
+            duration(src, &key("retention"), v)?,
+        )?);
+    }
+    if let Some(v) = &cfg.lease {
+        engine = engine.with_lease(positive(
+            src,
+            &key("lease"),
+            v,
+            duration(src, &key("lease"), v)?,
+        )?);
+    }
+    let wait = match &cfg.in_flight_wait {
+        Some(v) => Some(positive(
+            src,
+            &key("in_flight_wait"),
+            v,
+            duration(src, &key("in_flight_wait"), v)?,
+        )?),
+        None => None,
+    };
+    match cfg.on_in_flight.as_ref().map(|v| (v, v.get_ref().as_str())) {
+        Some((_, "reject")) => engine = engine.with_on_in_flight(InFlight::Reject),
+        Some((_, "wait")) => {
+            engine =
+                engine.with_on_in_flight(InFlight::Wait(wait.unwrap_or(Duration::from_secs(5))))
+        }
+        Some((v, _)) => {
+            return Err(src.error(&key("on_in_flight"), v, "expected \"reject\" or \"wait\""));
+        }
+        None => {
+            if let (Some(w), InFlight::Wait(_)) = (wait, engine.on_in_flight) {
+                engine = engine.with_on_in_flight(InFlight::Wait(w));
+            }
+        }
+    }
+    match cfg
+        .on_store_error
+        .as_ref()
+        .map(|v| (v, v.get_ref().as_str()))
+    {
+        Some((_, "closed")) => engine = engine.with_fail_mode(FailMode::Closed),
+        Some((_, "open")) => engine = engine.with_fail_mode(FailMode::Open),
+        Some((v, _)) => {
+            return Err(src.error(&key("on_store_error"), v, "expected \"closed\" or \"open\""));
+        }
+        None => {}
+    }
+    match cfg
+        .on_lease_expiry
+        .as_ref()
+        .map(|v| (v, v.get_ref().as_str()))
+    {
+        Some((_, "retry")) => engine = engine.with_on_lease_expiry(LeaseExpiry::Retry),
+        Some((_, "hold")) => engine = engine.with_on_lease_expiry(LeaseExpiry::Hold),
+        Some((v, _)) => {
+            return Err(src.error(&key("on_lease_expiry"), v, "expected \"retry\" or \"hold\""));
+        }
+        None => {}
+    }
+    if let Some(v) = &cfg.release_statuses {
+        if let Some(bad) = v.get_ref().iter().find(|s| !(100..=599).contains(*s)) {
+            return Err(src.error(
+                &key("release_statuses"),
+                v,
+                format!("{bad} is not an HTTP status"),
+            ));
+        }
+        engine = engine.with_release_statuses(v.get_ref().clone());
+    }
+    p = p.with_engine(engine);
+    if let Some(v) = cfg.require_key {
+        p = p.with_require_key(v);
+    }
+    if let Some(v) = &cfg.max_request_body {
+        p = p.with_max_request_body(size(src, &key("max_request_body"), v)?);
+    }
+    if let Some(v) = &cfg.max_stored_response {
+        p = p.with_max_stored_response(size(src, &key("max_stored_response"), v)?);
+    }
+    if let Some(v) = &cfg.mismatch_status {
+        let status = StatusCode::from_u16(*v.get_ref())
+            .ok()
+            .filter(|s| s.is_client_error())
+            .ok_or_else(|| {
+                src.error(
+                    &key("mismatch_status"),
+                    v,
+                    "must be a 4xx status (422 per the IETF draft, 400 as Stripe does)",
+                )
+            })?;
+        p = p.with_mismatch_status(status);
+    }
+    if let Some(v) = &cfg.fingerprint_headers {
+        p.fingerprint_headers = header_names(src, &key("fingerprint_headers"), v)?;
+    }
+    if let Some(v) = &cfg.unstored_headers {
+        p.unstored_headers = header_names(src, &key("unstored_headers"), v)?;
+    }
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from_text(text: &str) -> Result<Settings, ConfigError> {
+        let path = Path::new("idem.toml");
+        let parsed: FileConfig =
+            toml::from_str(text).map_err(|e| ConfigError(format!("idem.toml: {e}")))?;
+        build(parsed, &Source { file: path, text }, &Overrides::default())
+    }
+
+    const FULL: &str = r#"
+upstream = "http://127.0.0.1:3000"
+store = "sqlite://idem.db"
+[tenant]
+from = "header"
+name = "X-Tenant-Id"
+[defaults]
+retention = "24h"
+lease = "30s"
+require_key = false
+on_in_flight = "wait"
+in_flight_wait = "5s"
+on_store_error = "closed"
+max_request_body = "1MiB"
+max_stored_response = "1MiB"
+upstream_timeout = "30s"
+[[route]]
+method = "POST"
+path = "/v1/payments"
+require_key = true
+retention = "72h"
+mismatch_status = 400
+[[route]]
+method = "put"
+path = "/v1/orders/{id}/capture"
+on_store_error = "open"
+"#;
+
+    #[test]
+    fn the_documented_example_loads() {
+        let s = from_text(FULL).expect("valid");
+        assert_eq!(s.upstream, "http://127.0.0.1:3000");
+        assert_eq!(s.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(
+            s.tenant,
+            TenantSource::Header(HeaderName::from_static("x-tenant-id"))
+        );
+        let pay = s
+            .routes
+            .matching(&Method::POST, "/v1/payments")
+            .expect("route");
+        assert!(pay.policy.require_key);
+        assert_eq!(pay.policy.engine.retention, Duration::from_secs(72 * 3600));
+        assert_eq!(
+            pay.policy.engine.on_in_flight,
+            InFlight::Wait(Duration::from_secs(5))
+        );
+        assert_eq!(pay.policy.mismatch_status, StatusCode::BAD_REQUEST);
+        let cap = s
+            .routes
+            .matching(&Method::PUT, "/v1/orders/1/capture")
+            .expect("route");
+        assert_eq!(cap.policy.engine.fail_mode, FailMode::Open);
+        assert!(!cap.policy.require_key);
+        assert_eq!(s.upstream_timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn bad_values_name_line_key_value_and_why() {
+        let cases = [
+            (
+                "upstream = \"http://x:1\"\n[defaults]\nlease = \"3x\"\n",
+                "idem.toml:3: defaults.lease = \"3x\": not a duration",
+            ),
+            (
+                "upstream = \"http://x:1\"\n[defaults]\nmax_request_body = \"1 parsec\"\n",
+                "idem.toml:3: defaults.max_request_body = \"1 parsec\": unknown unit",
+            ),
+            (
+                "upstream = \"http://x:1\"\n[defaults]\non_in_flight = \"queue\"\n",
+                "idem.toml:3: defaults.on_in_flight = \"queue\": expected \"reject\" or \"wait\"",
+            ),
+            (
+                "upstream = \"http://x:1\"\n[[route]]\nmethod = \"POST\"\npath = \"v1\"\n",
+                "idem.toml:4: route[0].path = \"v1\": invalid path pattern",
+            ),
+            (
+                "upstream = \"http://x:1\"\n[[route]]\nmethod = \"P OST\"\npath = \"/v1\"\n",
+                "idem.toml:3: route[0].method = \"P OST\": not an HTTP method",
+            ),
+            (
+                "upstream = \"http://x:1\"\n[[route]]\npath = \"/v1\"\n",
+                "route[0] has no method",
+            ),
+            (
+                "upstream = \"http://x:1\"\n[defaults]\nmismatch_status = 200\n",
+                "idem.toml:3: defaults.mismatch_status = 200: must be a 4xx",
+            ),
+            (
+                "upstream = \"ftp://x\"\n",
+                "idem.toml:1: upstream = \"ftp://x\": the upstream must be an http:// URL",
+            ),
+            (
+                "upstream = \"http://x:1\"\nlisten = \"localhost\"\n",
+                "idem.toml:2: listen = \"localhost\": \"localhost\" is not an address",
+            ),
+            (
+                "upstream = \"http://x:1\"\n[tenant]\nfrom = \"jwt\"\n",
+                "idem.toml:3: tenant.from = \"jwt\": expected",
+            ),
+            (
+                "upstream = \"http://x:1\"\n[defaults]\nlease = \"0s\"\n",
+                "idem.toml:3: defaults.lease = \"0s\": must be greater than zero",
+            ),
+            (
+                "upstream = \"http://x:1\"\n[[route]]\nmethod = \"POST\"\npath = \"/a\"\nupstream_timeout = \"1s\"\n",
+                "upstream_timeout is set once",
+            ),
+        ];
+        for (text, expected) in cases {
+            let err = from_text(text).expect_err(text).to_string();
+            assert!(
+                err.starts_with(expected) || err.contains(expected),
+                "{text:?}\n got: {err}\nwant: {expected}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_with_their_line() {
+        let err = from_text("upstream = \"http://x:1\"\n[defaults]\nretension = \"1h\"\n")
+            .expect_err("typo")
+            .to_string();
+        assert!(err.contains("line 3") && err.contains("retension"), "{err}");
+        let err = from_text("upstream = \"http://x:1\"\ncolour = 1\n")
+            .expect_err("unknown")
+            .to_string();
+        assert!(err.contains("colour"), "{err}");
+    }
+
+    #[test]
+    fn upstream_is_required_and_flags_win() {
+        let err = from_text("").expect_err("no upstream").to_string();
+        assert!(
+            err.contains("--upstream") && err.contains("IDEM_UPSTREAM"),
+            "{err}"
+        );
+        let parsed: FileConfig =
+            toml::from_str("upstream = \"http://a:1\"\nlisten = \"127.0.0.1:1\"").expect("toml");
+        let o = Overrides {
+            upstream: Some("http://b:2".into()),
+            listen: Some("127.0.0.1:2".into()),
+            ..Overrides::default()
+        };
+        let s = build(
+            parsed,
+            &Source {
+                file: Path::new("f"),
+                text: "",
+            },
+            &o,
+        )
+        .expect("valid");
+        assert_eq!(
+            (s.upstream.to_string().as_str(), s.listen.port()),
+            ("http://b:2/", 2)
+        );
+        let err = build(
+            FileConfig::default(),
+            &Source {
+                file: Path::new("f"),
+                text: "",
+            },
+            &Overrides {
+                upstream: Some("nope".into()),
+                ..Overrides::default()
+            },
+        )
+        .expect_err("bad flag")
+        .to_string();
+        assert!(err.starts_with("--upstream / IDEM_UPSTREAM:"), "{err}");
+    }
+
+    #[test]
+    fn exposed_admin_needs_a_token() {
+        let err = from_text("upstream = \"http://x:1\"\nadmin_listen = \"0.0.0.0:9090\"\n")
+            .expect_err("no token")
+            .to_string();
+        assert!(err.contains("admin token"), "{err}");
+        assert!(from_text("upstream = \"http://x:1\"\nadmin_listen = \"0.0.0.0:9090\"\nadmin_token = \"s3cret\"\n").is_ok());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_size("64 KiB"), Ok(64 << 10));
+        assert_eq!(parse_size("10MB"), Ok(10_000_000));
+        assert_eq!(parse_size("512"), Ok(512));
+        assert!(parse_size("MiB").is_err());
+        assert!(parse_size("1.5MiB").is_err());
+        assert!(parse_size("99999999999999GiB").is_err());
+    }
+}

@@ -1,0 +1,421 @@
+//! `idem demo`: a toy payments upstream, the gateway in front of it on the
+//! embedded store, and a client that retries the way real clients do —
+//! concurrent duplicates, a timeout and retry, the same JSON re-serialised,
+//! and a key reused with another amount. It prints what happened and fails
+//! if any payment was charged twice.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use idem::{InFlight, Policy};
+use idem_http::{RoutePolicy, Routes, TenantSource};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+
+use crate::config::Settings;
+
+/// Options of `idem demo`.
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Distinct payments.
+    #[arg(long, default_value_t = 40)]
+    payments: u32,
+    /// Identical requests sent at once for each payment.
+    #[arg(long, default_value_t = 6)]
+    duplicates: u32,
+    /// How long the toy upstream takes to charge, in milliseconds.
+    #[arg(long, default_value_t = 150)]
+    latency_ms: u64,
+    /// Store URL [default: a fresh SQLite file in the temp directory].
+    #[arg(long)]
+    store: Option<String>,
+}
+
+/// The toy payment provider: charges every request it sees, counting
+/// charges per forwarded `Idempotency-Key`.
+#[derive(Default)]
+struct Upstream {
+    charges: Mutex<HashMap<String, u32>>,
+}
+
+impl Upstream {
+    fn charges(&self) -> HashMap<String, u32> {
+        self.charges
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+async fn start_upstream(latency: Duration) -> Result<(SocketAddr, Arc<Upstream>), String> {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| format!("demo upstream: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let state = Arc::new(Upstream::default());
+    let shared = Arc::clone(&state);
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let state = Arc::clone(&shared);
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<Incoming>| {
+                    charge(req, Arc::clone(&state), latency)
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    Ok((addr, state))
+}
+
+async fn charge(
+    req: Request<Incoming>,
+    state: Arc<Upstream>,
+    latency: Duration,
+) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+    let key = req
+        .headers()
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("none")
+        .to_owned();
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let amount = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("amount_cents").and_then(serde_json::Value::as_u64))
+        .unwrap_or(0);
+    tokio::time::sleep(latency).await;
+    let n = {
+        let mut charges = state.charges.lock().unwrap_or_else(|p| p.into_inner());
+        let n = charges.entry(key.clone()).or_default();
+        *n += 1;
+        *n
+    };
+    let doc = serde_json::json!({ "id": format!("ch_{key}_{n}"), "amount_cents": amount, "status": "succeeded" });
+    let mut resp = Response::new(Full::new(Bytes::from(doc.to_string())));
+    *resp.status_mut() = StatusCode::CREATED;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
+}
+
+#[derive(Debug, Default)]
+struct Tally {
+    sent: u64,
+    replayed: u64,
+    in_progress: u64,
+    reused: u64,
+    client_timeouts: u64,
+    other: u64,
+}
+
+impl Tally {
+    fn add(&mut self, other: &Tally) {
+        self.sent += other.sent;
+        self.replayed += other.replayed;
+        self.in_progress += other.in_progress;
+        self.reused += other.reused;
+        self.client_timeouts += other.client_timeouts;
+        self.other += other.other;
+    }
+}
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+struct Payment {
+    key: String,
+    auth: String,
+    amount: u64,
+}
+
+impl Payment {
+    fn body(&self) -> String {
+        format!(
+            r#"{{"amount_cents":{},"currency":"EUR","payment_method_id":"pm_card_visa"}}"#,
+            self.amount
+        )
+    }
+
+    /// The same JSON document, re-serialised: other key order and spacing.
+    fn body_reordered(&self) -> String {
+        format!(
+            "{{ \"payment_method_id\": \"pm_card_visa\",\n  \"currency\": \"EUR\",\n  \"amount_cents\": {} }}",
+            self.amount
+        )
+    }
+}
+
+/// Sends until the gateway gives a final answer, honouring `409` +
+/// `Retry-After` (capped), optionally abandoning the first try after
+/// `give_up` (a client timeout). Returns the final status and body.
+async fn send_until_final(
+    client: &HttpClient,
+    gateway: SocketAddr,
+    p: &Payment,
+    body: &str,
+    give_up: Option<Duration>,
+    tally: &mut Tally,
+) -> (StatusCode, Bytes) {
+    let mut give_up = give_up;
+    for _ in 0..200 {
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(format!("http://{gateway}/v1/payments"))
+            .header("idempotency-key", &p.key)
+            .header("authorization", &p.auth)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_owned())))
+            .expect("valid demo request");
+        tally.sent += 1;
+        let call = client.request(req);
+        let resp = match give_up.take() {
+            Some(limit) => match tokio::time::timeout(limit, call).await {
+                Ok(r) => r,
+                Err(_) => {
+                    tally.client_timeouts += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            None => call.await,
+        };
+        let Ok(resp) = resp else {
+            tally.other += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let status = resp.status();
+        let replayed = resp.headers().contains_key("idempotent-replayed");
+        let retry_after = resp
+            .headers()
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        match status {
+            StatusCode::CONFLICT => {
+                tally.in_progress += 1;
+                // Real clients wait Retry-After; the demo caps it to stay quick.
+                let wait =
+                    Duration::from_secs(retry_after.unwrap_or(1)).min(Duration::from_millis(100));
+                tokio::time::sleep(wait).await;
+            }
+            StatusCode::UNPROCESSABLE_ENTITY => {
+                tally.reused += 1;
+                return (status, bytes);
+            }
+            _ => {
+                tally.replayed += u64::from(replayed);
+                if !status.is_success() {
+                    tally.other += 1;
+                }
+                return (status, bytes);
+            }
+        }
+    }
+    (StatusCode::REQUEST_TIMEOUT, Bytes::new())
+}
+
+/// Runs the demo.
+pub async fn run(args: DemoArgs) -> Result<(), String> {
+    if args.payments == 0 || args.duplicates == 0 {
+        return Err("--payments and --duplicates must be at least 1".to_owned());
+    }
+    let (upstream_addr, upstream) = start_upstream(Duration::from_millis(args.latency_ms)).await?;
+    let temp_db = std::env::temp_dir().join(format!("idem-demo-{}.db", std::process::id()));
+    let store = args
+        .store
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}", temp_db.display()));
+    let policy = RoutePolicy::default()
+        .with_require_key(true)
+        .with_engine(Policy::default().with_on_in_flight(InFlight::Reject));
+    let routes = Routes::default()
+        .route(Method::POST, "/v1/payments", policy)
+        .map_err(|e| e.to_string())?;
+    let settings = Settings {
+        listen: "127.0.0.1:0".parse().expect("valid"),
+        upstream: format!("http://{upstream_addr}")
+            .parse()
+            .map_err(|e| format!("{e}"))?,
+        store: store.clone(),
+        admin_listen: "127.0.0.1:0".parse().expect("valid"),
+        admin_token: None,
+        routes,
+        tenant: TenantSource::Authorization,
+        upstream_timeout: Duration::from_secs(10),
+        shutdown_grace: Duration::from_secs(5),
+    };
+    let server = crate::server::bind(&settings).await?;
+    let gateway = server.local_addr().map_err(|e| e.to_string())?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+
+    println!(
+        "idem demo: toy payments upstream on {upstream_addr}, gateway on {gateway}, store {store}"
+    );
+    println!(
+        "  {} payments by 3 merchants; each sent {} times at once (one client times out and retries), then re-serialised, then with another amount",
+        args.payments, args.duplicates
+    );
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let started = Instant::now();
+    let mut storms = JoinSet::new();
+    for p in 0..args.payments {
+        let payment = Arc::new(Payment {
+            key: format!("demo-pay-{p}"),
+            auth: format!("Bearer sk_demo_merchant_{}", p % 3),
+            amount: 1_000 + u64::from(p),
+        });
+        for d in 0..args.duplicates {
+            let (client, payment) = (client.clone(), Arc::clone(&payment));
+            let give_up = (d == 0).then_some(Duration::from_millis(args.latency_ms / 3));
+            storms.spawn(async move {
+                let mut tally = Tally::default();
+                let (status, body) = send_until_final(
+                    &client,
+                    gateway,
+                    &payment,
+                    &payment.body(),
+                    give_up,
+                    &mut tally,
+                )
+                .await;
+                (payment, status, body, tally)
+            });
+        }
+    }
+    let mut tally = Tally::default();
+    let mut answers: HashMap<String, Vec<(StatusCode, Bytes)>> = HashMap::new();
+    let mut payments = Vec::new();
+    while let Some(done) = storms.join_next().await {
+        let (payment, status, body, t) = done.map_err(|e| e.to_string())?;
+        tally.add(&t);
+        let entry = answers.entry(payment.key.clone()).or_default();
+        if entry.is_empty() {
+            payments.push(payment);
+        }
+        entry.push((status, body));
+    }
+    let identical = answers
+        .values()
+        .all(|a| a.windows(2).all(|w| w[0] == w[1]) && a[0].0 == StatusCode::CREATED);
+    // The same JSON re-serialised: a replay, not a new charge and not a 422.
+    let mut reordered_ok = 0;
+    for p in &payments {
+        let (status, body) =
+            send_until_final(&client, gateway, p, &p.body_reordered(), None, &mut tally).await;
+        reordered_ok += u32::from(status == StatusCode::CREATED && answers[&p.key][0].1 == body);
+    }
+    // The same key with another amount: refused.
+    let mut refused = 0;
+    for p in &payments {
+        let altered = Payment {
+            amount: p.amount + 1,
+            key: p.key.clone(),
+            auth: p.auth.clone(),
+        };
+        let (status, _) = send_until_final(
+            &client,
+            gateway,
+            &altered,
+            &altered.body(),
+            None,
+            &mut tally,
+        )
+        .await;
+        refused += u32::from(status == StatusCode::UNPROCESSABLE_ENTITY);
+    }
+    let elapsed = started.elapsed();
+    let _ = stop.send(());
+    let _ = serving.await;
+    if args.store.is_none() {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", temp_db.display()));
+        }
+    }
+
+    let charges = upstream.charges();
+    let executed: u32 = charges.values().sum();
+    let double = charges.values().filter(|&&n| n > 1).count();
+    let row = |name: &str, value: String| println!("  {name:<44} {value:>8}");
+    println!();
+    row("requests sent to the gateway", tally.sent.to_string());
+    row("executed upstream (charges made)", executed.to_string());
+    row(
+        "replayed (Idempotent-Replayed: true)",
+        tally.replayed.to_string(),
+    );
+    row(
+        "rejected: still in progress (409)",
+        tally.in_progress.to_string(),
+    );
+    row(
+        "rejected: key reused with another body (422)",
+        tally.reused.to_string(),
+    );
+    row(
+        "client timeouts (then retried)",
+        tally.client_timeouts.to_string(),
+    );
+    row(
+        "re-serialised JSON answered as a replay",
+        format!("{reordered_ok}/{}", args.payments),
+    );
+    row(
+        "duplicates got byte-identical answers",
+        if identical {
+            "yes".to_owned()
+        } else {
+            "NO".to_owned()
+        },
+    );
+    row("other errors", tally.other.to_string());
+    row("DOUBLE CHARGES", double.to_string());
+    println!("  ({:.1} s)", elapsed.as_secs_f64());
+    if double > 0
+        || executed != args.payments
+        || !identical
+        || refused != args.payments
+        || reordered_ok != args.payments
+    {
+        return Err(format!(
+            "the demo found a problem: {double} double charges, {executed} charges for {} payments, identical answers: {identical}, {refused} refusals, {reordered_ok} replays of re-serialised JSON",
+            args.payments
+        ));
+    }
+    println!(
+        "  OK: {} payments, {} requests, every payment charged exactly once",
+        args.payments, tally.sent
+    );
+    Ok(())
+}

@@ -1,0 +1,8 @@
+//! The `idem` gateway as a library: configuration, the proxy, the server
+//! and the demo, so tests and embedders can run them in-process. The
+//! binary `idem` is a thin command line over these.
+
+pub mod config;
+pub mod demo;
+pub mod proxy;
+pub mod server;

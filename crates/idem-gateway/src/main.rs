@@ -1,0 +1,130 @@
+//! `idem`: Stripe-style `Idempotency-Key` handling in front of any HTTP API.
+//!
+//! ```text
+//! idem serve --upstream http://127.0.0.1:3000        # the gateway
+//! idem demo                                          # a retry storm, end to end
+//! ```
+
+use idem_gateway::{config, demo, server};
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// idem makes retries safe: a retried request never repeats its side effect,
+/// and the caller gets the original answer back.
+#[derive(Debug, Parser)]
+#[command(name = "idem", version, about)]
+struct Cli {
+    /// Log format.
+    #[arg(long, global = true, env = "IDEM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Log filter, e.g. `info` or `info,idem_http=debug`.
+    #[arg(long, global = true, env = "IDEM_LOG", default_value = "info")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the gateway in front of an upstream.
+    Serve(ServeArgs),
+    /// Start a toy payments upstream, the gateway in front of it on the
+    /// embedded store, and a retry storm; print what happened.
+    Demo(demo::DemoArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// TOML configuration file.
+    #[arg(long, env = "IDEM_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:8080].
+    #[arg(long, env = "IDEM_LISTEN")]
+    listen: Option<String>,
+    /// Upstream origin, e.g. http://127.0.0.1:3000 (required here or in the config).
+    #[arg(long, env = "IDEM_UPSTREAM")]
+    upstream: Option<String>,
+    /// Store URL [default: sqlite://idem.db].
+    #[arg(long, env = "IDEM_STORE")]
+    store: Option<String>,
+    /// Admin listener address [default: 127.0.0.1:9090].
+    #[arg(long, env = "IDEM_ADMIN_LISTEN")]
+    admin_listen: Option<String>,
+    /// Bearer token for the admin API (required on a non-loopback address).
+    #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+}
+
+fn init_logs(format: LogFormat, filter: &str) -> Result<(), String> {
+    let targets: tracing_subscriber::filter::Targets = filter
+        .parse()
+        .map_err(|e| format!("--log / IDEM_LOG {filter:?}: {e}"))?;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let registry = tracing_subscriber::registry().with(targets);
+    match format {
+        LogFormat::Text => registry
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .init(),
+        LogFormat::Json => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_writer(std::io::stderr),
+            )
+            .init(),
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(err) = init_logs(cli.log_format, &cli.log) {
+        eprintln!("idem: {err}");
+        return ExitCode::from(2);
+    }
+    let result = match cli.command {
+        Command::Serve(args) => serve(args).await,
+        Command::Demo(args) => demo::run(args).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("idem: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> Result<(), String> {
+    let overrides = config::Overrides {
+        upstream: args.upstream,
+        store: args.store,
+        listen: args.listen,
+        admin_listen: args.admin_listen,
+        admin_token: args.admin_token,
+    };
+    let settings = config::load(args.config.as_deref(), &overrides).map_err(|e| e.to_string())?;
+    let server = server::bind(&settings).await?;
+    let addr = server.local_addr().map_err(|e| e.to_string())?;
+    let admin = server.admin_addr().map_err(|e| e.to_string())?;
+    tracing::info!(%addr, %admin, upstream = %settings.upstream, store = %server::redact(&settings.store), "idem serve ready");
+    // One plain line on stdout for scripts and tests to find the ports.
+    println!(
+        "idem: listening on {addr} (admin {admin}), upstream {}",
+        settings.upstream
+    );
+    server.run(server::shutdown_signal()).await;
+    tracing::info!("idem serve stopped");
+    Ok(())
+}

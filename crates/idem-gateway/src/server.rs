@@ -1,0 +1,294 @@
+//! `idem serve`: the listener, the admin listener, graceful shutdown.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode, header};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use idem::{DynStore, MemoryStore, Store};
+use idem_http::{Idempotency, IdempotencyLayer, ResponseBody, TenantSource};
+use idem_sqlite::SqliteStore;
+use tokio::net::TcpListener;
+use tower::{Layer, ServiceExt};
+
+use crate::config::Settings;
+use crate::proxy::{PeerAddr, Proxy, ProxyBody};
+
+/// The request pipeline: the idempotency layer around the proxy.
+pub type Gateway = Idempotency<Proxy, DynStore, TenantSource>;
+
+/// Opens the store named by `url`.
+pub fn open_store(url: &str) -> Result<DynStore, String> {
+    let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
+    match scheme {
+        "sqlite" => SqliteStore::open_url(url)
+            .map(DynStore::new)
+            .map_err(|e| format!("store {url}: {}", error_chain(&e))),
+        "memory" => Ok(DynStore::new(MemoryStore::new())),
+        "postgres" | "postgresql" | "redis" | "rediss" | "tiered" => Err(format!(
+            "store {}: the {scheme} store is not part of this build yet; use sqlite://PATH",
+            redact(url)
+        )),
+        _ => Err(format!(
+            "store {}: unknown store URL scheme {scheme:?}; expected sqlite://PATH or memory://",
+            redact(url)
+        )),
+    }
+}
+
+/// Hides the password of `scheme://user:password@host/…`.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+/// An error and its causes on one line.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        let s = e.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cur = e.source();
+    }
+    out
+}
+
+/// A bound, not yet running gateway.
+#[derive(Debug)]
+pub struct Server {
+    listener: TcpListener,
+    admin: TcpListener,
+    gateway: Gateway,
+    store: DynStore,
+    admin_token: Option<Arc<str>>,
+    grace: Duration,
+}
+
+/// Opens the store and binds both listeners; errors name what failed.
+pub async fn bind(settings: &Settings) -> Result<Server, String> {
+    let url = settings.store.clone();
+    let store = tokio::task::spawn_blocking(move || open_store(&url))
+        .await
+        .map_err(|e| format!("opening the store failed: {e}"))??;
+    let listener = TcpListener::bind(settings.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", settings.listen))?;
+    let admin = TcpListener::bind(settings.admin_listen)
+        .await
+        .map_err(|e| format!("cannot listen on {} (admin): {e}", settings.admin_listen))?;
+    let proxy = Proxy::new(&settings.upstream, settings.upstream_timeout);
+    let gateway = IdempotencyLayer::new(store.clone())
+        .with_routes(settings.routes.clone())
+        .with_tenant(settings.tenant.clone())
+        .layer(proxy);
+    Ok(Server {
+        listener,
+        admin,
+        gateway,
+        store,
+        admin_token: settings.admin_token.as_deref().map(Arc::from),
+        grace: settings.shutdown_grace,
+    })
+}
+
+impl Server {
+    /// Where clients connect.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Where the admin API listens.
+    pub fn admin_addr(&self) -> std::io::Result<SocketAddr> {
+        self.admin.local_addr()
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting, lets
+    /// in-flight requests finish (up to the grace period) and closes the
+    /// store, which flushes what it holds.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let Server {
+            listener,
+            admin,
+            gateway,
+            store,
+            admin_token,
+            grace,
+        } = self;
+        let builder = auto::Builder::new(TokioExecutor::new());
+        let graceful = GracefulShutdown::new();
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => {
+                    let (stream, peer) = match accepted {
+                        Ok(conn) => conn,
+                        Err(err) => {
+                            tracing::warn!(%err, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    let _ = stream.set_nodelay(true);
+                    let gateway = gateway.clone();
+                    let svc = service_fn(move |req: Request<Incoming>| {
+                        let mut req = req.map(ProxyBody::Incoming);
+                        req.extensions_mut().insert(PeerAddr(peer));
+                        gateway.clone().oneshot(req)
+                    });
+                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
+                    let conn = graceful.watch(conn.into_owned());
+                    tokio::spawn(async move {
+                        if let Err(err) = conn.await {
+                            tracing::debug!(%err, %peer, "connection ended with an error");
+                        }
+                    });
+                }
+                accepted = admin.accept() => {
+                    if let Ok((stream, _)) = accepted {
+                        let (store, token) = (store.clone(), admin_token.clone());
+                        let svc = service_fn(move |req: Request<Incoming>| admin_route(req, store.clone(), token.clone()));
+                        let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                        let conn = graceful.watch(conn.into_owned());
+                        tokio::spawn(async move { let _ = conn.await; });
+                    }
+                }
+                () = &mut shutdown => break,
+            }
+        }
+        drop(listener);
+        drop(admin);
+        tracing::info!(
+            grace_ms = grace.as_millis() as u64,
+            "shutting down: finishing in-flight requests"
+        );
+        tokio::select! {
+            () = graceful.shutdown() => tracing::info!("all connections closed"),
+            () = tokio::time::sleep(grace) => tracing::warn!("grace period over; closing remaining connections"),
+        }
+        drop(gateway);
+        // The last handle: dropping it closes the store (SQLite finishes its queue).
+        drop(store);
+    }
+}
+
+type AdminBody = ResponseBody<Full<Bytes>>;
+
+async fn admin_route(
+    req: Request<Incoming>,
+    store: DynStore,
+    token: Option<Arc<str>>,
+) -> Result<Response<AdminBody>, Infallible> {
+    let text = |status: StatusCode, body: String| {
+        let mut resp = Response::new(ResponseBody::full(body));
+        *resp.status_mut() = status;
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        Ok(resp)
+    };
+    if req.uri().path() == "/healthz" {
+        return text(StatusCode::OK, "ok\n".to_owned());
+    }
+    if let Some(token) = token {
+        let expected = format!("Bearer {token}");
+        if req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            != Some(expected.as_str())
+        {
+            return text(
+                StatusCode::UNAUTHORIZED,
+                "admin token required: Authorization: Bearer <token>\n".to_owned(),
+            );
+        }
+    }
+    match req.uri().path() {
+        "/readyz" => {
+            let probe = idem::Scope::new("idem-readyz", "probe").expect("valid probe scope");
+            let key: idem::IdempotencyKey = "probe".parse().expect("valid probe key");
+            match store.get(&probe, &key).await {
+                Ok(_) => text(StatusCode::OK, "ready\n".to_owned()),
+                Err(err) => text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("store unavailable: {}\n", error_chain(&err)),
+                ),
+            }
+        }
+        _ => text(StatusCode::NOT_FOUND, "not found\n".to_owned()),
+    }
+}
+
+/// Completes on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("SIGINT received"),
+        () = term => tracing::info!("SIGTERM received"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact("postgres://app:s3cret@db:5432/idem"),
+            "postgres://app:***@db:5432/idem"
+        );
+        assert_eq!(redact("redis://:pw@127.0.0.1"), "redis://:***@127.0.0.1");
+        assert_eq!(redact("sqlite://idem.db"), "sqlite://idem.db");
+        assert_eq!(redact("postgres://app@db/idem"), "postgres://app@db/idem");
+    }
+
+    #[test]
+    fn store_urls() {
+        assert!(open_store("memory://").is_ok());
+        let err = open_store("mysql://u:pw@h/db").expect_err("unknown");
+        assert!(
+            err.contains("unknown store URL scheme") && !err.contains("pw"),
+            "{err}"
+        );
+        let err = open_store("sqlite:///nonexistent-dir/x.db").expect_err("missing dir");
+        assert!(err.contains("/nonexistent-dir/x.db"), "{err}");
+    }
+}
