@@ -11,11 +11,12 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::routing::post;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use idem::{FailMode, InFlight, MemoryStore, Policy};
 use idem_http::{IdempotencyLayer, RoutePolicy, Routes, TenantSource};
+use idem_testkit::client::send;
 use idem_testkit::{FaultyStore, Op};
 
 #[derive(Clone, Default)]
@@ -101,54 +102,6 @@ async fn serve(router: Router) -> SocketAddr {
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
     addr
-}
-
-struct Answer {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-impl Answer {
-    fn problem_type(&self) -> String {
-        let v: serde_json::Value = serde_json::from_slice(&self.body).expect("problem json");
-        v["type"]
-            .as_str()
-            .expect("type")
-            .rsplit('/')
-            .next()
-            .expect("slug")
-            .to_owned()
-    }
-}
-
-async fn send(
-    addr: SocketAddr,
-    method: Method,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> Answer {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let mut req = http::Request::builder()
-        .method(method)
-        .uri(format!("http://{addr}{path}"));
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let resp = client
-        .request(
-            req.body(Full::new(Bytes::copy_from_slice(body.as_bytes())))
-                .expect("request"),
-        )
-        .await
-        .expect("response");
-    let (parts, body) = resp.into_parts();
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body: body.collect().await.expect("body").to_bytes(),
-    }
 }
 
 const JSON: (&str, &str) = ("content-type", "application/json");
@@ -361,7 +314,7 @@ async fn bad_keys_and_bodies_are_refused_without_forwarding_or_records() {
         ),
     ];
     for (headers, body, status, kind) in cases {
-        let a = send(addr, Method::POST, "/v1/payments", &headers, &body).await;
+        let a = send(addr, Method::POST, "/v1/payments", &headers, body).await;
         assert_eq!(a.status, status, "{kind}");
         assert_eq!(a.problem_type(), kind);
     }
@@ -485,12 +438,7 @@ async fn a_client_that_disconnects_does_not_cancel_the_work_or_its_record() {
         ("idempotency-key", "gone"),
         ("x-delay-ms", "300"),
     ];
-    let abandoned = tokio::time::timeout(
-        Duration::from_millis(50),
-        send(addr, Method::POST, "/v1/payments", &h, "{}"),
-    )
-    .await;
-    assert!(abandoned.is_err(), "the client gave up");
+    hang_up_after(addr, "/v1/payments", &h, Duration::from_millis(50)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let retry = send(addr, Method::POST, "/v1/payments", &h, "{}").await;
     assert_eq!(retry.status, StatusCode::CREATED);
@@ -590,4 +538,44 @@ async fn the_axum_example_runs_and_dedupes() {
     let missing = send(addr, Method::POST, "/v1/payments", &[JSON], body).await;
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
     child.kill().await.expect("kill");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_while_its_key_is_being_reserved_leaves_no_stuck_key() {
+    let counter = Counter::default();
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    // The reservation takes effect at once but is acknowledged late, as
+    // with a slow durable commit; the client gives up in between.
+    store.delay(Op::Reserve, Duration::from_millis(200));
+    let addr = serve(app(Arc::clone(&store), routes(), counter.clone())).await;
+    let h = [JSON, AUTH, ("idempotency-key", "slow-store")];
+    hang_up_after(addr, "/v1/payments", &h, Duration::from_millis(50)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    store.delay(Op::Reserve, Duration::ZERO);
+    let retry = send(addr, Method::POST, "/v1/payments", &h, "{}").await;
+    assert_eq!(
+        retry.status,
+        StatusCode::CREATED,
+        "not stuck in progress for a whole lease"
+    );
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(counter.get(), 1);
+}
+
+/// Sends a POST over a raw TCP connection and closes the socket after
+/// `after`, before the answer: a client that really goes away (a pooled
+/// HTTP client would keep the connection open in the background).
+async fn hang_up_after(addr: SocketAddr, path: &str, headers: &[(&str, &str)], after: Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut req = format!("POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-length: 2\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n{}");
+    stream.write_all(req.as_bytes()).await.expect("write");
+    let mut buf = [0u8; 64];
+    let early = tokio::time::timeout(after, stream.read(&mut buf)).await;
+    assert!(early.is_err(), "no answer is expected this early");
+    drop(stream);
 }

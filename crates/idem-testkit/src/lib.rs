@@ -4,12 +4,16 @@
 //!   the [`store_conformance!`] macro that instantiates it;
 //! * [`FaultyStore`]: wraps a real store and fails chosen operations on
 //!   demand, to test what the engine does when the store breaks mid-flight;
+//! * [`client`]: one-call HTTP requests with the answer fully read;
+//! * [`upstream`]: a counting HTTP upstream on loopback for gateway tests;
 //! * [`services`]: finds the loopback servers (PostgreSQL, Redis, NATS,
 //!   RabbitMQ); skips loudly when one is absent, or fails under
 //!   `IDEM_REQUIRE_SERVICES=1`.
 
+pub mod client;
 pub mod conformance;
 pub mod services;
+pub mod upstream;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -43,6 +47,7 @@ pub struct FaultyStore<S> {
     inner: S,
     failures: [AtomicU32; OPS],
     calls: [AtomicU32; OPS],
+    delays_ms: [AtomicU32; OPS],
 }
 
 impl<S> FaultyStore<S> {
@@ -52,12 +57,22 @@ impl<S> FaultyStore<S> {
             inner,
             failures: Default::default(),
             calls: Default::default(),
+            delays_ms: Default::default(),
         }
     }
 
     /// Makes the next `n` calls of `op` fail.
     pub fn fail_next(&self, op: Op, n: u32) {
         self.failures[op as usize].store(n, Ordering::SeqCst);
+    }
+
+    /// Makes every call of `op` answer `delay` late, after the operation
+    /// took effect (a slow store).
+    pub fn delay(&self, op: Op, delay: Duration) {
+        self.delays_ms[op as usize].store(
+            u32::try_from(delay.as_millis()).unwrap_or(u32::MAX),
+            Ordering::SeqCst,
+        );
     }
 
     /// How many times `op` was called (failed or not).
@@ -68,6 +83,15 @@ impl<S> FaultyStore<S> {
     /// The wrapped store.
     pub fn inner(&self) -> &S {
         &self.inner
+    }
+
+    /// The configured delay, applied *after* the real operation: the
+    /// store did the work but answers late (like a slow commit).
+    async fn pause(&self, op: Op) {
+        let delay = self.delays_ms[op as usize].load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(u64::from(delay))).await;
+        }
     }
 
     fn check(&self, op: Op) -> Result<(), StoreError> {
@@ -83,7 +107,9 @@ impl<S> FaultyStore<S> {
 impl<S: Store> Store for FaultyStore<S> {
     async fn reserve(&self, req: ReserveRequest<'_>) -> Result<Reservation, StoreError> {
         self.check(Op::Reserve)?;
-        self.inner.reserve(req).await
+        let result = self.inner.reserve(req).await;
+        self.pause(Op::Reserve).await;
+        result
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
@@ -98,7 +124,9 @@ impl<S: Store> Store for FaultyStore<S> {
         outcome: &FinalOutcome,
     ) -> Result<(), StoreError> {
         self.check(Op::Resolve)?;
-        self.inner.resolve(scope, key, lease, outcome).await
+        let result = self.inner.resolve(scope, key, lease, outcome).await;
+        self.pause(Op::Resolve).await;
+        result
     }
 
     async fn release(
@@ -108,7 +136,9 @@ impl<S: Store> Store for FaultyStore<S> {
         lease: &Lease,
     ) -> Result<(), StoreError> {
         self.check(Op::Release)?;
-        self.inner.release(scope, key, lease).await
+        let result = self.inner.release(scope, key, lease).await;
+        self.pause(Op::Release).await;
+        result
     }
 
     async fn mark_unknown(
@@ -119,7 +149,9 @@ impl<S: Store> Store for FaultyStore<S> {
         reason: &str,
     ) -> Result<(), StoreError> {
         self.check(Op::MarkUnknown)?;
-        self.inner.mark_unknown(scope, key, lease, reason).await
+        let result = self.inner.mark_unknown(scope, key, lease, reason).await;
+        self.pause(Op::MarkUnknown).await;
+        result
     }
 
     async fn renew(
@@ -130,7 +162,9 @@ impl<S: Store> Store for FaultyStore<S> {
         duration: Duration,
     ) -> Result<Timestamp, StoreError> {
         self.check(Op::Renew)?;
-        self.inner.renew(scope, key, lease, duration).await
+        let result = self.inner.renew(scope, key, lease, duration).await;
+        self.pause(Op::Renew).await;
+        result
     }
 }
 

@@ -1,0 +1,147 @@
+//! A counting HTTP upstream on loopback, for gateway and layer tests.
+//!
+//! Every request is counted (per `Idempotency-Key`, and in total) and its
+//! headers kept, so tests assert on what really reached the upstream. The
+//! request can steer the answer:
+//!
+//! * `x-delay-ms: N` — wait N ms before answering (slow upstream, timeouts);
+//! * `x-status: N` — answer with status N (default 201);
+//! * `x-size: N` — answer with an N-byte body instead of the JSON echo.
+//!
+//! The default answer is JSON: `{"execution":N,"key":…,"body_len":…}` with
+//! a `Location` header, so replays are recognisable by their bytes.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+
+#[derive(Debug, Default)]
+struct State {
+    total: AtomicU64,
+    per_key: Mutex<HashMap<String, u64>>,
+    last_headers: Mutex<Option<HeaderMap>>,
+}
+
+/// A running counting upstream; it stops when the test's runtime ends.
+#[derive(Debug, Clone)]
+pub struct CountingUpstream {
+    addr: SocketAddr,
+    state: Arc<State>,
+}
+
+impl CountingUpstream {
+    /// Starts on `127.0.0.1:0`.
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        let state = Arc::new(State::default());
+        let shared = Arc::clone(&state);
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let state = Arc::clone(&shared);
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| handle(req, Arc::clone(&state)));
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Self { addr, state }
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Requests received in total.
+    pub fn total(&self) -> u64 {
+        self.state.total.load(Ordering::SeqCst)
+    }
+
+    /// Requests received with this `Idempotency-Key` (as forwarded).
+    pub fn executions(&self, key: &str) -> u64 {
+        lock(&self.state.per_key).get(key).copied().unwrap_or(0)
+    }
+
+    /// The headers of the last request received.
+    pub fn last_headers(&self) -> Option<HeaderMap> {
+        lock(&self.state.last_headers).clone()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn header_num(headers: &HeaderMap, name: &str) -> Option<u64> {
+    headers.get(name)?.to_str().ok()?.parse().ok()
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    state: Arc<State>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (parts, body) = req.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let key = parts
+        .headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let execution = state.total.fetch_add(1, Ordering::SeqCst) + 1;
+    *lock(&state.per_key).entry(key.clone()).or_default() += 1;
+    *lock(&state.last_headers) = Some(parts.headers.clone());
+    if let Some(ms) = header_num(&parts.headers, "x-delay-ms") {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    let status = header_num(&parts.headers, "x-status")
+        .and_then(|s| u16::try_from(s).ok())
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .unwrap_or(StatusCode::CREATED);
+    let payload = match header_num(&parts.headers, "x-size") {
+        Some(n) => Bytes::from(vec![b'x'; usize::try_from(n).unwrap_or(0)]),
+        None => Bytes::from(format!(
+            r#"{{"execution":{execution},"key":"{}","method":"{}","path":"{}","body_len":{}}}"#,
+            key.replace('"', ""),
+            parts.method,
+            parts.uri.path(),
+            body.len()
+        )),
+    };
+    let resp = Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .header("location", format!("/v1/things/{execution}"))
+        .header("set-cookie", format!("session={execution}"))
+        .body(Full::new(payload))
+        .expect("valid response");
+    Ok(resp)
+}
