@@ -122,5 +122,5 @@ pub(crate) fn shared(err: &Arc<rusqlite::Error>) -> StoreError {
 
 /// A driver error shared by every caller of a failed batch.
 #[derive(Debug, thiserror::Error)]
-#[error("the batch commit failed: {0}")]
+#[error("the write batch failed: {0}")]
 struct SharedError(#[source] Arc<rusqlite::Error>);

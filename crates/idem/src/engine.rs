@@ -297,11 +297,11 @@ impl<S: Store> Engine<S> {
     ) -> Result<Begin<S>, EngineError> {
         match self.policy.fail_mode {
             FailMode::Closed => {
-                tracing::warn!(reason = "idempotency_store_error", %scope, %key, %err, "refusing: fail-closed");
+                tracing::debug!(reason = "idempotency_store_error", %scope, %key, %err, "refusing: fail-closed");
                 Err(EngineError::Store(err))
             }
             FailMode::Open => {
-                tracing::warn!(reason = "idempotency_unprotected", %scope, %key, %err, "running unprotected: fail-open");
+                tracing::debug!(reason = "idempotency_unprotected", %scope, %key, %err, "running unprotected: fail-open");
                 Ok(Begin::Unprotected(err))
             }
         }

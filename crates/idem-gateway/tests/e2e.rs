@@ -1,0 +1,614 @@
+//! The real `idem` binary in front of a real counting upstream on
+//! loopback: every row of the HTTP contract, restarts, shutdown, bad config.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use idem_testkit::client::{Answer, send};
+use idem_testkit::upstream::CountingUpstream;
+use tokio::io::AsyncBufReadExt;
+use tokio::process::{Child, Command};
+
+const IDEM: &str = env!("CARGO_BIN_EXE_idem");
+const JSON: (&str, &str) = ("content-type", "application/json");
+const AUTH: (&str, &str) = ("authorization", "Bearer merchant-1");
+
+struct Gateway {
+    child: Child,
+    addr: SocketAddr,
+    admin: SocketAddr,
+}
+
+impl Gateway {
+    /// Starts `idem serve` with this config text (upstream and store given
+    /// as flags) and waits for its "listening" line.
+    async fn start(dir: &Path, config: &str, upstream: &str, store: &str) -> Gateway {
+        let path = dir.join("idem.toml");
+        std::fs::write(&path, config).expect("write config");
+        let mut child = Command::new(IDEM)
+            .args([
+                "--log",
+                "warn",
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
+            .arg("--config")
+            .arg(&path)
+            .args(["--upstream", upstream, "--store", store])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn idem");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("idem starts within 20 s")
+            .expect("read stdout")
+            .expect("a listening line");
+        // "idem: listening on ADDR (admin ADDR), upstream URL"
+        let rest = line
+            .strip_prefix("idem: listening on ")
+            .unwrap_or_else(|| panic!("unexpected line {line:?}"));
+        let (addr, rest) = rest.split_once(" (admin ").expect("admin part");
+        let admin = rest.split_once(')').expect("closing paren").0;
+        Gateway {
+            child,
+            addr: addr.parse().expect("addr"),
+            admin: admin.parse().expect("admin addr"),
+        }
+    }
+
+    async fn post(&self, path: &str, headers: &[(&str, &str)], body: &str) -> Answer {
+        send(self.addr, Method::POST, path, headers, body.to_owned()).await
+    }
+
+    /// SIGTERM, then wait for a clean exit.
+    async fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().expect("running").to_string();
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        tokio::time::timeout(Duration::from_secs(20), self.child.wait())
+            .await
+            .expect("exits after SIGTERM")
+            .expect("wait")
+    }
+}
+
+const CONFIG: &str = r#"
+[defaults]
+lease = "30s"
+max_request_body = "1KiB"
+max_stored_response = "64KiB"
+upstream_timeout = "1s"
+
+[[route]]
+method = "POST"
+path = "/v1/payments"
+require_key = true
+
+[[route]]
+method = "POST"
+path = "/v1/storm"
+require_key = true
+on_in_flight = "wait"
+in_flight_wait = "10s"
+
+[[route]]
+method = "POST"
+path = "/v1/open"
+on_store_error = "open"
+"#;
+
+fn sqlite(dir: &Path) -> String {
+    format!("sqlite://{}", dir.join("idem.db").display())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_contract_through_the_real_gateway() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = Gateway::start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
+
+    // First request executes; the key is forwarded upstream, hop-by-hop
+    // headers are not.
+    let h = [
+        JSON,
+        AUTH,
+        ("idempotency-key", "pay-1"),
+        ("connection", "keep-alive, x-hop"),
+        ("x-hop", "secret"),
+    ];
+    let first = gw
+        .post("/v1/payments", &h, r#"{"amount":100,"currency":"EUR"}"#)
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let seen = up.last_headers().expect("upstream saw the request");
+    assert_eq!(seen["idempotency-key"], "pay-1");
+    assert!(
+        seen.get("x-hop").is_none(),
+        "headers named by Connection are not forwarded"
+    );
+    assert!(seen.contains_key("x-forwarded-for"));
+    // Replay: same status, body bytes and stored headers, marked.
+    let again = gw
+        .post("/v1/payments", &h, r#"{"amount":100,"currency":"EUR"}"#)
+        .await;
+    assert_eq!((again.status, &again.body), (first.status, &first.body));
+    assert_eq!(again.header("location"), first.header("location"));
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert!(again.header("set-cookie").is_none());
+    // Re-serialised JSON is the same request.
+    let reordered = gw
+        .post(
+            "/v1/payments",
+            &h,
+            "{\n \"currency\": \"EUR\", \"amount\": 100.0 }",
+        )
+        .await;
+    assert_eq!(reordered.body, first.body);
+    // Another body under the same key: 422.
+    let other = gw
+        .post("/v1/payments", &h, r#"{"amount":999,"currency":"EUR"}"#)
+        .await;
+    assert_eq!(
+        (other.status, other.problem_type().as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused")
+    );
+    assert_eq!(up.executions("pay-1"), 1);
+
+    // Same key, another tenant: its own execution.
+    let t2 = gw
+        .post(
+            "/v1/payments",
+            &[
+                JSON,
+                ("authorization", "Bearer merchant-2"),
+                ("idempotency-key", "pay-1"),
+            ],
+            r#"{"amount":100,"currency":"EUR"}"#,
+        )
+        .await;
+    assert_eq!(t2.status, StatusCode::CREATED);
+    assert_eq!(up.executions("pay-1"), 2);
+
+    // Missing, malformed, duplicated keys; oversized body: nothing forwarded.
+    let before = up.total();
+    let missing = gw.post("/v1/payments", &[JSON, AUTH], "{}").await;
+    assert_eq!(
+        (missing.status, missing.problem_type().as_str()),
+        (StatusCode::BAD_REQUEST, "idempotency-key-missing")
+    );
+    let long = "k".repeat(300);
+    let bad = gw
+        .post(
+            "/v1/payments",
+            &[JSON, AUTH, ("idempotency-key", &long)],
+            "{}",
+        )
+        .await;
+    assert_eq!(
+        (bad.status, bad.problem_type().as_str()),
+        (StatusCode::BAD_REQUEST, "idempotency-key-invalid")
+    );
+    let twice = gw
+        .post(
+            "/v1/payments",
+            &[
+                JSON,
+                AUTH,
+                ("idempotency-key", "a"),
+                ("idempotency-key", "b"),
+            ],
+            "{}",
+        )
+        .await;
+    assert_eq!(
+        (twice.status, twice.problem_type().as_str()),
+        (StatusCode::BAD_REQUEST, "idempotency-key-ambiguous")
+    );
+    let big = gw
+        .post(
+            "/v1/payments",
+            &[JSON, AUTH, ("idempotency-key", "big")],
+            &"x".repeat(2000),
+        )
+        .await;
+    assert_eq!(
+        (big.status, big.problem_type().as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, "request-body-too-large")
+    );
+    assert_eq!(up.total(), before, "refusals forward nothing");
+
+    // In flight: 409 with Retry-After (the first is slow upstream).
+    let slow_h = [
+        JSON,
+        AUTH,
+        ("idempotency-key", "slow"),
+        ("x-delay-ms", "600"),
+    ];
+    let slow = {
+        let addr = gw.addr;
+        let slow_h = slow_h.map(|(k, v)| (k.to_owned(), v.to_owned()));
+        tokio::spawn(async move {
+            let h: Vec<(&str, &str)> = slow_h
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            send(addr, Method::POST, "/v1/payments", &h, "{}").await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let busy = gw.post("/v1/payments", &slow_h, "{}").await;
+    assert_eq!(busy.status, StatusCode::CONFLICT);
+    assert!(busy.header("retry-after").is_some());
+    assert_eq!(slow.await.expect("task").status, StatusCode::CREATED);
+
+    // Upstream timeout after sending: 504, and the record stays
+    // processing with an unknown outcome: a retry is told so, not re-run.
+    let timeout_h = [
+        JSON,
+        AUTH,
+        ("idempotency-key", "timeout"),
+        ("x-delay-ms", "2500"),
+    ];
+    let t = gw.post("/v1/payments", &timeout_h, "{}").await;
+    assert_eq!(
+        (t.status, t.problem_type().as_str()),
+        (StatusCode::GATEWAY_TIMEOUT, "upstream-timeout")
+    );
+    let retry = gw.post("/v1/payments", &timeout_h, "{}").await;
+    assert_eq!(retry.status, StatusCode::CONFLICT);
+    assert!(String::from_utf8_lossy(&retry.body).contains("may have taken effect"));
+    assert_eq!(up.executions("timeout"), 1);
+
+    // Oversized response: the client gets it all, the replay a tombstone.
+    let huge_h = [
+        JSON,
+        AUTH,
+        ("idempotency-key", "huge"),
+        ("x-size", "100000"),
+    ];
+    let huge = gw.post("/v1/payments", &huge_h, "{}").await;
+    assert_eq!(
+        (huge.status, huge.body.len()),
+        (StatusCode::CREATED, 100_000)
+    );
+    let huge_again = gw.post("/v1/payments", &huge_h, "{}").await;
+    assert_eq!(
+        (huge_again.status, huge_again.problem_type().as_str()),
+        (StatusCode::CREATED, "idempotency-response-not-retained")
+    );
+    assert_eq!(up.executions("huge"), 1);
+
+    // Unprotected methods pass through; admin health and readiness answer.
+    let get = send(
+        gw.addr,
+        Method::GET,
+        "/v1/payments",
+        &[("idempotency-key", "g")],
+        "",
+    )
+    .await;
+    assert_eq!(get.status, StatusCode::CREATED, "GET forwarded as is");
+    assert_eq!(
+        send(gw.admin, Method::GET, "/healthz", &[], "")
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(gw.admin, Method::GET, "/readyz", &[], "").await.status,
+        StatusCode::OK
+    );
+
+    assert!(gw.terminate().await.success(), "clean exit on SIGTERM");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_concurrent_identical_requests_execute_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = Gateway::start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..64 {
+        let addr = gw.addr;
+        tasks.spawn(async move {
+            send(
+                addr,
+                Method::POST,
+                "/v1/storm",
+                &[
+                    JSON,
+                    AUTH,
+                    ("idempotency-key", "storm-1"),
+                    ("x-delay-ms", "200"),
+                ],
+                r#"{"amount":5}"#,
+            )
+            .await
+        });
+    }
+    let mut bodies = std::collections::HashSet::new();
+    while let Some(done) = tasks.join_next().await {
+        let a = done.expect("task");
+        assert_eq!(a.status, StatusCode::CREATED, "{:?}", a.body);
+        bodies.insert(a.body);
+    }
+    assert_eq!(
+        up.executions("storm-1"),
+        1,
+        "exactly one upstream execution"
+    );
+    assert_eq!(bodies.len(), 1, "every 2xx answer byte-identical");
+    assert!(gw.terminate().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_survive_a_gateway_restart() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let h = [JSON, AUTH, ("idempotency-key", "restart-1")];
+    let gw = Gateway::start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
+    let first = gw.post("/v1/payments", &h, r#"{"amount":1}"#).await;
+    assert!(gw.terminate().await.success());
+    let gw = Gateway::start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
+    let again = gw.post("/v1/payments", &h, r#"{"amount":1}"#).await;
+    assert_eq!((again.status, &again.body), (first.status, &first.body));
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(up.executions("restart-1"), 1);
+    assert!(gw.terminate().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_in_flight_requests_finish() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = Gateway::start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
+    let addr = gw.addr;
+    let inflight = tokio::spawn(async move {
+        send(
+            addr,
+            Method::POST,
+            "/v1/payments",
+            &[
+                JSON,
+                AUTH,
+                ("idempotency-key", "drain"),
+                ("x-delay-ms", "700"),
+            ],
+            "{}",
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let status = gw.terminate().await;
+    assert!(status.success());
+    assert_eq!(
+        inflight.await.expect("task").status,
+        StatusCode::CREATED,
+        "finished, not cut"
+    );
+    // The answer was recorded before exit: a new gateway replays it.
+    let gw = Gateway::start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
+    let again = gw
+        .post(
+            "/v1/payments",
+            &[JSON, AUTH, ("idempotency-key", "drain")],
+            "{}",
+        )
+        .await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(up.executions("drain"), 1);
+    assert!(gw.terminate().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_unreachable_is_502_and_releases_the_key() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Port 1 on loopback: connection refused.
+    let gw = Gateway::start(
+        dir.path(),
+        CONFIG,
+        "http://127.0.0.1:1",
+        &sqlite(dir.path()),
+    )
+    .await;
+    let h = [JSON, AUTH, ("idempotency-key", "down")];
+    for _ in 0..2 {
+        let a = gw.post("/v1/payments", &h, "{}").await;
+        assert_eq!(
+            (a.status, a.problem_type().as_str()),
+            (StatusCode::BAD_GATEWAY, "upstream-unreachable"),
+            "released, so the retry is tried again (not 409)"
+        );
+    }
+    assert!(gw.terminate().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_down_fails_closed_or_open_per_route() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let db = dir.path().join("idem.db");
+    let store = format!("sqlite://{}?busy_timeout_ms=100", db.display());
+    let gw = Gateway::start(dir.path(), CONFIG, &up.url(), &store).await;
+    // Another process holds the database's write lock: the store cannot
+    // record reservations.
+    let lock = rusqlite_lock(&db);
+    let closed = gw
+        .post(
+            "/v1/payments",
+            &[JSON, AUTH, ("idempotency-key", "c1")],
+            "{}",
+        )
+        .await;
+    assert_eq!(
+        (closed.status, closed.problem_type().as_str()),
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "idempotency-store-unavailable"
+        )
+    );
+    assert!(closed.header("retry-after").is_some());
+    assert_eq!(up.total(), 0, "fail-closed forwards nothing");
+    let open = gw
+        .post("/v1/open", &[JSON, AUTH, ("idempotency-key", "o1")], "{}")
+        .await;
+    assert_eq!(open.status, StatusCode::CREATED);
+    assert_eq!(open.header("idempotency-status"), Some("unprotected"));
+    assert_eq!(up.total(), 1);
+    let ready = send(gw.admin, Method::GET, "/readyz", &[], "").await;
+    assert_eq!(
+        ready.status,
+        StatusCode::OK,
+        "reads still work while writes are locked"
+    );
+    drop(lock);
+    // Protection resumes without a restart.
+    let back = gw
+        .post(
+            "/v1/payments",
+            &[JSON, AUTH, ("idempotency-key", "c1")],
+            "{}",
+        )
+        .await;
+    assert_eq!(back.status, StatusCode::CREATED);
+    let replay = gw
+        .post(
+            "/v1/payments",
+            &[JSON, AUTH, ("idempotency-key", "c1")],
+            "{}",
+        )
+        .await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert!(gw.terminate().await.success());
+}
+
+/// Holds an exclusive write transaction on the database until dropped,
+/// from a child `sqlite3`-free helper: a second process would do the same.
+fn rusqlite_lock(db: &Path) -> LockHolder {
+    let conn = idem_sqlite::rusqlite::Connection::open(db).expect("open");
+    conn.execute_batch("BEGIN EXCLUSIVE").expect("lock");
+    LockHolder(conn)
+}
+
+struct LockHolder(idem_sqlite::rusqlite::Connection);
+
+impl Drop for LockHolder {
+    fn drop(&mut self) {
+        let _ = self.0.execute_batch("ROLLBACK");
+    }
+}
+
+async fn run_idem(args: &[&str], config: Option<(&Path, &str)>) -> (i32, String) {
+    let mut cmd = Command::new(IDEM);
+    cmd.args(args);
+    if let Some((path, text)) = config {
+        std::fs::write(path, text).expect("write config");
+        cmd.arg("--config").arg(path);
+    }
+    let out = tokio::time::timeout(
+        Duration::from_secs(20),
+        cmd.env_remove("IDEM_UPSTREAM").output(),
+    )
+    .await
+    .expect("exits")
+    .expect("runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn bad_configuration_is_refused_with_the_line_that_is_wrong() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cfg: PathBuf = dir.path().join("bad.toml");
+    let (code, err) = run_idem(
+        &["serve"],
+        Some((
+            &cfg,
+            "upstream = \"http://127.0.0.1:3000\"\n[defaults]\nlease = \"soon\"\n",
+        )),
+    )
+    .await;
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("bad.toml:3: defaults.lease = \"soon\": not a duration"),
+        "{err}"
+    );
+    let (code, err) = run_idem(
+        &["serve"],
+        Some((&cfg, "upstream = \"http://127.0.0.1:3000\"\nretries = 3\n")),
+    )
+    .await;
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("unknown field") && err.contains("retries"),
+        "{err}"
+    );
+    let (code, err) = run_idem(&["serve"], None).await;
+    assert_ne!(code, 0);
+    assert!(err.contains("no upstream"), "{err}");
+    let (code, err) = run_idem(
+        &[
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:3000",
+            "--store",
+            "postgres://app:hunter2@db/idem",
+        ],
+        None,
+    )
+    .await;
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("app:***@db") && !err.contains("hunter2"),
+        "password redacted: {err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_runs_clean() {
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        Command::new(IDEM)
+            .args([
+                "--log",
+                "error",
+                "demo",
+                "--payments",
+                "20",
+                "--duplicates",
+                "4",
+                "--latency-ms",
+                "60",
+            ])
+            .output(),
+    )
+    .await
+    .expect("demo finishes")
+    .expect("runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("DOUBLE CHARGES                                      0"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("OK: 20 payments"), "{stdout}");
+}
