@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Turns bench/run's raw wrk outputs into the gateway section of
+docs/BENCHMARKS.md (between the gateway markers), with ratios to the
+nginx baseline measured in the same run."""
+import argparse
+import datetime
+import os
+import platform
+import re
+import subprocess
+
+SCENARIOS = [
+    ("direct", "upstream direct"),
+    ("nginx", "nginx plain proxy (baseline)"),
+    ("idem_pass_through", "idem serve, pass-through (no key)"),
+    ("idem_unique_keys", "idem serve, unique keys"),
+    ("idem_replays", "idem serve, replays"),
+]
+BEGIN, END = "<!-- gateway:begin -->", "<!-- gateway:end -->"
+
+
+def to_ms(text):
+    m = re.match(r"([\d.]+)(us|ms|s|m)$", text)
+    value, unit = float(m.group(1)), m.group(2)
+    return value * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit]
+
+
+def parse(path):
+    text = open(path).read()
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
+    lat = dict(re.findall(r"^\s+(50|99)%\s+(\S+)", text, re.M))
+    bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
+    errors = re.search(r"Socket errors:.*", text)
+    return {
+        "rps": rps,
+        "p50": to_ms(lat["50"]),
+        "p99": to_ms(lat["99"]),
+        "non2xx": int(bad.group(1)) if bad else 0,
+        "socket": errors.group(0) if errors else "",
+    }
+
+
+def machine():
+    cpu = "unknown"
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    mem = int(open("/proc/meminfo").readline().split()[1]) // (1024 * 1024)
+    return f"{os.cpu_count()} vCPU ({cpu}), {mem} GiB, Linux {platform.release()}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--results", required=True)
+    ap.add_argument("--rss-kb", type=int, required=True)
+    ap.add_argument("--duration", required=True)
+    ap.add_argument("--connections", required=True)
+    ap.add_argument("--doc", required=True)
+    a = ap.parse_args()
+    conns = a.connections.split()
+    data = {(s, c): parse(os.path.join(a.results, f"{s}-{c}.txt")) for s, _ in SCENARIOS for c in conns}
+    wrk = subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    nginx = subprocess.run(["nginx", "-v"], capture_output=True, text=True).stderr.strip()
+    lines = [
+        BEGIN,
+        "## Gateway: requests per second against a plain proxy",
+        "",
+        f"Command: `bench/run` (BENCH_DURATION={a.duration}, connections: {a.connections}); "
+        f"measured {datetime.date.today().isoformat()}.",
+        f"Machine: {machine()}. Load generator: {wrk[0] if wrk else 'wrk'}; baseline: {nginx}.",
+        "All processes (upstream, nginx, idem, wrk) share the machine's 2 cores. The upstream is "
+        "`bench-upstream` (hyper, answers at once); idem uses the embedded SQLite store, "
+        "durable (`synchronous=FULL`). Each point runs for the duration above; "
+        "`POST /v1/payments` with a 75-byte JSON body.",
+        "",
+        "| scenario | " + " | ".join(f"{c} conn: req/s (p50 / p99 ms)" for c in conns) + " |",
+        "|---|" + "---:|" * len(conns),
+    ]
+    for s, label in SCENARIOS:
+        cells = []
+        for c in conns:
+            d = data[(s, c)]
+            cell = f"{d['rps']:,.0f} ({d['p50']:.2f} / {d['p99']:.2f})"
+            if d["non2xx"]:
+                cell += f" **{d['non2xx']} non-2xx**"
+            cells.append(cell)
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += ["", "Ratios to the nginx baseline at the same connection count (req/s):", ""]
+    lines.append("| scenario | " + " | ".join(f"{c} conn" for c in conns) + " |")
+    lines.append("|---|" + "---:|" * len(conns))
+    for s, label in SCENARIOS:
+        if s == "nginx":
+            continue
+        lines.append(
+            f"| {label} | "
+            + " | ".join(f"{data[(s, c)]['rps'] / data[('nginx', c)]['rps']:.2f}×" for c in conns)
+            + " |"
+        )
+    lines += [
+        "",
+        f"Peak RSS of `idem serve` over the whole run (VmHWM): {a.rss_kb / 1024:.1f} MiB.",
+        "",
+        END,
+    ]
+    section = "\n".join(lines)
+    doc = open(a.doc).read() if os.path.exists(a.doc) else "# Benchmarks\n"
+    if BEGIN in doc and END in doc:
+        doc = doc[: doc.index(BEGIN)] + section + doc[doc.index(END) + len(END):]
+    else:
+        doc = doc.rstrip() + "\n\n" + section + "\n"
+    open(a.doc, "w").write(doc)
+    print(section)
+
+
+if __name__ == "__main__":
+    main()
