@@ -15,20 +15,30 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 
 async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
-    let status = if req.method() == Method::POST { StatusCode::CREATED } else { StatusCode::OK };
+    let status = if req.method() == Method::POST {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     // Read the body so keep-alive connections stay usable.
     let _ = req.into_body().collect().await;
     let resp = Response::builder()
         .status(status)
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(br#"{"id":"pay_1","status":"succeeded","amount_cents":100}"#)))
+        .body(Full::new(Bytes::from_static(
+            br#"{"id":"pay_1","status":"succeeded","amount_cents":100}"#,
+        )))
         .expect("valid response");
     Ok(resp)
 }
 
 fn main() -> std::io::Result<()> {
-    let addr = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:18081".to_owned());
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let addr = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "127.0.0.1:18081".to_owned());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&addr).await?;
         println!("listening on {}", listener.local_addr()?);
