@@ -612,3 +612,62 @@ async fn the_demo_runs_clean() {
     );
     assert!(stdout.contains("OK: 20 payments"), "{stdout}");
 }
+
+/// Writes raw bytes on a fresh connection, half-closes it, and returns
+/// whatever the gateway answers (possibly nothing).
+async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(request).await.expect("write");
+    stream.shutdown().await.expect("half-close");
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncated_bodies_and_oversized_headers_forward_nothing_and_leave_no_record() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = Gateway::start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
+    // A body cut short: Content-Length says 100, 10 bytes arrive, the
+    // client goes away.
+    let truncated = format!(
+        "POST /v1/payments HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\nidempotency-key: cut-1\r\ncontent-length: 100\r\n\r\n{{\"amount\":",
+        gw.addr
+    );
+    let answer = raw_exchange(gw.addr, truncated.as_bytes()).await;
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 400"),
+        "{answer}"
+    );
+    // Far too many headers: refused by the HTTP parser.
+    let mut huge = format!(
+        "POST /v1/payments HTTP/1.1\r\nhost: {}\r\nidempotency-key: hdr-1\r\ncontent-length: 2\r\n",
+        gw.addr
+    );
+    for i in 0..300 {
+        huge.push_str(&format!("x-filler-{i}: {}\r\n", "v".repeat(64)));
+    }
+    huge.push_str("\r\n{}");
+    let answer = raw_exchange(gw.addr, huge.as_bytes()).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 431"),
+        "oversized headers: {answer:.80}"
+    );
+    assert_eq!(up.total(), 0, "nothing forwarded");
+    // No record was left: the same keys, sent properly, execute now.
+    for key in ["cut-1", "hdr-1"] {
+        let a = gw
+            .post(
+                "/v1/payments",
+                &[JSON, ("idempotency-key", key)],
+                r#"{"amount":1}"#,
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::CREATED);
+        assert_eq!(a.header("idempotent-replayed"), None);
+    }
+    assert_eq!(up.total(), 2);
+    assert!(gw.terminate().await.success());
+}
