@@ -5,6 +5,7 @@
 //! * [`FaultyStore`]: wraps a real store and fails chosen operations on
 //!   demand, to test what the engine does when the store breaks mid-flight;
 //! * [`client`]: one-call HTTP requests with the answer fully read;
+//! * [`fault`]: a TCP proxy that cuts and restores the line to a server;
 //! * [`upstream`]: a counting HTTP upstream on loopback for gateway tests;
 //! * [`services`]: finds the loopback servers (PostgreSQL, Redis, NATS,
 //!   RabbitMQ); skips loudly when one is absent, or fails under
@@ -12,6 +13,7 @@
 
 pub mod client;
 pub mod conformance;
+pub mod fault;
 pub mod services;
 pub mod upstream;
 
