@@ -86,6 +86,8 @@
 mod error;
 mod schema;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use idem::store::{Cursor, ExistingDecision, decide_existing};
@@ -94,7 +96,7 @@ use idem::{
     ReserveRequest, Scope, Store, StoreError, Timestamp,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Executor, PgConnection, PgPool, Postgres, Row, Transaction};
+use sqlx::{Connection, Executor, PgConnection, PgPool, Postgres, Row, Transaction};
 
 pub use error::{PgError, redact};
 /// The driver, re-exported so users never mismatch versions.
@@ -321,16 +323,16 @@ impl PgStore {
         if let Some(schema) = &opts.schema {
             connect = connect.options([("search_path", schema.as_str())]);
         }
-        let pool = PgPoolOptions::new()
-            .max_connections(opts.max_connections)
-            .min_connections(opts.min_connections)
-            .acquire_timeout(opts.acquire_timeout)
-            .idle_timeout(opts.idle_timeout)
-            .connect_lazy_with(connect);
-        // The first connection, bounded: this is where a wrong host, port,
-        // database or password shows up, as one clear line.
-        match tokio::time::timeout(opts.connect_timeout, pool.acquire()).await {
-            Ok(Ok(conn)) => drop(conn),
+        // The first connection, made directly and bounded, so that a wrong
+        // host, port, database or password shows up at once as one clear
+        // line (the pool would keep retrying until its acquire timeout).
+        match tokio::time::timeout(opts.connect_timeout, PgConnection::connect_with(&connect)).await
+        {
+            Ok(Ok(conn)) => {
+                if let Err(err) = conn.close().await {
+                    tracing::debug!(%err, "closing the probe connection failed");
+                }
+            }
             Ok(Err(err)) => return Err(PgError::connect(&opts.display_url, err)),
             Err(_) => {
                 return Err(PgError::connect_timeout(
@@ -339,6 +341,12 @@ impl PgStore {
                 ));
             }
         }
+        let pool = PgPoolOptions::new()
+            .max_connections(opts.max_connections)
+            .min_connections(opts.min_connections)
+            .acquire_timeout(opts.acquire_timeout)
+            .idle_timeout(opts.idle_timeout)
+            .connect_lazy_with(connect);
         let store = Self {
             pool,
             schema: opts.schema,
@@ -360,9 +368,15 @@ impl PgStore {
     /// many processes at once (they take turns on an advisory lock), and a
     /// no-op when the schema is current. Fails with
     /// [`PgError::SchemaTooNew`] if a newer idem migrated the database.
-    pub async fn migrate(&self) -> Result<(), PgError> {
-        let mut conn = self.pool.acquire().await?;
-        schema::migrate(&mut conn, self.schema.as_deref()).await
+    pub fn migrate(&self) -> impl Future<Output = Result<(), PgError>> + Send + '_ {
+        // Boxed as `dyn Send` so the compiler checks `Send` here, with
+        // concrete lifetimes: callers can spawn it (rust-lang/rust#102211).
+        let fut: Pin<Box<dyn Future<Output = Result<(), PgError>> + Send + '_>> =
+            Box::pin(async move {
+                let conn = self.pool.acquire().await?;
+                schema::migrate(conn, self.schema.clone()).await
+            });
+        fut
     }
 
     /// The schema version this build writes.

@@ -10,8 +10,9 @@ use idem::{
     Fingerprint, IdempotencyKey, Lease, OwnerToken, Record, RecordState, Scope, StoredResponse,
     Timestamp,
 };
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgRow;
-use sqlx::{Connection, PgConnection, Row};
+use sqlx::{Connection, Executor, Postgres, Row};
 
 use crate::PgError;
 
@@ -36,19 +37,18 @@ const CREATE_VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migra
 /// Brings the schema to [`SCHEMA_VERSION`] in one transaction: concurrent
 /// migrators serialise on an advisory lock, and a failed migration leaves
 /// nothing half-done.
-pub(crate) async fn migrate(conn: &mut PgConnection, schema: Option<&str>) -> Result<(), PgError> {
+pub(crate) async fn migrate(
+    mut conn: PoolConnection<Postgres>,
+    schema: Option<String>,
+) -> Result<(), PgError> {
     let mut tx = conn.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(MIGRATION_LOCK)
         .execute(&mut *tx)
         .await?;
     if let Some(schema) = schema {
-        sqlx::query(&format!(
-            "CREATE SCHEMA IF NOT EXISTS {}",
-            quote_ident(schema)
-        ))
-        .execute(&mut *tx)
-        .await?;
+        let create = format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&schema));
+        (&mut *tx).execute(create.as_str()).await?;
     }
     sqlx::query(CREATE_VERSION_TABLE).execute(&mut *tx).await?;
     let found: i64 =
@@ -68,7 +68,9 @@ pub(crate) async fn migrate(conn: &mut PgConnection, schema: Option<&str>) -> Re
     {
         let version = i as i64 + 1;
         let failed = |source| PgError::Migrate { version, source };
-        sqlx::raw_sql(sql).execute(&mut *tx).await.map_err(failed)?;
+        // Without bind parameters the simple-query protocol runs every
+        // statement of the file.
+        (&mut *tx).execute(*sql).await.map_err(failed)?;
         sqlx::query("INSERT INTO idem_schema_migrations (version, description) VALUES ($1, $2)")
             .bind(version as i32)
             .bind(*description)
