@@ -27,6 +27,7 @@ REDIS_CLIENTS=${REDIS_CLIENTS:-"1 16 256"}
 SCHEMA=idem_bench_raw
 
 echo "== machine"
+echo "load average at start: $(cut -d" " -f1-3 /proc/loadavg) (other work on the machine skews every figure)"
 echo "cpus: $(nproc); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
 echo "memory: $(free -g | awk '/^Mem:/ {print $2 " GiB"}')"
 echo "kernel: $(uname -r)"
@@ -98,8 +99,9 @@ echo "redis-benchmark command: redis-benchmark -h $REDIS_HOST -p $REDIS_PORT --d
 if [ "${SKIP_CARGO_BENCH:-0}" != 1 ]; then
   echo
   echo "== cargo bench -p idem-postgres --bench reserve"
-  cargo bench -p idem-postgres --bench reserve 2>&1 | grep -E '^(reserve|engine_run)/|thrpt|SKIPPED'
+  # (criterion's lines with % compare with an earlier run: left out)
+  cargo bench -p idem-postgres --bench reserve 2>&1 | grep -E '^(reserve|engine_run)/|thrpt|SKIPPED' | grep -v '%'
   echo
   echo "== cargo bench -p idem-redis --bench reserve"
-  cargo bench -p idem-redis --bench reserve 2>&1 | grep -E '^(reserve|engine_run)/|thrpt|SKIPPED|deleted'
+  cargo bench -p idem-redis --bench reserve 2>&1 | grep -E '^(reserve|engine_run)/|thrpt|SKIPPED|deleted' | grep -v '%'
 fi

@@ -251,3 +251,68 @@ async fn racers_on_a_lapsed_lease_take_it_over_once() {
     }
     assert_eq!(winners.len(), KEYS);
 }
+
+#[tokio::test]
+async fn racers_on_an_expired_record_replace_it_once() {
+    let Some(store) = common::shared_store().await else {
+        return;
+    };
+    let scope = idem_testkit::conformance::unique_scope("pg-replace-race");
+    let k: idem::IdempotencyKey = "expired".parse().expect("key");
+    let Reservation::Acquired(lease) = store
+        .reserve(request(&scope, &k, Duration::from_secs(60)))
+        .await
+        .expect("reserve")
+    else {
+        panic!("acquired");
+    };
+    let outcome = FinalOutcome {
+        verdict: Verdict::Completed,
+        response: StoredResponse::new(200, "old"),
+        resource_id: None,
+        error_code: None,
+        retention: Duration::from_millis(1),
+    };
+    store
+        .resolve(&scope, &k, &lease, &outcome)
+        .await
+        .expect("resolve");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    const RACERS: usize = 32;
+    let barrier = Arc::new(tokio::sync::Barrier::new(RACERS));
+    let mut tasks = JoinSet::new();
+    for i in 0..RACERS {
+        let (store, scope, k, barrier) = (
+            Arc::clone(&store),
+            scope.clone(),
+            k.clone(),
+            Arc::clone(&barrier),
+        );
+        tasks.spawn(async move {
+            // Half of them even bring another request under the same key.
+            let fingerprint = Fingerprint::builder()
+                .part("k", if i % 2 == 0 { b"v" } else { b"w" })
+                .finish();
+            barrier.wait().await;
+            store
+                .reserve(ReserveRequest {
+                    fingerprint,
+                    ..request(&scope, &k, Duration::from_secs(60))
+                })
+                .await
+                .expect("reserve")
+        });
+    }
+    let mut acquired = 0;
+    while let Some(joined) = tasks.join_next().await {
+        match joined.expect("task") {
+            Reservation::Acquired(lease) => {
+                assert_eq!(lease.attempt, 1);
+                acquired += 1;
+            }
+            Reservation::InProgress { .. } | Reservation::Mismatch { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(acquired, 1, "exactly one racer replaces the expired record");
+}

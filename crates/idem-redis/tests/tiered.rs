@@ -175,3 +175,53 @@ async fn after_redis_loses_everything_running_work_is_not_duplicated() {
         other => panic!("expected a replay, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn a_broken_fast_tier_costs_speed_not_correctness() {
+    let Some(f) = tiered(None).await else {
+        return;
+    };
+    let engine = Engine::from_arc(Arc::clone(&f.store));
+    let scope = idem_testkit::conformance::unique_scope("tiered-broken-fast");
+    let k: idem::IdempotencyKey = "pay-1".parse().expect("key");
+    let fp = Fingerprint::builder().part("amount", b"100").finish();
+    let executions = Arc::new(AtomicU32::new(0));
+    // Kill the fast tier's connection before every engine call: the calls
+    // that hit the dead connection fail inside Tiered, which then relies on
+    // PostgreSQL alone.
+    let kill = || async {
+        let id: i64 = redis::cmd("CLIENT")
+            .arg("ID")
+            .query_async(&mut f.redis.connection())
+            .await
+            .expect("CLIENT ID");
+        let client = redis::Client::open(f.url.as_str()).expect("client");
+        let mut other = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("second connection");
+        redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("ID")
+            .arg(id)
+            .query_async::<i64>(&mut other)
+            .await
+            .expect("CLIENT KILL");
+    };
+    for round in 0..3 {
+        kill().await;
+        let n = Arc::clone(&executions);
+        let run = engine
+            .run(&scope, &k, fp, || async move {
+                n.fetch_add(1, Ordering::SeqCst);
+                StoredResponse::new(201, "paid")
+            })
+            .await
+            .expect("the durable tier answers");
+        match (round, run) {
+            (0, Run::Executed(_)) | (1.., Run::Replayed(_)) => {}
+            (round, other) => panic!("round {round}: unexpected {other:?}"),
+        }
+    }
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
+}
