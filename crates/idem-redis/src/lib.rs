@@ -14,6 +14,10 @@
 //! * **cluster-safe keys**: one hash per record at
 //!   `<prefix>:{<tenant>:<operation>:<key>}`, the parts percent-encoded so
 //!   `{`, `}` and `:` in them stay unambiguous and inside one hash tag;
+//! * **Redis Cluster** behind the `cluster` feature
+//!   (`redis+cluster://host1:port1,host2:port2`): each record's script runs
+//!   on the node owning its slot, so each record's times come from that one
+//!   node's clock; listing scans every primary;
 //! * **reconnects** through redis' `ConnectionManager`: a dropped
 //!   connection fails the commands in flight with
 //!   [`StoreError::Unavailable`] and the next ones go through a new
@@ -61,6 +65,7 @@
 //!   tenant when given) and sorts on the client: its cost grows with the
 //!   number of records, so it is for operators, not for request paths.
 
+mod connection;
 mod error;
 mod keys;
 mod record;
@@ -74,9 +79,10 @@ use idem::{
     CacheStore, FinalOutcome, IdempotencyKey, Lease, LeaseExpiry, ListFilter, ListRecords, Page,
     Purge, Record, RecordState, Reservation, ReserveRequest, Scope, Store, StoreError, Timestamp,
 };
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManagerConfig;
 use redis::{Script, Value};
 
+pub use connection::RedisConnection;
 pub use error::{RedisError, redact};
 /// The driver, re-exported so users never mismatch versions.
 pub use redis;
@@ -126,19 +132,30 @@ pub struct RedisOptions {
     pub response_timeout: Duration,
     /// How many times a lost connection is retried before a command fails.
     pub reconnect_retries: usize,
+    /// The seed nodes of a Redis Cluster (`redis://host:port` each); empty
+    /// for a single server at [`url`](Self::url). Needs the `cluster`
+    /// feature.
+    pub cluster_nodes: Vec<String>,
 }
 
 impl RedisOptions {
     /// Parses `redis://[user:password@]host[:port][/db][?prefix=NAME]`
-    /// (and `rediss://…` with the `tls` feature).
+    /// (and `rediss://…` with the `tls` feature). With the `cluster`
+    /// feature, `redis+cluster://[user:password@]host1:port1,host2:port2[?prefix=NAME]`
+    /// (or `rediss+cluster://…`) names a Redis Cluster by some of its nodes.
     pub fn from_url(url: &str) -> Result<Self, RedisError> {
         let bad = |reason: String| RedisError::Url {
             url: redact(url),
             reason,
         };
+        if let Some((scheme, rest)) = url.split_once("+cluster://") {
+            return Self::from_cluster_url(scheme, rest).map_err(bad);
+        }
         let tls = url.starts_with("rediss://");
         if !(url.starts_with("redis://") || tls) {
-            return Err(bad("must start with redis:// or rediss://".to_owned()));
+            return Err(bad(
+                "must start with redis://, rediss:// or redis+cluster://".to_owned(),
+            ));
         }
         if tls && !cfg!(feature = "tls") {
             return Err(bad(
@@ -171,6 +188,71 @@ impl RedisOptions {
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(2),
             reconnect_retries: 6,
+            cluster_nodes: Vec::new(),
+        })
+    }
+
+    fn from_cluster_url(scheme: &str, rest: &str) -> Result<Self, String> {
+        if !cfg!(feature = "cluster") {
+            return Err(
+                "redis+cluster:// needs idem-redis built with its `cluster` feature".to_owned(),
+            );
+        }
+        let node_scheme = match scheme {
+            "redis" => "redis",
+            "rediss" if cfg!(feature = "tls") => "rediss",
+            "rediss" => {
+                return Err(
+                    "rediss+cluster:// needs idem-redis built with its `tls` feature".to_owned(),
+                );
+            }
+            _ => return Err("must start with redis+cluster:// or rediss+cluster://".to_owned()),
+        };
+        let (authority, query) = match rest.split_once('?') {
+            Some((a, q)) => (a, q),
+            None => (rest, ""),
+        };
+        let authority = authority.trim_end_matches('/');
+        if authority.contains('/') {
+            return Err("a cluster has only database 0: no /db after the nodes".to_owned());
+        }
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let mut prefix = "idem".to_owned();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("prefix", value)) => value.clone_into(&mut prefix),
+                _ => return Err(format!("unknown cluster option {pair:?}")),
+            }
+        }
+        if !keys::valid_prefix(&prefix) {
+            return Err(format!(
+                "prefix {prefix:?} must be 1 to 64 letters, digits, '-', '_' or '.'"
+            ));
+        }
+        let nodes: Vec<String> = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(|host| match userinfo {
+                Some(u) => format!("{node_scheme}://{u}@{host}"),
+                None => format!("{node_scheme}://{host}"),
+            })
+            .collect();
+        let Some(first) = nodes.first() else {
+            return Err("no cluster node after redis+cluster://".to_owned());
+        };
+        for node in &nodes {
+            redis::Client::open(node.as_str()).map_err(|e| e.to_string())?;
+        }
+        Ok(Self {
+            url: first.clone(),
+            prefix,
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(2),
+            reconnect_retries: 6,
+            cluster_nodes: nodes,
         })
     }
 
@@ -198,7 +280,7 @@ impl RedisOptions {
 /// clones share the connection.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: RedisConnection,
     prefix: Arc<str>,
     url: Arc<str>,
 }
@@ -231,6 +313,9 @@ impl RedisStore {
                 ),
             });
         }
+        if !opts.cluster_nodes.is_empty() {
+            return Self::connect_cluster(opts, shown).await;
+        }
         let client = redis::Client::open(opts.url.as_str()).map_err(|e| RedisError::Url {
             url: shown.clone(),
             reason: e.to_string(),
@@ -260,15 +345,149 @@ impl RedisStore {
             .await
             .map_err(|e| RedisError::connect(&opts.url, e))?;
         Ok(Self {
-            conn,
+            conn: RedisConnection::Single(conn),
             prefix: opts.prefix.into(),
             url: shown.into(),
         })
     }
 
-    /// The shared, reconnecting connection, for commands of your own.
-    pub fn connection(&self) -> ConnectionManager {
+    #[cfg(feature = "cluster")]
+    async fn connect_cluster(opts: RedisOptions, shown: String) -> Result<Self, RedisError> {
+        let client = redis::cluster::ClusterClient::builder(opts.cluster_nodes.clone())
+            .connection_timeout(opts.connect_timeout)
+            .response_timeout(opts.response_timeout)
+            .retries(u32::try_from(opts.reconnect_retries).unwrap_or(u32::MAX))
+            .build()
+            .map_err(|e| RedisError::Url {
+                url: shown.clone(),
+                reason: e.to_string(),
+            })?;
+        let mut conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| RedisError::connect(&opts.url, e))?;
+        redis::cmd("PING")
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| RedisError::connect(&opts.url, e))?;
+        Ok(Self {
+            conn: RedisConnection::Cluster(conn),
+            prefix: opts.prefix.into(),
+            url: shown.into(),
+        })
+    }
+
+    #[cfg(not(feature = "cluster"))]
+    async fn connect_cluster(_opts: RedisOptions, shown: String) -> Result<Self, RedisError> {
+        Err(RedisError::Url {
+            url: shown,
+            reason: "cluster nodes need idem-redis built with its `cluster` feature".to_owned(),
+        })
+    }
+
+    /// The store's connection (shared, reconnecting), for commands of your
+    /// own.
+    pub fn connection(&self) -> RedisConnection {
         self.conn.clone()
+    }
+
+    /// Every record key matching `pattern`, on every primary of a cluster.
+    async fn scan(&self, pattern: &str) -> Result<Vec<Vec<u8>>, StoreError> {
+        let scan = |cursor: u64| {
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1_000);
+            cmd
+        };
+        let mut names: Vec<Vec<u8>> = Vec::new();
+        match &self.conn {
+            RedisConnection::Single(_) => {
+                let mut conn = self.conn.clone();
+                let mut cursor = 0;
+                loop {
+                    let (next, batch): (u64, Vec<Vec<u8>>) = scan(cursor)
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(error::to_store)?;
+                    names.extend(batch);
+                    if next == 0 {
+                        break;
+                    }
+                    cursor = next;
+                }
+            }
+            #[cfg(feature = "cluster")]
+            RedisConnection::Cluster(conn) => {
+                use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+                let mut conn = conn.clone();
+                let nodes: String = redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(error::to_store)?;
+                for (host, port) in connection::primaries(&nodes) {
+                    let mut cursor = 0;
+                    loop {
+                        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                            host: host.clone(),
+                            port,
+                        });
+                        let answer = conn
+                            .route_command(&scan(cursor), routing)
+                            .await
+                            .map_err(error::to_store)?;
+                        let (next, batch): (u64, Vec<Vec<u8>>) =
+                            redis::from_owned_redis_value(answer).map_err(error::to_store)?;
+                        names.extend(batch);
+                        if next == 0 {
+                            break;
+                        }
+                        cursor = next;
+                    }
+                }
+            }
+        }
+        // SCAN may return a key more than once.
+        names.sort_unstable();
+        names.dedup();
+        Ok(names)
+    }
+
+    /// The hashes at `names` (empty ones for keys gone since).
+    async fn fetch(&self, names: &[Vec<u8>]) -> Result<Vec<Value>, StoreError> {
+        let mut conn = self.conn.clone();
+        let mut answers = Vec::with_capacity(names.len());
+        match &self.conn {
+            RedisConnection::Single(_) => {
+                for chunk in names.chunks(LIST_CHUNK) {
+                    let mut pipe = redis::pipe();
+                    for name in chunk {
+                        pipe.cmd("HGETALL").arg(name);
+                    }
+                    let batch: Vec<Value> =
+                        pipe.query_async(&mut conn).await.map_err(error::to_store)?;
+                    answers.extend(batch);
+                }
+            }
+            // Keys of one pipeline may live on different nodes: one
+            // command each, routed by slot.
+            #[cfg(feature = "cluster")]
+            RedisConnection::Cluster(_) => {
+                for name in names {
+                    answers.push(
+                        redis::cmd("HGETALL")
+                            .arg(name)
+                            .query_async(&mut conn)
+                            .await
+                            .map_err(error::to_store)?,
+                    );
+                }
+            }
+        }
+        Ok(answers)
     }
 
     /// The key prefix.
@@ -487,35 +706,10 @@ impl ListRecords for RedisStore {
         let now = self.now().await?;
         let cutoff = filter.older_than.map(|age| now.minus(age));
         let pattern = keys::scan_pattern(&self.prefix, filter.tenant.as_deref());
-        let mut conn = self.conn.clone();
-        let mut names: Vec<Vec<u8>> = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1_000)
-                .query_async(&mut conn)
-                .await
-                .map_err(error::to_store)?;
-            names.extend(batch);
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-        // SCAN may return a key more than once.
-        names.sort_unstable();
-        names.dedup();
+        let names = self.scan(&pattern).await?;
         let mut records = Vec::new();
-        for chunk in names.chunks(LIST_CHUNK) {
-            let mut pipe = redis::pipe();
-            for name in chunk {
-                pipe.cmd("HGETALL").arg(name);
-            }
-            let answers: Vec<Value> = pipe.query_async(&mut conn).await.map_err(error::to_store)?;
+        {
+            let answers = self.fetch(&names).await?;
             for answer in answers {
                 if matches!(&answer, Value::Array(a) if a.is_empty())
                     || matches!(&answer, Value::Map(m) if m.is_empty())
@@ -635,6 +829,33 @@ mod tests {
                 .expect_err("no tls")
                 .to_string();
             assert!(err.contains("tls"), "{err}");
+        }
+    }
+
+    #[test]
+    fn cluster_urls() {
+        let parsed =
+            RedisOptions::from_url("redis+cluster://u:pw@10.0.0.1:7000,10.0.0.2:7001?prefix=p");
+        if cfg!(feature = "cluster") {
+            let o = parsed.expect("valid");
+            assert_eq!(
+                o.cluster_nodes,
+                vec!["redis://u:pw@10.0.0.1:7000", "redis://u:pw@10.0.0.2:7001"]
+            );
+            assert_eq!(o.prefix, "p");
+            for (url, needle) in [
+                ("redis+cluster://", "no cluster node"),
+                ("redis+cluster://h:1/3", "database 0"),
+                ("redis+cluster://h:1?db=2", "unknown cluster option"),
+                ("mongo+cluster://h:1", "must start with"),
+            ] {
+                let err = RedisOptions::from_url(url).expect_err(url).to_string();
+                assert!(err.contains(needle), "{url}: {err}");
+            }
+        } else {
+            let err = parsed.expect_err("no cluster feature").to_string();
+            assert!(err.contains("`cluster` feature"), "{err}");
+            assert!(!err.contains(":pw@"), "{err}");
         }
     }
 
