@@ -1,9 +1,12 @@
 -- List records oldest first, in (created_at, tenant, operation, key)
--- order, after a cursor. Expired final records are left out.
+-- order. Expired final records are left out.
 --
--- $1 state or NULL, $2 minimum age (ms) or NULL, $3 tenant or NULL,
--- $4 cursor created_at (ms since the epoch) or NULL, $5 cursor tenant,
--- $6 cursor operation, $7 cursor key, $8 limit.
+-- This is the head of the query: the store appends only the filters a
+-- listing asks for (schema::LIST_* fragments, each with its bind), then
+-- schema::LIST_TAIL. So every combination of filters is planned on its own
+-- and uses the index that fits it (idem_records_tenant_created when a
+-- tenant is given, idem_records_created otherwise), instead of one
+-- generic plan full of "$n IS NULL OR …".
 WITH clock AS (
     SELECT clock_timestamp() AS now
 )
@@ -15,13 +18,4 @@ SELECT tenant, operation, key, fingerprint, state,
        owner, attempt, response_status, response_headers, response_body,
        resource_id, error_code
 FROM idem_records, clock
-WHERE ($1::text IS NULL OR state = $1::text)
-  AND ($2::bigint IS NULL OR created_at <= clock.now - $2::bigint * interval '1 millisecond')
-  AND ($3::text IS NULL OR tenant = $3::text)
-  AND (state = 'processing' OR expires_at > clock.now)
-  AND ($4::bigint IS NULL
-       OR (created_at, tenant, operation, key)
-          > (timestamptz 'epoch' + $4::bigint * interval '1 millisecond',
-             $5::text, $6::text, $7::text))
-ORDER BY created_at, tenant, operation, key
-LIMIT $8
+WHERE (state = 'processing' OR expires_at > clock.now)

@@ -701,15 +701,37 @@ impl ListRecords for PgStore {
     async fn list(&self, filter: &ListFilter) -> Result<Page, StoreError> {
         let limit = filter.limit.clamp(1, MAX_PAGE);
         let after = filter.after.as_ref();
-        let rows = sqlx::query(schema::LIST)
-            .bind(filter.state.map(|s| s.as_str()))
-            .bind(filter.older_than.map(millis))
-            .bind(filter.tenant.as_deref())
-            .bind(after.map(|c| c.created_at.as_millis()))
-            .bind(after.map(|c| c.tenant.as_str()))
-            .bind(after.map(|c| c.operation.as_str()))
-            .bind(after.map(|c| c.key.as_str()))
-            .bind(i64::try_from(limit + 1).unwrap_or(i64::MAX))
+        let mut query = sqlx::QueryBuilder::<Postgres>::new(schema::LIST);
+        if let Some(state) = filter.state {
+            query.push(schema::LIST_STATE).push_bind(state.as_str());
+        }
+        if let Some(age) = filter.older_than {
+            query
+                .push(schema::LIST_OLDER_THAN)
+                .push_bind(millis(age))
+                .push(schema::LIST_OLDER_THAN_END);
+        }
+        if let Some(tenant) = &filter.tenant {
+            query.push(schema::LIST_TENANT).push_bind(tenant.clone());
+        }
+        if let Some(c) = after {
+            let [a, b, c2, d, e] = schema::LIST_AFTER;
+            query
+                .push(a)
+                .push_bind(c.created_at.as_millis())
+                .push(b)
+                .push_bind(c.tenant.clone())
+                .push(c2)
+                .push_bind(c.operation.clone())
+                .push(d)
+                .push_bind(c.key.clone())
+                .push(e);
+        }
+        query
+            .push(schema::LIST_TAIL)
+            .push_bind(i64::try_from(limit + 1).unwrap_or(i64::MAX));
+        let rows = query
+            .build()
             .fetch_all(&self.pool)
             .await
             .map_err(error::to_store)?;

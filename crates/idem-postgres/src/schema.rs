@@ -96,6 +96,21 @@ pub(crate) const MARK_UNKNOWN: &str = include_str!("../queries/mark_unknown.sql"
 pub(crate) const RENEW: &str = include_str!("../queries/renew.sql");
 pub(crate) const GET: &str = include_str!("../queries/get.sql");
 pub(crate) const LIST: &str = include_str!("../queries/list.sql");
+/// `LIST` filters: each is followed by its bind, then by its `_END` (if any).
+pub(crate) const LIST_STATE: &str = " AND state = ";
+pub(crate) const LIST_OLDER_THAN: &str = " AND created_at <= clock.now - ";
+pub(crate) const LIST_OLDER_THAN_END: &str = "::bigint * interval '1 millisecond'";
+pub(crate) const LIST_TENANT: &str = " AND tenant = ";
+/// The cursor: binds created_at (ms), tenant, operation, key in between.
+pub(crate) const LIST_AFTER: [&str; 5] = [
+    " AND (created_at, tenant, operation, key) > (timestamptz 'epoch' + ",
+    "::bigint * interval '1 millisecond', ",
+    "::text, ",
+    "::text, ",
+    "::text)",
+];
+/// Then the limit's bind.
+pub(crate) const LIST_TAIL: &str = " ORDER BY created_at, tenant, operation, key LIMIT ";
 pub(crate) const PURGE_EXPIRED: &str = include_str!("../queries/purge_expired.sql");
 
 fn corrupt(what: impl std::fmt::Display) -> PgError {
