@@ -799,6 +799,11 @@ mod tests {
             ("postgres://db/idem?schema=a;b", "letters, digits"),
             ("postgres://db/idem?pool", "has no value"),
             (
+                "postgres://u:s3cret@db:port/idem",
+                "invalid PostgreSQL store URL",
+            ),
+            ("postgres://u:s3cret@db/idem?sslmode=sometimes", "sslmode"),
+            (
                 "postgres://db/idem?min_connections=9&max_connections=2",
                 "exceeds",
             ),

@@ -818,6 +818,8 @@ mod tests {
             ("postgres://u:s3cret@h/db", "must start with redis://"),
             ("redis://h?prefix=a{b}", "prefix"),
             ("redis://h?prefix=", "prefix"),
+            ("redis://:s3cret@h:port/0", "invalid Redis store URL"),
+            ("redis://:s3cret@h:6379/x", "invalid Redis store URL"),
         ] {
             let err = RedisOptions::from_url(url).expect_err(url).to_string();
             assert!(err.contains(needle), "{url}: {err}");
