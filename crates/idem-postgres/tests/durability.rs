@@ -316,3 +316,59 @@ async fn racers_on_an_expired_record_replace_it_once() {
     }
     assert_eq!(acquired, 1, "exactly one racer replaces the expired record");
 }
+
+#[tokio::test]
+async fn killed_server_connections_are_replaced() {
+    let Some(mut opts) = common::options() else {
+        return;
+    };
+    let app = format!("idem-test-{}", &OwnerToken::random().to_string()[..12]);
+    opts.connect = opts.connect.application_name(&app);
+    let store = PgStore::connect_with(opts).await.expect("connect");
+    let scope = idem_testkit::conformance::unique_scope("pg-killed");
+    let k: idem::IdempotencyKey = "k".parse().expect("key");
+    let Reservation::Acquired(lease) = store
+        .reserve(request(&scope, &k, Duration::from_secs(60)))
+        .await
+        .expect("reserve")
+    else {
+        panic!("acquired");
+    };
+    // The server ends every connection of this store (as a restart or a
+    // fail-over would).
+    let observer = common::shared_store().await.expect("second store");
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE application_name = $1) AS t",
+    )
+    .bind(&app)
+    .fetch_one(observer.pool())
+    .await
+    .expect("terminate");
+    assert!(killed >= 1, "the store had a connection open");
+
+    // The pool notices and reconnects; at worst one call fails, transiently.
+    let outcome = FinalOutcome {
+        verdict: Verdict::Completed,
+        response: StoredResponse::new(200, "after"),
+        resource_id: None,
+        error_code: None,
+        retention: Duration::from_secs(60),
+    };
+    let mut failures = 0;
+    loop {
+        match store.resolve(&scope, &k, &lease, &outcome).await {
+            Ok(()) => break,
+            Err(err) => {
+                assert!(
+                    err.is_transient(),
+                    "a killed connection is transient: {err}"
+                );
+                failures += 1;
+                assert!(failures < 5, "no reconnection: {err}");
+            }
+        }
+    }
+    let rec = store.get(&scope, &k).await.expect("get").expect("exists");
+    assert_eq!(rec.state, idem::RecordState::Completed);
+}
