@@ -1,0 +1,60 @@
+//! Shared test helpers: the server from the environment, stores in the
+//! shared test database or in a schema of their own.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+
+use idem::OwnerToken;
+use idem_postgres::{PgOptions, PgStore};
+
+/// Options for the test server with a small pool, or `None` (skip).
+pub fn options() -> Option<PgOptions> {
+    let url = idem_testkit::services::postgres()?;
+    Some(
+        PgOptions::from_url(&url)
+            .expect("IDEM_TEST_PG_URL is a valid URL")
+            .with_max_connections(8),
+    )
+}
+
+/// A store on the shared test database (tests there use unique tenants).
+pub async fn shared_store() -> Option<Arc<PgStore>> {
+    let opts = options()?;
+    Some(Arc::new(
+        PgStore::connect_with(opts).await.expect("connect"),
+    ))
+}
+
+/// A store whose tables live in a fresh schema of their own, dropped by
+/// [`Isolated::drop_schema`].
+pub struct Isolated {
+    pub store: PgStore,
+    pub schema: String,
+    pub opts: PgOptions,
+}
+
+impl Isolated {
+    pub async fn new(label: &str) -> Option<Self> {
+        let schema = format!(
+            "idem_test_{label}_{}",
+            &OwnerToken::random().to_string()[..12]
+        );
+        let opts = options()?.with_schema(schema.clone());
+        let store = PgStore::connect_with(opts.clone()).await.expect("connect");
+        Some(Self {
+            store,
+            schema,
+            opts,
+        })
+    }
+
+    pub async fn drop_schema(self) {
+        let sql = format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.schema);
+        sqlx::query(&sql)
+            .execute(self.store.pool())
+            .await
+            .expect("drop test schema");
+        self.store.close().await;
+    }
+}

@@ -1,0 +1,870 @@
+//! # idem-redis — the Redis store
+//!
+//! A [`Store`] in Redis, for a fast, bounded window of deduplication, and
+//! the natural fast tier of [`idem::Tiered`] (it implements
+//! [`CacheStore`]).
+//!
+//! * **one Lua script per transition** (`scripts/*.lua`): reserve-or-report,
+//!   resolve-if-owner, release-if-owner, mark-unknown-if-owner,
+//!   renew-if-owner. Each runs atomically on the server, so reservation is
+//!   one create-if-absent and every owner operation is fenced by owner
+//!   token and attempt;
+//! * **one clock**: the scripts read `TIME` on the server, never a client's
+//!   clock;
+//! * **cluster-safe keys**: one hash per record at
+//!   `<prefix>:{<tenant>:<operation>:<key>}`, the parts percent-encoded so
+//!   `{`, `}` and `:` in them stay unambiguous and inside one hash tag;
+//! * **Redis Cluster** behind the `cluster` feature
+//!   (`redis+cluster://host1:port1,host2:port2`): each record's script runs
+//!   on the node owning its slot, so each record's times come from that one
+//!   node's clock; listing scans every primary;
+//! * **reconnects** through redis' `ConnectionManager`: a dropped
+//!   connection fails the commands in flight with
+//!   [`StoreError::Unavailable`] and the next ones go through a new
+//!   connection.
+//!
+//! ```no_run
+//! use idem::{Engine, Fingerprint, Scope, StoredResponse};
+//! use idem_redis::RedisStore;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+//! let engine = Engine::new(store);
+//! let scope = Scope::new("acme", "POST /v1/payments")?;
+//! let key = "pay-17".parse()?;
+//! let fp = Fingerprint::builder().json_body(br#"{"amount":100}"#).finish();
+//! engine
+//!     .run(&scope, &key, fp, || async { StoredResponse::new(201, "paid") })
+//!     .await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Expiry, and what Redis can lose
+//!
+//! * A **final** record (completed or failed) expires at its retention
+//!   (`PEXPIREAT`): Redis deletes it, so [`Purge::purge_expired`] has
+//!   nothing left to do and reports 0.
+//! * A **processing** record has **no TTL**: it never vanishes while its
+//!   lease is live, and one marked outcome-unknown is never removed
+//!   automatically. It goes away only by release, or by being resolved and
+//!   later expiring. An owner that crashed and is never retried leaves its
+//!   record behind: list processing records
+//!   ([`ListRecords::list`] with a state filter) to find them.
+//! * **Redis-only risks.** Redis answers a write before it reaches the disk
+//!   (and replication is asynchronous): a crash or fail-over can lose the
+//!   last writes, including a reservation, so a duplicate may run after
+//!   one. Under `maxmemory`, an `allkeys-*` eviction policy may evict *any*
+//!   record, processing and outcome-unknown ones included; `volatile-*`
+//!   policies may evict final records early (a later duplicate then runs
+//!   again). Use `maxmemory-policy noeviction` for a Redis-only store, and
+//!   put PostgreSQL behind it with [`idem::Tiered`] when a lost record must
+//!   never mean a repeated side effect.
+//! * [`ListRecords::list`] scans every record key (`SCAN`, filtered by
+//!   tenant when given) and sorts on the client: its cost grows with the
+//!   number of records, so it is for operators, not for request paths.
+
+mod connection;
+mod error;
+mod keys;
+mod record;
+
+use std::fmt;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use idem::store::Cursor;
+use idem::{
+    CacheStore, FinalOutcome, IdempotencyKey, Lease, LeaseExpiry, ListFilter, ListRecords, Page,
+    Purge, Record, RecordState, Reservation, ReserveRequest, Scope, Store, StoreError, Timestamp,
+};
+use redis::aio::ConnectionManagerConfig;
+use redis::{Script, Value};
+
+pub use connection::RedisConnection;
+pub use error::{RedisError, redact};
+/// The driver, re-exported so users never mismatch versions.
+pub use redis;
+
+/// Longest lease or retention stored (100 years); longer ones are capped.
+const MAX_DURATION_MS: i64 = 100 * 365 * 86_400 * 1_000;
+
+/// Most records one [`ListRecords::list`] page returns.
+const MAX_PAGE: usize = 10_000;
+
+/// Keys fetched per pipelined round trip while listing.
+const LIST_CHUNK: usize = 512;
+
+macro_rules! script {
+    ($file:literal) => {
+        LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("../scripts/prelude.lua"),
+                include_str!(concat!("../scripts/", $file))
+            ))
+        })
+    };
+}
+
+static RESERVE: LazyLock<Script> = script!("reserve.lua");
+static RESOLVE: LazyLock<Script> = script!("resolve.lua");
+static RELEASE: LazyLock<Script> = script!("release.lua");
+static MARK_UNKNOWN: LazyLock<Script> = script!("mark_unknown.lua");
+static RENEW: LazyLock<Script> = script!("renew.lua");
+static GET: LazyLock<Script> = script!("get.lua");
+static PUT: LazyLock<Script> = script!("put.lua");
+
+/// Options for [`RedisStore::connect_with`]. Defaults: key prefix `idem`,
+/// 2 s to connect, 2 s for an answer, 6 reconnection attempts with
+/// exponential back-off.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RedisOptions {
+    /// The server's URL, as given to the driver (`redis://…`).
+    pub url: String,
+    /// The first part of every key; letters, digits, `-`, `_`, `.`.
+    pub prefix: String,
+    /// How long connecting (and each reconnection) may take.
+    pub connect_timeout: Duration,
+    /// How long a command may wait for its answer before it fails with
+    /// [`StoreError::Unavailable`].
+    pub response_timeout: Duration,
+    /// How many times a lost connection is retried before a command fails.
+    pub reconnect_retries: usize,
+    /// The seed nodes of a Redis Cluster (`redis://host:port` each); empty
+    /// for a single server at [`url`](Self::url). Needs the `cluster`
+    /// feature.
+    pub cluster_nodes: Vec<String>,
+}
+
+impl RedisOptions {
+    /// Parses `redis://[user:password@]host[:port][/db][?prefix=NAME]`
+    /// (and `rediss://…` with the `tls` feature). With the `cluster`
+    /// feature, `redis+cluster://[user:password@]host1:port1,host2:port2[?prefix=NAME]`
+    /// (or `rediss+cluster://…`) names a Redis Cluster by some of its nodes.
+    pub fn from_url(url: &str) -> Result<Self, RedisError> {
+        let bad = |reason: String| RedisError::Url {
+            url: redact(url),
+            reason,
+        };
+        if let Some((scheme, rest)) = url.split_once("+cluster://") {
+            return Self::from_cluster_url(scheme, rest).map_err(bad);
+        }
+        let tls = url.starts_with("rediss://");
+        if !(url.starts_with("redis://") || tls) {
+            return Err(bad(
+                "must start with redis://, rediss:// or redis+cluster://".to_owned(),
+            ));
+        }
+        if tls && !cfg!(feature = "tls") {
+            return Err(bad(
+                "rediss:// needs idem-redis built with its `tls` feature".to_owned(),
+            ));
+        }
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut driver_query = Vec::new();
+        let mut prefix = "idem".to_owned();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("prefix", value)) => value.clone_into(&mut prefix),
+                _ => driver_query.push(pair),
+            }
+        }
+        if !keys::valid_prefix(&prefix) {
+            return Err(bad(format!(
+                "prefix {prefix:?} must be 1 to 64 letters, digits, '-', '_' or '.'"
+            )));
+        }
+        let driver_url = if driver_query.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", driver_query.join("&"))
+        };
+        redis::Client::open(driver_url.as_str()).map_err(|e| bad(e.to_string()))?;
+        Ok(Self {
+            url: driver_url,
+            prefix,
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(2),
+            reconnect_retries: 6,
+            cluster_nodes: Vec::new(),
+        })
+    }
+
+    fn from_cluster_url(scheme: &str, rest: &str) -> Result<Self, String> {
+        if !cfg!(feature = "cluster") {
+            return Err(
+                "redis+cluster:// needs idem-redis built with its `cluster` feature".to_owned(),
+            );
+        }
+        let node_scheme = match scheme {
+            "redis" => "redis",
+            "rediss" if cfg!(feature = "tls") => "rediss",
+            "rediss" => {
+                return Err(
+                    "rediss+cluster:// needs idem-redis built with its `tls` feature".to_owned(),
+                );
+            }
+            _ => return Err("must start with redis+cluster:// or rediss+cluster://".to_owned()),
+        };
+        let (authority, query) = match rest.split_once('?') {
+            Some((a, q)) => (a, q),
+            None => (rest, ""),
+        };
+        let authority = authority.trim_end_matches('/');
+        if authority.contains('/') {
+            return Err("a cluster has only database 0: no /db after the nodes".to_owned());
+        }
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let mut prefix = "idem".to_owned();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("prefix", value)) => value.clone_into(&mut prefix),
+                _ => return Err(format!("unknown cluster option {pair:?}")),
+            }
+        }
+        if !keys::valid_prefix(&prefix) {
+            return Err(format!(
+                "prefix {prefix:?} must be 1 to 64 letters, digits, '-', '_' or '.'"
+            ));
+        }
+        let nodes: Vec<String> = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(|host| match userinfo {
+                Some(u) => format!("{node_scheme}://{u}@{host}"),
+                None => format!("{node_scheme}://{host}"),
+            })
+            .collect();
+        let Some(first) = nodes.first() else {
+            return Err("no cluster node after redis+cluster://".to_owned());
+        };
+        for node in &nodes {
+            redis::Client::open(node.as_str()).map_err(|e| e.to_string())?;
+        }
+        Ok(Self {
+            url: first.clone(),
+            prefix,
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(2),
+            reconnect_retries: 6,
+            cluster_nodes: nodes,
+        })
+    }
+
+    /// Uses `prefix` for every key (to share one Redis database between
+    /// applications).
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Sets how long connecting may take.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets how long a command may wait for its answer.
+    pub fn with_response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+}
+
+/// The Redis [`Store`]; see the [crate docs](crate). Cheap to clone:
+/// clones share the connection.
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: RedisConnection,
+    prefix: Arc<str>,
+    url: Arc<str>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("url", &self.url)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Connects with default options to the server named by a URL.
+    pub async fn connect(url: &str) -> Result<Self, RedisError> {
+        Self::connect_with(RedisOptions::from_url(url)?).await
+    }
+
+    /// Connects with explicit options; fails at once, with one line, when
+    /// the server cannot be reached or refuses the credentials.
+    pub async fn connect_with(opts: RedisOptions) -> Result<Self, RedisError> {
+        let shown = redact(&opts.url);
+        if !keys::valid_prefix(&opts.prefix) {
+            return Err(RedisError::Url {
+                url: shown,
+                reason: format!(
+                    "prefix {:?} must be 1 to 64 letters, digits, '-', '_' or '.'",
+                    opts.prefix
+                ),
+            });
+        }
+        if !opts.cluster_nodes.is_empty() {
+            return Self::connect_cluster(opts, shown).await;
+        }
+        let client = redis::Client::open(opts.url.as_str()).map_err(|e| RedisError::Url {
+            url: shown.clone(),
+            reason: e.to_string(),
+        })?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(opts.connect_timeout)
+            .set_response_timeout(opts.response_timeout)
+            .set_number_of_retries(opts.reconnect_retries)
+            .set_max_delay(1_000);
+        // A first, direct connection and PING, so a wrong address or
+        // password fails now, clearly, instead of after the retries.
+        let mut probe = client
+            .get_multiplexed_async_connection_with_config(
+                &redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(opts.connect_timeout)
+                    .set_response_timeout(opts.response_timeout),
+            )
+            .await
+            .map_err(|e| RedisError::connect(&opts.url, e))?;
+        redis::cmd("PING")
+            .query_async::<()>(&mut probe)
+            .await
+            .map_err(|e| RedisError::connect(&opts.url, e))?;
+        drop(probe);
+        let conn = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(|e| RedisError::connect(&opts.url, e))?;
+        Ok(Self {
+            conn: RedisConnection::Single(conn),
+            prefix: opts.prefix.into(),
+            url: shown.into(),
+        })
+    }
+
+    #[cfg(feature = "cluster")]
+    async fn connect_cluster(opts: RedisOptions, shown: String) -> Result<Self, RedisError> {
+        let client = redis::cluster::ClusterClient::builder(opts.cluster_nodes.clone())
+            .connection_timeout(opts.connect_timeout)
+            .response_timeout(opts.response_timeout)
+            .retries(u32::try_from(opts.reconnect_retries).unwrap_or(u32::MAX))
+            .build()
+            .map_err(|e| RedisError::Url {
+                url: shown.clone(),
+                reason: e.to_string(),
+            })?;
+        let mut conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| RedisError::connect(&opts.url, e))?;
+        redis::cmd("PING")
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| RedisError::connect(&opts.url, e))?;
+        Ok(Self {
+            conn: RedisConnection::Cluster(conn),
+            prefix: opts.prefix.into(),
+            url: shown.into(),
+        })
+    }
+
+    #[cfg(not(feature = "cluster"))]
+    async fn connect_cluster(_opts: RedisOptions, shown: String) -> Result<Self, RedisError> {
+        Err(RedisError::Url {
+            url: shown,
+            reason: "cluster nodes need idem-redis built with its `cluster` feature".to_owned(),
+        })
+    }
+
+    /// The store's connection (shared, reconnecting), for commands of your
+    /// own.
+    pub fn connection(&self) -> RedisConnection {
+        self.conn.clone()
+    }
+
+    /// Every record key matching `pattern`, on every primary of a cluster.
+    async fn scan(&self, pattern: &str) -> Result<Vec<Vec<u8>>, StoreError> {
+        let scan = |cursor: u64| {
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1_000);
+            cmd
+        };
+        let mut names: Vec<Vec<u8>> = Vec::new();
+        match &self.conn {
+            RedisConnection::Single(_) => {
+                let mut conn = self.conn.clone();
+                let mut cursor = 0;
+                loop {
+                    let (next, batch): (u64, Vec<Vec<u8>>) = scan(cursor)
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(error::to_store)?;
+                    names.extend(batch);
+                    if next == 0 {
+                        break;
+                    }
+                    cursor = next;
+                }
+            }
+            #[cfg(feature = "cluster")]
+            RedisConnection::Cluster(conn) => {
+                use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+                let mut conn = conn.clone();
+                let nodes: String = redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(error::to_store)?;
+                for (host, port) in connection::primaries(&nodes) {
+                    let mut cursor = 0;
+                    loop {
+                        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                            host: host.clone(),
+                            port,
+                        });
+                        let answer = conn
+                            .route_command(&scan(cursor), routing)
+                            .await
+                            .map_err(error::to_store)?;
+                        let (next, batch): (u64, Vec<Vec<u8>>) =
+                            redis::from_owned_redis_value(answer).map_err(error::to_store)?;
+                        names.extend(batch);
+                        if next == 0 {
+                            break;
+                        }
+                        cursor = next;
+                    }
+                }
+            }
+        }
+        // SCAN may return a key more than once.
+        names.sort_unstable();
+        names.dedup();
+        Ok(names)
+    }
+
+    /// The hashes at `names` (empty ones for keys gone since).
+    async fn fetch(&self, names: &[Vec<u8>]) -> Result<Vec<Value>, StoreError> {
+        let mut conn = self.conn.clone();
+        let mut answers = Vec::with_capacity(names.len());
+        match &self.conn {
+            RedisConnection::Single(_) => {
+                for chunk in names.chunks(LIST_CHUNK) {
+                    let mut pipe = redis::pipe();
+                    for name in chunk {
+                        pipe.cmd("HGETALL").arg(name);
+                    }
+                    let batch: Vec<Value> =
+                        pipe.query_async(&mut conn).await.map_err(error::to_store)?;
+                    answers.extend(batch);
+                }
+            }
+            // Keys of one pipeline may live on different nodes: one
+            // command each, routed by slot.
+            #[cfg(feature = "cluster")]
+            RedisConnection::Cluster(_) => {
+                for name in names {
+                    answers.push(
+                        redis::cmd("HGETALL")
+                            .arg(name)
+                            .query_async(&mut conn)
+                            .await
+                            .map_err(error::to_store)?,
+                    );
+                }
+            }
+        }
+        Ok(answers)
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn key(&self, scope: &Scope, key: &IdempotencyKey) -> String {
+        keys::record_key(&self.prefix, scope, key)
+    }
+
+    /// The server's clock.
+    async fn now(&self) -> Result<Timestamp, StoreError> {
+        let (secs, micros): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(error::to_store)?;
+        Ok(Timestamp::from_millis(
+            secs.saturating_mul(1_000).saturating_add(micros / 1_000),
+        ))
+    }
+
+    /// Runs a fenced script answering 1 (done) or 0 (not the owner).
+    async fn fenced(&self, invocation: &redis::ScriptInvocation<'_>) -> Result<(), StoreError> {
+        let done: i64 = invocation
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(error::to_store)?;
+        if done == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::Fenced)
+        }
+    }
+}
+
+/// A duration in whole milliseconds, capped at [`MAX_DURATION_MS`].
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis())
+        .unwrap_or(i64::MAX)
+        .min(MAX_DURATION_MS)
+}
+
+/// An optional text as the scripts take it: `'1' .. value` or `'0'`.
+fn flagged(value: Option<&str>) -> String {
+    value.map_or_else(|| "0".to_owned(), |v| format!("1{v}"))
+}
+
+fn corrupt(what: impl Into<String>) -> StoreError {
+    RedisError::Corrupt(what.into()).into()
+}
+
+fn int(v: &Value) -> Result<i64, StoreError> {
+    match v {
+        Value::Int(n) => Ok(*n),
+        other => Err(corrupt(format!("expected an integer, got {other:?}"))),
+    }
+}
+
+fn text(v: &Value) -> Result<&str, StoreError> {
+    match v {
+        Value::BulkString(b) => {
+            std::str::from_utf8(b).map_err(|_| corrupt("a script answered non-UTF-8 text"))
+        }
+        Value::SimpleString(s) => Ok(s),
+        other => Err(corrupt(format!("expected text, got {other:?}"))),
+    }
+}
+
+/// Decodes the reserve script's answer.
+fn reservation(answer: Value, req: &ReserveRequest<'_>) -> Result<Reservation, StoreError> {
+    let Value::Array(items) = answer else {
+        return Err(corrupt(format!("reserve answered {answer:?}")));
+    };
+    let Some((tag, rest)) = items.split_first() else {
+        return Err(corrupt("reserve answered an empty array"));
+    };
+    match (text(tag)?, rest) {
+        ("acquired", [attempt, locked_until]) => Ok(Reservation::Acquired(Lease {
+            owner: req.owner,
+            attempt: u32::try_from(int(attempt)?).map_err(|_| corrupt("attempt out of range"))?,
+            locked_until: Timestamp::from_millis(int(locked_until)?),
+        })),
+        ("existing", [fields]) => Ok(Reservation::Existing(Box::new(record::from_value(
+            fields.clone(),
+        )?))),
+        ("in_progress", [retry_after, unknown]) => Ok(Reservation::InProgress {
+            retry_after: Duration::from_millis(u64::try_from(int(retry_after)?).unwrap_or(0)),
+            outcome_unknown: int(unknown)? == 1,
+        }),
+        ("mismatch", [state]) => Ok(Reservation::Mismatch {
+            state: text(state)?
+                .parse::<RecordState>()
+                .map_err(|e| corrupt(e.to_string()))?,
+        }),
+        (tag, _) => Err(corrupt(format!("reserve answered {tag:?} {rest:?}"))),
+    }
+}
+
+impl Store for RedisStore {
+    async fn reserve(&self, req: ReserveRequest<'_>) -> Result<Reservation, StoreError> {
+        let answer: Value = RESERVE
+            .key(self.key(req.scope, req.key))
+            .arg(req.scope.tenant())
+            .arg(req.scope.operation())
+            .arg(req.key.as_str())
+            .arg(req.fingerprint.digest().as_slice())
+            .arg(req.owner.to_bytes().as_slice())
+            .arg(millis(req.lease))
+            .arg(millis(req.retention))
+            .arg(match req.on_lease_expiry {
+                LeaseExpiry::Retry => "retry",
+                LeaseExpiry::Hold => "hold",
+            })
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(error::to_store)?;
+        reservation(answer, &req)
+    }
+
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
+        let answer: Value = GET
+            .key(self.key(scope, key))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(error::to_store)?;
+        match answer {
+            Value::Nil => Ok(None),
+            fields => record::from_value(fields).map(Some),
+        }
+    }
+
+    async fn resolve(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        lease: &Lease,
+        outcome: &FinalOutcome,
+    ) -> Result<(), StoreError> {
+        let state: RecordState = outcome.verdict.into();
+        self.fenced(
+            RESOLVE
+                .key(self.key(scope, key))
+                .arg(lease.owner.to_bytes().as_slice())
+                .arg(lease.attempt)
+                .arg(state.as_str())
+                .arg(millis(outcome.retention))
+                .arg(outcome.response.status)
+                .arg(outcome.response.encode_headers())
+                .arg(&outcome.response.body[..])
+                .arg(flagged(outcome.resource_id.as_deref()))
+                .arg(flagged(outcome.error_code.as_deref())),
+        )
+        .await
+    }
+
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        lease: &Lease,
+    ) -> Result<(), StoreError> {
+        self.fenced(
+            RELEASE
+                .key(self.key(scope, key))
+                .arg(lease.owner.to_bytes().as_slice())
+                .arg(lease.attempt),
+        )
+        .await
+    }
+
+    async fn mark_unknown(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        lease: &Lease,
+        _reason: &str,
+    ) -> Result<(), StoreError> {
+        self.fenced(
+            MARK_UNKNOWN
+                .key(self.key(scope, key))
+                .arg(lease.owner.to_bytes().as_slice())
+                .arg(lease.attempt),
+        )
+        .await
+    }
+
+    async fn renew(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        lease: &Lease,
+        duration: Duration,
+    ) -> Result<Timestamp, StoreError> {
+        let until: i64 = RENEW
+            .key(self.key(scope, key))
+            .arg(lease.owner.to_bytes().as_slice())
+            .arg(lease.attempt)
+            .arg(millis(duration))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(error::to_store)?;
+        if until < 0 {
+            Err(StoreError::Fenced)
+        } else {
+            Ok(Timestamp::from_millis(until))
+        }
+    }
+}
+
+impl ListRecords for RedisStore {
+    /// Scans every record key of the tenant (or of the whole prefix), reads
+    /// the records in pipelined batches, and filters, sorts and pages on
+    /// the client: O(records) per page. Meant for operators.
+    async fn list(&self, filter: &ListFilter) -> Result<Page, StoreError> {
+        let now = self.now().await?;
+        let cutoff = filter.older_than.map(|age| now.minus(age));
+        let pattern = keys::scan_pattern(&self.prefix, filter.tenant.as_deref());
+        let names = self.scan(&pattern).await?;
+        let mut records = Vec::new();
+        {
+            let answers = self.fetch(&names).await?;
+            for answer in answers {
+                if matches!(&answer, Value::Array(a) if a.is_empty())
+                    || matches!(&answer, Value::Map(m) if m.is_empty())
+                {
+                    continue; // deleted or expired since the scan
+                }
+                let r = record::from_value(answer)?;
+                let keep = !r.is_expired(now)
+                    && filter.state.is_none_or(|s| r.state == s)
+                    && cutoff.is_none_or(|c| r.created_at <= c)
+                    && filter
+                        .tenant
+                        .as_deref()
+                        .is_none_or(|t| r.scope.tenant() == t)
+                    && filter.after.as_ref().is_none_or(|c| c.is_before(&r));
+                if keep {
+                    records.push(r);
+                }
+            }
+        }
+        records.sort_by(|a, b| {
+            (
+                a.created_at,
+                a.scope.tenant(),
+                a.scope.operation(),
+                a.key.as_str(),
+            )
+                .cmp(&(
+                    b.created_at,
+                    b.scope.tenant(),
+                    b.scope.operation(),
+                    b.key.as_str(),
+                ))
+        });
+        let limit = filter.limit.clamp(1, MAX_PAGE);
+        let next = if records.len() > limit {
+            records.truncate(limit);
+            records.last().map(Cursor::after)
+        } else {
+            None
+        };
+        Ok(Page { records, next })
+    }
+}
+
+impl Purge for RedisStore {
+    /// Final records expire by themselves (`PEXPIREAT` at their
+    /// retention), and processing ones are never purged, so there is
+    /// nothing to delete: always 0.
+    async fn purge_expired(&self, _batch: usize) -> Result<u64, StoreError> {
+        Ok(0)
+    }
+}
+
+impl CacheStore for RedisStore {
+    /// Stores a copy that expires when the record stops being answerable
+    /// from a copy: at `expires_at` when final, at the lease's end when
+    /// processing. A copy already past that time is not kept.
+    async fn put(&self, record: Record) -> Result<(), StoreError> {
+        let expire_at = if record.state.is_final() {
+            record.expires_at
+        } else {
+            record.lease.locked_until
+        };
+        let name = self.key(&record.scope, &record.key);
+        let fields = record::to_fields(&record);
+        let mut invocation = PUT.key(name);
+        invocation.arg(expire_at.as_millis());
+        for (field, value) in &fields {
+            invocation.arg(*field).arg(value.as_slice());
+        }
+        let _kept: i64 = invocation
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(error::to_store)?;
+        Ok(())
+    }
+
+    async fn evict(&self, scope: &Scope, key: &IdempotencyKey) -> Result<(), StoreError> {
+        redis::cmd("DEL")
+            .arg(self.key(scope, key))
+            .query_async::<i64>(&mut self.conn.clone())
+            .await
+            .map_err(error::to_store)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_parsing() {
+        let o =
+            RedisOptions::from_url("redis://:pw@127.0.0.1:6380/3?prefix=app.idem").expect("valid");
+        assert_eq!(o.prefix, "app.idem");
+        assert_eq!(o.url, "redis://:pw@127.0.0.1:6380/3");
+        let o = RedisOptions::from_url("redis://127.0.0.1").expect("valid");
+        assert_eq!(o.prefix, "idem");
+    }
+
+    #[test]
+    fn bad_urls_say_what_is_wrong() {
+        for (url, needle) in [
+            ("postgres://u:s3cret@h/db", "must start with redis://"),
+            ("redis://h?prefix=a{b}", "prefix"),
+            ("redis://h?prefix=", "prefix"),
+            ("redis://:s3cret@h:port/0", "invalid Redis store URL"),
+            ("redis://:s3cret@h:6379/x", "invalid Redis store URL"),
+        ] {
+            let err = RedisOptions::from_url(url).expect_err(url).to_string();
+            assert!(err.contains(needle), "{url}: {err}");
+            assert!(!err.contains("s3cret"), "{err}");
+        }
+        #[cfg(not(feature = "tls"))]
+        {
+            let err = RedisOptions::from_url("rediss://h")
+                .expect_err("no tls")
+                .to_string();
+            assert!(err.contains("tls"), "{err}");
+        }
+    }
+
+    #[test]
+    fn cluster_urls() {
+        let parsed =
+            RedisOptions::from_url("redis+cluster://u:pw@10.0.0.1:7000,10.0.0.2:7001?prefix=p");
+        if cfg!(feature = "cluster") {
+            let o = parsed.expect("valid");
+            assert_eq!(
+                o.cluster_nodes,
+                vec!["redis://u:pw@10.0.0.1:7000", "redis://u:pw@10.0.0.2:7001"]
+            );
+            assert_eq!(o.prefix, "p");
+            for (url, needle) in [
+                ("redis+cluster://", "no cluster node"),
+                ("redis+cluster://h:1/3", "database 0"),
+                ("redis+cluster://h:1?db=2", "unknown cluster option"),
+                ("mongo+cluster://h:1", "must start with"),
+            ] {
+                let err = RedisOptions::from_url(url).expect_err(url).to_string();
+                assert!(err.contains(needle), "{url}: {err}");
+            }
+        } else {
+            let err = parsed.expect_err("no cluster feature").to_string();
+            assert!(err.contains("`cluster` feature"), "{err}");
+            assert!(!err.contains(":pw@"), "{err}");
+        }
+    }
+
+    #[test]
+    fn optional_texts() {
+        assert_eq!(flagged(None), "0");
+        assert_eq!(flagged(Some("")), "1");
+        assert_eq!(flagged(Some("x")), "1x");
+    }
+}

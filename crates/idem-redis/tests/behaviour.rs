@@ -1,0 +1,345 @@
+//! Redis-specific behaviour: reconnecting, connection errors, key encoding
+//! on a real server, TTLs of records and of fast-tier copies.
+
+mod common;
+
+use std::time::Duration;
+
+use idem::{
+    CacheStore, FinalOutcome, Fingerprint, LeaseExpiry, ListFilter, ListRecords, OwnerToken,
+    Record, RecordState, Reservation, ReserveRequest, Scope, Store, StoreError, StoredResponse,
+    Timestamp, Verdict,
+};
+use idem_redis::redis;
+use idem_redis::{RedisError, RedisStore};
+
+fn request<'a>(
+    scope: &'a Scope,
+    key: &'a idem::IdempotencyKey,
+    lease: Duration,
+) -> ReserveRequest<'a> {
+    ReserveRequest {
+        scope,
+        key,
+        fingerprint: Fingerprint::builder().part("k", b"v").finish(),
+        owner: OwnerToken::random(),
+        lease,
+        retention: Duration::from_secs(3600),
+        on_lease_expiry: LeaseExpiry::Retry,
+    }
+}
+
+fn done(retention: Duration) -> FinalOutcome {
+    FinalOutcome {
+        verdict: Verdict::Completed,
+        response: StoredResponse::new(201, "made"),
+        resource_id: Some("r-1".to_owned()),
+        error_code: None,
+        retention,
+    }
+}
+
+async fn pttl(store: &RedisStore, name: &str) -> i64 {
+    redis::cmd("PTTL")
+        .arg(name)
+        .query_async(&mut store.connection())
+        .await
+        .expect("PTTL")
+}
+
+fn one_line(err: &RedisError) -> String {
+    let text = err.to_string();
+    assert!(!text.contains('\n'), "one line: {text}");
+    text
+}
+
+#[tokio::test]
+async fn the_next_operation_after_a_killed_connection_succeeds() {
+    let Some(f) = common::Prefixed::new().await else {
+        return;
+    };
+    let store = &f.redis;
+    let scope = Scope::new("acme", "op").expect("scope");
+    let id: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(&mut store.connection())
+        .await
+        .expect("CLIENT ID");
+    // Kill exactly this store's connection, from another one.
+    let client = redis::Client::open(f.url.as_str()).expect("client");
+    let mut other = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("second connection");
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query_async(&mut other)
+        .await
+        .expect("CLIENT KILL");
+    assert_eq!(killed, 1);
+
+    let k: idem::IdempotencyKey = "after-kill".parse().expect("key");
+    let mut failures = 0;
+    let lease = loop {
+        match store
+            .reserve(request(&scope, &k, Duration::from_secs(60)))
+            .await
+        {
+            Ok(Reservation::Acquired(lease)) => break lease,
+            Ok(other) => panic!("expected Acquired, got {other:?}"),
+            Err(err) => {
+                assert!(
+                    err.is_transient(),
+                    "a dropped connection is transient: {err}"
+                );
+                failures += 1;
+                assert!(failures < 20, "no reconnection: {err}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert_eq!(lease.attempt, 1);
+    let new_id: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(&mut store.connection())
+        .await
+        .expect("CLIENT ID");
+    assert_ne!(new_id, id, "a new connection serves the store");
+    store
+        .resolve(&scope, &k, &lease, &done(Duration::from_secs(60)))
+        .await
+        .expect("resolve after reconnecting");
+}
+
+#[tokio::test]
+async fn connection_errors_are_one_clear_line() {
+    let err = RedisStore::connect("postgres://u:s3cret@127.0.0.1/db")
+        .await
+        .expect_err("wrong scheme");
+    let text = one_line(&err);
+    assert!(text.contains("must start with redis://"), "{text}");
+    assert!(!text.contains("s3cret"), "{text}");
+
+    let err = RedisStore::connect("redis://:s3cret@127.0.0.1:1/0")
+        .await
+        .expect_err("nothing listens on port 1");
+    let text = one_line(&err);
+    assert!(text.contains("connection refused"), "{text}");
+    assert!(text.contains("redis://:***@127.0.0.1:1/0"), "{text}");
+    assert!(StoreError::from(err).is_transient());
+
+    let Some(url) = idem_testkit::services::redis() else {
+        return;
+    };
+    let authority = url
+        .split_once("://")
+        .map(|(_, r)| r.split(['/', '?']).next().unwrap_or(r))
+        .expect("authority");
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let err = RedisStore::connect(&format!("redis://idem-no-such-user:s3cret@{host}"))
+        .await
+        .expect_err("no such user");
+    let text = one_line(&err);
+    assert!(text.contains("authentication failed"), "{text}");
+    assert!(!text.contains("s3cret"), "{text}");
+}
+
+#[tokio::test]
+async fn braces_and_colons_in_names_stay_apart() {
+    let Some(f) = common::Prefixed::new().await else {
+        return;
+    };
+    let store = &f.redis;
+    let unique = OwnerToken::random().to_string();
+    // Names that would collide or break the hash tag if kept verbatim.
+    let tenant_a = format!("t{{{unique}}}:x");
+    let tenant_b = format!("t{{{unique}}}");
+    let a = Scope::new(&tenant_a, "a:b").expect("scope");
+    let b = Scope::new(&tenant_b, "x:a:b").expect("scope");
+    let k: idem::IdempotencyKey = "{k}:*?[]".parse().expect("key");
+    let Reservation::Acquired(lease) = store
+        .reserve(request(&a, &k, Duration::from_secs(60)))
+        .await
+        .expect("reserve")
+    else {
+        panic!("acquired");
+    };
+    assert!(matches!(
+        store
+            .reserve(request(&b, &k, Duration::from_secs(60)))
+            .await
+            .expect("reserve"),
+        Reservation::Acquired(_)
+    ));
+    store
+        .resolve(&a, &k, &lease, &done(Duration::from_secs(60)))
+        .await
+        .expect("resolve");
+    let rec = store.get(&a, &k).await.expect("get").expect("exists");
+    assert_eq!(rec.scope, a);
+    assert_eq!(rec.key, k);
+    assert_eq!(rec.state, RecordState::Completed);
+    assert_eq!(
+        store.get(&b, &k).await.expect("get").map(|r| r.state),
+        Some(RecordState::Processing)
+    );
+    // Listing one tenant never shows the other, though one name is a
+    // prefix of the other.
+    for (tenant, state) in [
+        (&tenant_a, RecordState::Completed),
+        (&tenant_b, RecordState::Processing),
+    ] {
+        let page = store
+            .list(&ListFilter {
+                tenant: Some(tenant.clone()),
+                limit: 10,
+                ..ListFilter::default()
+            })
+            .await
+            .expect("list");
+        assert_eq!(page.records.len(), 1, "{tenant}");
+        assert_eq!(page.records[0].state, state);
+    }
+    // Exactly two keys, each with one hash tag.
+    let names: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}:*", store.prefix()))
+        .query_async(&mut store.connection())
+        .await
+        .expect("KEYS");
+    assert_eq!(names.len(), 2, "{names:?}");
+    for name in names {
+        assert_eq!(name.matches('{').count(), 1, "{name}");
+        assert!(name.ends_with('}'), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn only_final_records_expire() {
+    let Some(f) = common::Prefixed::new().await else {
+        return;
+    };
+    let store = &f.redis;
+    let scope = Scope::new("acme", "op").expect("scope");
+    let name = |k: &str| format!("{}:{{acme:op:{k}}}", store.prefix());
+    let (p, u, c): (
+        idem::IdempotencyKey,
+        idem::IdempotencyKey,
+        idem::IdempotencyKey,
+    ) = (
+        "processing".parse().expect("key"),
+        "unknown".parse().expect("key"),
+        "completed".parse().expect("key"),
+    );
+    for k in [&p, &u, &c] {
+        let Reservation::Acquired(lease) = store
+            .reserve(request(&scope, k, Duration::from_millis(50)))
+            .await
+            .expect("reserve")
+        else {
+            panic!("acquired");
+        };
+        if k == &u {
+            store
+                .mark_unknown(&scope, k, &lease, "timeout")
+                .await
+                .expect("mark");
+        }
+        if k == &c {
+            store
+                .resolve(&scope, k, &lease, &done(Duration::from_secs(60)))
+                .await
+                .expect("resolve");
+        }
+    }
+    assert_eq!(pttl(store, &name("processing")).await, -1, "no TTL");
+    assert_eq!(pttl(store, &name("unknown")).await, -1, "no TTL");
+    let ttl = pttl(store, &name("completed")).await;
+    assert!((55_000..=60_000).contains(&ttl), "retention as TTL: {ttl}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Lapsed leases: still there.
+    assert!(store.get(&scope, &p).await.expect("get").is_some());
+    assert!(
+        store
+            .get(&scope, &u)
+            .await
+            .expect("get")
+            .is_some_and(|r| r.is_outcome_unknown())
+    );
+}
+
+#[tokio::test]
+async fn cached_copies_live_until_their_lease_or_expiry() {
+    let Some(f) = common::Prefixed::new().await else {
+        return;
+    };
+    let store = &f.redis;
+    let scope = Scope::new("acme", "op").expect("scope");
+    let now = Timestamp::now();
+    let copy = |key: &str, state: RecordState, until: Timestamp| Record {
+        scope: scope.clone(),
+        key: key.parse().expect("key"),
+        fingerprint: Fingerprint::builder().part("k", b"v").finish(),
+        state,
+        created_at: now,
+        updated_at: now,
+        expires_at: until,
+        lease: idem::Lease {
+            owner: OwnerToken::random(),
+            attempt: 1,
+            locked_until: until,
+        },
+        response: state
+            .is_final()
+            .then(|| StoredResponse::new(200, "ok").with_header("x", "y")),
+        resource_id: None,
+        error_code: None,
+    };
+    let live = copy(
+        "live",
+        RecordState::Processing,
+        now.plus(Duration::from_millis(300)),
+    );
+    store.put(live.clone()).await.expect("put");
+    assert_eq!(
+        store.get(&scope, &live.key).await.expect("get"),
+        Some(live.clone())
+    );
+    // Renewing the copy's lease keeps the copy alive with it.
+    let until = store
+        .renew(&scope, &live.key, &live.lease, Duration::from_secs(5))
+        .await
+        .expect("renew");
+    assert!(until > live.lease.locked_until);
+
+    let short = copy(
+        "short",
+        RecordState::Processing,
+        now.plus(Duration::from_millis(300)),
+    );
+    store.put(short.clone()).await.expect("put");
+    let stale = copy(
+        "stale",
+        RecordState::Completed,
+        now.minus(Duration::from_secs(1)),
+    );
+    store.put(stale.clone()).await.expect("put");
+    assert_eq!(store.get(&scope, &stale.key).await.expect("get"), None);
+    let fin = copy(
+        "final",
+        RecordState::Completed,
+        now.plus(Duration::from_secs(60)),
+    );
+    store.put(fin.clone()).await.expect("put");
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(store.get(&scope, &short.key).await.expect("get"), None);
+    assert!(store.get(&scope, &live.key).await.expect("get").is_some());
+    assert_eq!(
+        store.get(&scope, &fin.key).await.expect("get"),
+        Some(fin.clone())
+    );
+    store.evict(&scope, &fin.key).await.expect("evict");
+    assert_eq!(store.get(&scope, &fin.key).await.expect("get"), None);
+}
