@@ -6,3 +6,4 @@ pub mod config;
 pub mod demo;
 pub mod proxy;
 pub mod server;
+pub mod store;

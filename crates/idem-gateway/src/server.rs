@@ -14,36 +14,17 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use idem::{DynStore, MemoryStore, Store};
+use idem::Store;
 use idem_http::{Idempotency, IdempotencyLayer, ResponseBody, TenantSource};
-use idem_sqlite::SqliteStore;
 use tokio::net::TcpListener;
 use tower::{Layer, ServiceExt};
 
 use crate::config::Settings;
 use crate::proxy::{PeerAddr, Proxy, ProxyBody};
+use crate::store::GatewayStore;
 
 /// The request pipeline: the idempotency layer around the proxy.
-pub type Gateway = Idempotency<Proxy, DynStore, TenantSource>;
-
-/// Opens the store named by `url`.
-pub fn open_store(url: &str) -> Result<DynStore, String> {
-    let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
-    match scheme {
-        "sqlite" => SqliteStore::open_url(url)
-            .map(DynStore::new)
-            .map_err(|e| format!("store {url}: {}", error_chain(&e))),
-        "memory" => Ok(DynStore::new(MemoryStore::new())),
-        "postgres" | "postgresql" | "redis" | "rediss" | "tiered" => Err(format!(
-            "store {}: the {scheme} store is not part of this build yet; use sqlite://PATH",
-            redact(url)
-        )),
-        _ => Err(format!(
-            "store {}: unknown store URL scheme {scheme:?}; expected sqlite://PATH or memory://",
-            redact(url)
-        )),
-    }
-}
+pub type Gateway = Idempotency<Proxy, GatewayStore, TenantSource>;
 
 /// Hides the password of `scheme://user:password@host/…`.
 pub fn redact(url: &str) -> String {
@@ -82,17 +63,14 @@ pub struct Server {
     listener: TcpListener,
     admin: TcpListener,
     gateway: Gateway,
-    store: DynStore,
+    store: GatewayStore,
     admin_token: Option<Arc<str>>,
     grace: Duration,
 }
 
 /// Opens the store and binds both listeners; errors name what failed.
 pub async fn bind(settings: &Settings) -> Result<Server, String> {
-    let url = settings.store.clone();
-    let store = tokio::task::spawn_blocking(move || open_store(&url))
-        .await
-        .map_err(|e| format!("opening the store failed: {e}"))??;
+    let store = GatewayStore::open(&settings.store).await?;
     let listener = TcpListener::bind(settings.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", settings.listen))?;
@@ -198,7 +176,7 @@ type AdminBody = ResponseBody<Full<Bytes>>;
 
 async fn admin_route(
     req: Request<Incoming>,
-    store: DynStore,
+    store: GatewayStore,
     token: Option<Arc<str>>,
 ) -> Result<Response<AdminBody>, Infallible> {
     let text = |status: StatusCode, body: String| {
@@ -278,17 +256,5 @@ mod tests {
         assert_eq!(redact("redis://:pw@127.0.0.1"), "redis://:***@127.0.0.1");
         assert_eq!(redact("sqlite://idem.db"), "sqlite://idem.db");
         assert_eq!(redact("postgres://app@db/idem"), "postgres://app@db/idem");
-    }
-
-    #[test]
-    fn store_urls() {
-        assert!(open_store("memory://").is_ok());
-        let err = open_store("mysql://u:pw@h/db").expect_err("unknown");
-        assert!(
-            err.contains("unknown store URL scheme") && !err.contains("pw"),
-            "{err}"
-        );
-        let err = open_store("sqlite:///nonexistent-dir/x.db").expect_err("missing dir");
-        assert!(err.contains("/nonexistent-dir/x.db"), "{err}");
     }
 }

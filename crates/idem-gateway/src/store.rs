@@ -1,0 +1,304 @@
+//! Choosing and connecting the store from its URL.
+//!
+//! | URL | store |
+//! |---|---|
+//! | `sqlite://PATH[?…]` | embedded SQLite (default `sqlite://idem.db`) |
+//! | `postgres://…`, `postgresql://…` | PostgreSQL, shared by many gateways |
+//! | `redis://…`, `rediss://…` | Redis (a bounded window: see its crate docs) |
+//! | `tiered:redis://…,postgres://…` | Redis answers replays, PostgreSQL decides |
+//! | `memory://` | in process, nothing survives (tests, demos) |
+//!
+//! A URL that cannot be understood, or an embedded file that cannot be
+//! opened, stops the gateway at start with one line. A server that cannot
+//! be reached does not: the gateway starts, `/readyz` fails and protected
+//! routes answer per their fail mode, while the connection is retried in
+//! the background until it succeeds — no restart needed.
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use idem::{
+    DynStore, FinalOutcome, IdempotencyKey, Lease, ListFilter, ListRecords, MemoryStore, Page,
+    Purge, Record, Reservation, ReserveRequest, Scope, Store, StoreError, Tiered, Timestamp,
+};
+use idem_postgres::{PgOptions, PgStore};
+use idem_redis::{RedisOptions, RedisStore};
+use idem_sqlite::SqliteStore;
+
+use crate::server::{error_chain, redact};
+
+/// A store URL, understood but not yet connected.
+#[derive(Debug, Clone)]
+pub enum StoreUrl {
+    /// `sqlite://…`.
+    Sqlite(String),
+    /// `memory://`.
+    Memory,
+    /// `postgres://…`.
+    Postgres(Box<PgOptions>),
+    /// `redis://…`.
+    Redis(Box<RedisOptions>),
+    /// `tiered:redis://…,postgres://…`.
+    Tiered(Box<RedisOptions>, Box<PgOptions>),
+}
+
+impl StoreUrl {
+    /// Parses a store URL; the error is one line, password redacted.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        if let Some(rest) = url.strip_prefix("tiered:") {
+            let (fast, durable) = rest.split_once(',').ok_or_else(|| {
+                format!(
+                    "store {}: write tiered:redis://…,postgres://…",
+                    redact_tiered(url)
+                )
+            })?;
+            let fast = RedisOptions::from_url(fast.trim()).map_err(|e| error_chain(&e))?;
+            let durable = PgOptions::from_url(durable.trim()).map_err(|e| error_chain(&e))?;
+            return Ok(Self::Tiered(Box::new(fast), Box::new(durable)));
+        }
+        let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
+        match scheme {
+            "sqlite" => Ok(Self::Sqlite(url.to_owned())),
+            "memory" => Ok(Self::Memory),
+            "postgres" | "postgresql" => PgOptions::from_url(url)
+                .map(|o| Self::Postgres(Box::new(o)))
+                .map_err(|e| error_chain(&e)),
+            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => RedisOptions::from_url(url)
+                .map(|o| Self::Redis(Box::new(o)))
+                .map_err(|e| error_chain(&e)),
+            _ => Err(format!(
+                "store {}: unknown store URL scheme {scheme:?}; expected sqlite://, postgres://, redis://, tiered:redis://…,postgres://… or memory://",
+                redact(url)
+            )),
+        }
+    }
+
+    /// Whether the store is a server that may come and go (retried), as
+    /// opposed to a file or memory (opened once, fatal on error).
+    pub fn is_remote(&self) -> bool {
+        matches!(self, Self::Postgres(_) | Self::Redis(_) | Self::Tiered(..))
+    }
+
+    /// Connects (and, for PostgreSQL, migrates unless `migrate=false`).
+    pub async fn connect(&self) -> Result<DynStore, String> {
+        match self {
+            Self::Sqlite(url) => {
+                let url = url.clone();
+                tokio::task::spawn_blocking(move || {
+                    SqliteStore::open_url(&url)
+                        .map(DynStore::new)
+                        .map_err(|e| format!("store {url}: {}", error_chain(&e)))
+                })
+                .await
+                .map_err(|e| format!("opening the store failed: {e}"))?
+            }
+            Self::Memory => Ok(DynStore::new(MemoryStore::new())),
+            Self::Postgres(o) => PgStore::connect_with((**o).clone())
+                .await
+                .map(DynStore::new)
+                .map_err(|e| error_chain(&e)),
+            Self::Redis(o) => RedisStore::connect_with((**o).clone())
+                .await
+                .map(DynStore::new)
+                .map_err(|e| error_chain(&e)),
+            Self::Tiered(fast, durable) => {
+                let durable = PgStore::connect_with((**durable).clone())
+                    .await
+                    .map_err(|e| error_chain(&e))?;
+                let fast = RedisStore::connect_with((**fast).clone())
+                    .await
+                    .map_err(|e| error_chain(&e))?;
+                Ok(DynStore::new(Tiered::new(fast, durable)))
+            }
+        }
+    }
+}
+
+fn redact_tiered(url: &str) -> String {
+    url.split(',').map(redact).collect::<Vec<_>>().join(",")
+}
+
+/// A store that may still be connecting: until it is, every operation
+/// fails as [`StoreError::Unavailable`] with the last connection error, so
+/// routes answer per their fail mode and `/readyz` reports it.
+#[derive(Debug, Clone)]
+pub struct GatewayStore {
+    ready: Arc<OnceLock<DynStore>>,
+    last_error: Arc<Mutex<String>>,
+}
+
+impl GatewayStore {
+    /// Opens the store: at once for files and memory (errors are fatal);
+    /// for servers, a first attempt now and, if it fails, retries in the
+    /// background with backoff.
+    pub async fn open(url: &str) -> Result<Self, String> {
+        let parsed = StoreUrl::parse(url)?;
+        let store = Self {
+            ready: Arc::new(OnceLock::new()),
+            last_error: Arc::new(Mutex::new(String::new())),
+        };
+        match parsed.connect().await {
+            Ok(s) => {
+                let _ = store.ready.set(s);
+            }
+            Err(err) if parsed.is_remote() => {
+                tracing::warn!(reason = "store_unreachable", %err, "store unreachable at start; serving per fail mode and retrying in the background");
+                *store.last_error.lock().unwrap_or_else(|p| p.into_inner()) = err;
+                let retry = store.clone();
+                tokio::spawn(async move { retry.keep_connecting(parsed).await });
+            }
+            Err(err) => return Err(err),
+        }
+        Ok(store)
+    }
+
+    async fn keep_connecting(self, url: StoreUrl) {
+        let mut pause = Duration::from_millis(250);
+        loop {
+            tokio::time::sleep(pause).await;
+            match url.connect().await {
+                Ok(s) => {
+                    let _ = self.ready.set(s);
+                    tracing::info!(
+                        reason = "store_connected",
+                        "store reachable; protection active"
+                    );
+                    return;
+                }
+                Err(err) => {
+                    tracing::debug!(%err, "store still unreachable");
+                    *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = err;
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    fn store(&self) -> Result<&DynStore, StoreError> {
+        self.ready.get().ok_or_else(|| {
+            StoreError::unavailable(format!(
+                "store not connected yet: {}",
+                self.last_error.lock().unwrap_or_else(|p| p.into_inner())
+            ))
+        })
+    }
+}
+
+impl Store for GatewayStore {
+    async fn reserve(&self, req: ReserveRequest<'_>) -> Result<Reservation, StoreError> {
+        self.store()?.reserve(req).await
+    }
+
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
+        self.store()?.get(scope, key).await
+    }
+
+    async fn resolve(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        lease: &Lease,
+        outcome: &FinalOutcome,
+    ) -> Result<(), StoreError> {
+        self.store()?.resolve(scope, key, lease, outcome).await
+    }
+
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        lease: &Lease,
+    ) -> Result<(), StoreError> {
+        self.store()?.release(scope, key, lease).await
+    }
+
+    async fn mark_unknown(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        lease: &Lease,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        self.store()?.mark_unknown(scope, key, lease, reason).await
+    }
+
+    async fn renew(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        lease: &Lease,
+        duration: Duration,
+    ) -> Result<Timestamp, StoreError> {
+        self.store()?.renew(scope, key, lease, duration).await
+    }
+}
+
+impl ListRecords for GatewayStore {
+    async fn list(&self, filter: &ListFilter) -> Result<Page, StoreError> {
+        self.store()?.list(filter).await
+    }
+}
+
+impl Purge for GatewayStore {
+    async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
+        self.store()?.purge_expired(batch).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_understood_or_refused_in_one_line() {
+        assert!(matches!(
+            StoreUrl::parse("sqlite://idem.db"),
+            Ok(StoreUrl::Sqlite(_))
+        ));
+        assert!(matches!(StoreUrl::parse("memory://"), Ok(StoreUrl::Memory)));
+        assert!(matches!(
+            StoreUrl::parse("postgres://u@127.0.0.1/test"),
+            Ok(StoreUrl::Postgres(_))
+        ));
+        assert!(matches!(
+            StoreUrl::parse("redis://127.0.0.1:6379/2"),
+            Ok(StoreUrl::Redis(_))
+        ));
+        assert!(matches!(
+            StoreUrl::parse("tiered:redis://127.0.0.1:6379,postgres://u@127.0.0.1/test"),
+            Ok(StoreUrl::Tiered(..))
+        ));
+        for (url, needle) in [
+            ("mysql://u:pw@h/db", "unknown store URL scheme"),
+            ("tiered:redis://127.0.0.1", "tiered:redis://"),
+            ("tiered:postgres://u:pw@h/db,redis://h", "redis"),
+        ] {
+            let err = StoreUrl::parse(url).expect_err(url);
+            assert!(err.contains(needle), "{url}: {err}");
+            assert!(!err.contains("pw@"), "password leaked: {err}");
+            assert!(!err.contains('\n'), "one line: {err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn files_fail_at_once_servers_are_retried() {
+        let err = GatewayStore::open("sqlite:///nonexistent-dir/x.db")
+            .await
+            .expect_err("missing dir");
+        assert!(err.contains("/nonexistent-dir/x.db"), "{err}");
+        // Nothing listens on port 1: the gateway starts, the store reports why.
+        let store =
+            GatewayStore::open("postgres://postgres@127.0.0.1:1/test?connect_timeout_ms=200")
+                .await
+                .expect("starts anyway");
+        let scope = Scope::new("t", "op").expect("scope");
+        let key: IdempotencyKey = "k".parse().expect("key");
+        let err = store.get(&scope, &key).await.expect_err("not connected");
+        assert!(err.is_transient());
+        assert!(
+            error_chain(&err).contains("not connected yet"),
+            "{}",
+            error_chain(&err)
+        );
+    }
+}
