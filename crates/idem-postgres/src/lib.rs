@@ -118,8 +118,9 @@ const MAX_PAGE: usize = 10_000;
 ///
 /// Defaults: up to 16 connections, 5 s to acquire one, 5 s to connect,
 /// idle connections closed after 10 minutes, migrations applied at connect,
-/// the server's default `search_path`.
-#[derive(Debug, Clone)]
+/// the server's default `search_path`. Its `Debug` output shows the
+/// redacted URL, never the password.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct PgOptions {
     /// How to reach the server (host, database, credentials, TLS mode…).
@@ -149,6 +150,22 @@ pub struct PgOptions {
     /// missing), set as every connection's `search_path`; `None` uses the
     /// server's default (usually `public`).
     pub schema: Option<String>,
+}
+
+impl std::fmt::Debug for PgOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgOptions")
+            .field("url", &self.display_url)
+            .field("max_connections", &self.max_connections)
+            .field("min_connections", &self.min_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("migrate", &self.migrate)
+            .field("test_before_acquire", &self.test_before_acquire)
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PgOptions {
@@ -795,6 +812,7 @@ mod tests {
         assert_eq!(o.connect.get_port(), 5433);
         assert_eq!(o.connect.get_database(), Some("idem"));
         assert_eq!(o.display_url, "postgres://app:***@db:5433/idem");
+        assert!(!format!("{o:?}").contains("pw"), "Debug redacts");
         assert!(o.migrate);
         let o = PgOptions::from_url(
             "postgresql://db/idem?max_connections=4&acquire_timeout_ms=250&connect_timeout_ms=100&schema=idem_x&migrate=false&test_before_acquire=false&application_name=gw",
