@@ -5,8 +5,12 @@
 //! * `engine_run/postgres`: the whole cycle through the engine — reserve,
 //!   trivial work, record the answer (two committed statements).
 //!
+//! Two pool settings: `postgres` (the default: the pool pings a connection
+//! before handing it out) and `postgres_no_ping` (`test_before_acquire =
+//! false`: one round trip less per operation).
+//!
 //! The tables live in their own schema, `idem_bench`, dropped and
-//! recreated at start. The pool holds up to 32 connections, so 256 callers
+//! recreated at start. Each pool holds up to 32 connections, so 256 callers
 //! queue for them, as a gateway's requests would.
 //!
 //! Run: `IDEM_TEST_PG_URL=postgres://… cargo bench -p idem-postgres --bench
@@ -128,13 +132,21 @@ fn benches(c: &mut Criterion) {
             .await
             .expect("drop bench schema");
         admin.close().await;
-        Some(Arc::new(
-            PgStore::connect_with(opts.with_schema(SCHEMA).with_max_connections(32))
-                .await
-                .expect("connect bench store"),
-        ))
+        let opts = opts.with_schema(SCHEMA).with_max_connections(32);
+        let pinging = PgStore::connect_with(opts.clone())
+            .await
+            .expect("connect bench store");
+        let mut no_ping = opts;
+        no_ping.test_before_acquire = false;
+        let no_ping = PgStore::connect_with(no_ping)
+            .await
+            .expect("connect bench store");
+        Some([
+            ("postgres", Arc::new(pinging)),
+            ("postgres_no_ping", Arc::new(no_ping)),
+        ])
     });
-    let Some(store) = store else { return };
+    let Some(stores) = store else { return };
     let scope = Scope::new("bench-tenant", "POST /v1/payments").expect("scope");
 
     for (name, engine_cycle) in [("reserve", false), ("engine_run", true)] {
@@ -144,19 +156,21 @@ fn benches(c: &mut Criterion) {
         group.warm_up_time(Duration::from_secs(1));
         group.measurement_time(Duration::from_secs(3));
         for callers in CALLERS {
-            let id = BenchmarkId::new("postgres", callers);
-            if engine_cycle {
-                let op = run_op(Engine::from_arc(Arc::clone(&store)), scope.clone());
-                group.bench_function(id, |b| {
-                    b.to_async(&rt)
-                        .iter_custom(|iters| spread(iters, callers, op.clone()))
-                });
-            } else {
-                let op = reserve_op(Arc::clone(&store), scope.clone());
-                group.bench_function(id, |b| {
-                    b.to_async(&rt)
-                        .iter_custom(|iters| spread(iters, callers, op.clone()))
-                });
+            for (label, store) in &stores {
+                let id = BenchmarkId::new(*label, callers);
+                if engine_cycle {
+                    let op = run_op(Engine::from_arc(Arc::clone(store)), scope.clone());
+                    group.bench_function(id, |b| {
+                        b.to_async(&rt)
+                            .iter_custom(|iters| spread(iters, callers, op.clone()))
+                    });
+                } else {
+                    let op = reserve_op(Arc::clone(store), scope.clone());
+                    group.bench_function(id, |b| {
+                        b.to_async(&rt)
+                            .iter_custom(|iters| spread(iters, callers, op.clone()))
+                    });
+                }
             }
         }
         group.finish();

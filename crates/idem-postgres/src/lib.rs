@@ -118,8 +118,9 @@ const MAX_PAGE: usize = 10_000;
 ///
 /// Defaults: up to 16 connections, 5 s to acquire one, 5 s to connect,
 /// idle connections closed after 10 minutes, migrations applied at connect,
-/// the server's default `search_path`.
-#[derive(Debug, Clone)]
+/// the server's default `search_path`. Its `Debug` output shows the
+/// redacted URL, never the password.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct PgOptions {
     /// How to reach the server (host, database, credentials, TLS mode…).
@@ -139,10 +140,32 @@ pub struct PgOptions {
     pub idle_timeout: Option<Duration>,
     /// Whether [`PgStore::connect_with`] applies migrations.
     pub migrate: bool,
+    /// Whether the pool pings a connection before handing it out. On by
+    /// default: after a server restart no operation fails on a dead pooled
+    /// connection. Off saves one round trip per operation (see
+    /// `benches/reserve.rs`); a dead connection then fails one operation
+    /// with [`StoreError::Unavailable`] before the pool replaces it.
+    pub test_before_acquire: bool,
     /// A PostgreSQL schema for the idem tables (created by migration if
     /// missing), set as every connection's `search_path`; `None` uses the
     /// server's default (usually `public`).
     pub schema: Option<String>,
+}
+
+impl std::fmt::Debug for PgOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgOptions")
+            .field("url", &self.display_url)
+            .field("max_connections", &self.max_connections)
+            .field("min_connections", &self.min_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("migrate", &self.migrate)
+            .field("test_before_acquire", &self.test_before_acquire)
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PgOptions {
@@ -164,6 +187,7 @@ impl PgOptions {
             connect_timeout: Duration::from_secs(5),
             idle_timeout: Some(Duration::from_secs(600)),
             migrate: true,
+            test_before_acquire: true,
             schema: None,
         }
     }
@@ -172,7 +196,7 @@ impl PgOptions {
     /// `postgresql://…`). Besides the driver's own options (`sslmode`,
     /// `application_name`, `options`…), idem reads `max_connections=N`,
     /// `min_connections=N`, `acquire_timeout_ms=N`, `connect_timeout_ms=N`,
-    /// `schema=NAME` and `migrate=true|false`.
+    /// `schema=NAME`, `migrate=true|false` and `test_before_acquire=true|false`.
     pub fn from_url(url: &str) -> Result<Self, PgError> {
         let bad = |reason: String| PgError::Url {
             url: redact(url),
@@ -191,8 +215,15 @@ impl PgOptions {
                 .split_once('=')
                 .ok_or_else(|| bad(format!("option {pair:?} has no value")))?;
             match name {
-                "max_connections" | "min_connections" | "acquire_timeout_ms"
-                | "connect_timeout_ms" | "schema" | "migrate" => ours.push((name, value)),
+                "max_connections"
+                | "min_connections"
+                | "acquire_timeout_ms"
+                | "connect_timeout_ms"
+                | "schema"
+                | "migrate"
+                | "test_before_acquire" => {
+                    ours.push((name, value));
+                }
                 _ => driver_query.push(pair),
             }
         }
@@ -223,15 +254,20 @@ impl PgOptions {
                     opts.connect_timeout = Duration::from_millis(number()?.into());
                 }
                 "schema" => opts.schema = Some(value.to_owned()),
-                "migrate" => {
-                    opts.migrate = match value {
+                "migrate" | "test_before_acquire" => {
+                    let flag = match value {
                         "true" => true,
                         "false" => false,
                         _ => {
                             return Err(bad(format!(
-                                "migrate must be true or false, not {value:?}"
+                                "{name} must be true or false, not {value:?}"
                             )));
                         }
+                    };
+                    if name == "migrate" {
+                        opts.migrate = flag;
+                    } else {
+                        opts.test_before_acquire = flag;
                     }
                 }
                 _ => {}
@@ -346,6 +382,7 @@ impl PgStore {
             .min_connections(opts.min_connections)
             .acquire_timeout(opts.acquire_timeout)
             .idle_timeout(opts.idle_timeout)
+            .test_before_acquire(opts.test_before_acquire)
             .connect_lazy_with(connect);
         let store = Self {
             pool,
@@ -775,9 +812,10 @@ mod tests {
         assert_eq!(o.connect.get_port(), 5433);
         assert_eq!(o.connect.get_database(), Some("idem"));
         assert_eq!(o.display_url, "postgres://app:***@db:5433/idem");
+        assert!(!format!("{o:?}").contains("pw"), "Debug redacts");
         assert!(o.migrate);
         let o = PgOptions::from_url(
-            "postgresql://db/idem?max_connections=4&acquire_timeout_ms=250&connect_timeout_ms=100&schema=idem_x&migrate=false&application_name=gw",
+            "postgresql://db/idem?max_connections=4&acquire_timeout_ms=250&connect_timeout_ms=100&schema=idem_x&migrate=false&test_before_acquire=false&application_name=gw",
         )
         .expect("valid");
         assert_eq!(o.max_connections, 4);
@@ -785,6 +823,7 @@ mod tests {
         assert_eq!(o.connect_timeout, Duration::from_millis(100));
         assert_eq!(o.schema.as_deref(), Some("idem_x"));
         assert!(!o.migrate);
+        assert!(!o.test_before_acquire);
         assert_eq!(o.connect.get_application_name(), Some("gw"));
     }
 

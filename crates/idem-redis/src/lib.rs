@@ -117,8 +117,8 @@ static PUT: LazyLock<Script> = script!("put.lua");
 
 /// Options for [`RedisStore::connect_with`]. Defaults: key prefix `idem`,
 /// 2 s to connect, 2 s for an answer, 6 reconnection attempts with
-/// exponential back-off.
-#[derive(Debug, Clone)]
+/// exponential back-off. Its `Debug` output redacts passwords.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct RedisOptions {
     /// The server's URL, as given to the driver (`redis://…`).
@@ -136,6 +136,20 @@ pub struct RedisOptions {
     /// for a single server at [`url`](Self::url). Needs the `cluster`
     /// feature.
     pub cluster_nodes: Vec<String>,
+}
+
+impl fmt::Debug for RedisOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let nodes: Vec<String> = self.cluster_nodes.iter().map(|n| redact(n)).collect();
+        f.debug_struct("RedisOptions")
+            .field("url", &redact(&self.url))
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("reconnect_retries", &self.reconnect_retries)
+            .field("cluster_nodes", &nodes)
+            .finish()
+    }
 }
 
 impl RedisOptions {
@@ -808,6 +822,7 @@ mod tests {
             RedisOptions::from_url("redis://:pw@127.0.0.1:6380/3?prefix=app.idem").expect("valid");
         assert_eq!(o.prefix, "app.idem");
         assert_eq!(o.url, "redis://:pw@127.0.0.1:6380/3");
+        assert!(!format!("{o:?}").contains(":pw@"), "Debug redacts");
         let o = RedisOptions::from_url("redis://127.0.0.1").expect("valid");
         assert_eq!(o.prefix, "idem");
     }
