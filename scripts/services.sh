@@ -23,6 +23,12 @@ if ! up 127.0.0.1 5432 && command -v pg_ctlcluster >/dev/null; then
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
 fi
 wait_for PostgreSQL 127.0.0.1 5432 30 || status=1
+# The tests' database (the machine ships it; create it where it is missing).
+if command -v psql >/dev/null && up 127.0.0.1 5432; then
+  if ! psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'test'" 2>/dev/null | grep -q 1; then
+    psql -h 127.0.0.1 -U postgres -d postgres -c "CREATE DATABASE test" >/dev/null && echo "services: created database test"
+  fi
+fi
 
 if ! up 127.0.0.1 6379 && command -v redis-server >/dev/null; then
   redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no || true
