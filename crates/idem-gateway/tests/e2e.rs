@@ -567,7 +567,7 @@ async fn bad_configuration_is_refused_with_the_line_that_is_wrong() {
             "--upstream",
             "http://127.0.0.1:3000",
             "--store",
-            "postgres://app:hunter2@db/idem",
+            "mysql://app:hunter2@db/idem",
         ],
         None,
     )
@@ -576,6 +576,22 @@ async fn bad_configuration_is_refused_with_the_line_that_is_wrong() {
     assert!(
         err.contains("app:***@db") && !err.contains("hunter2"),
         "password redacted: {err}"
+    );
+    let (code, err) = run_idem(
+        &[
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:3000",
+            "--store",
+            "postgres://app:hunter2@db/idem?max_connections=none",
+        ],
+        None,
+    )
+    .await;
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("max_connections") && !err.contains("hunter2"),
+        "{err}"
     );
 }
 

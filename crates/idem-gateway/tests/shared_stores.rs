@@ -1,0 +1,334 @@
+//! Gateways sharing PostgreSQL, Redis or tiered stores on loopback: several
+//! instances behind one "load balancer", and the store going away and
+//! coming back.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use idem_testkit::client::{Answer, send};
+use idem_testkit::fault::FaultProxy;
+use idem_testkit::services;
+use idem_testkit::upstream::CountingUpstream;
+use tokio::io::AsyncBufReadExt;
+use tokio::process::{Child, Command};
+
+const IDEM: &str = env!("CARGO_BIN_EXE_idem");
+
+const CONFIG: &str = r#"
+[defaults]
+retention = "5m"
+lease = "30s"
+
+[[route]]
+method = "POST"
+path = "/v1/storm"
+require_key = true
+on_in_flight = "wait"
+in_flight_wait = "20s"
+
+[[route]]
+method = "POST"
+path = "/v1/payments"
+require_key = true
+
+[[route]]
+method = "POST"
+path = "/v1/open"
+on_store_error = "open"
+"#;
+
+struct Gateway {
+    _child: Child,
+    addr: SocketAddr,
+    admin: SocketAddr,
+}
+
+async fn start(dir: &Path, upstream: &str, store: &str) -> Gateway {
+    let path = dir.join("idem.toml");
+    std::fs::write(&path, CONFIG).expect("write config");
+    let mut child = Command::new(IDEM)
+        .args([
+            "--log",
+            "error",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--config")
+        .arg(&path)
+        .args(["--upstream", upstream, "--store", store])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn idem");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("idem starts")
+        .expect("stdout")
+        .expect("listening line");
+    let rest = line
+        .strip_prefix("idem: listening on ")
+        .expect("listening line");
+    let (addr, rest) = rest.split_once(" (admin ").expect("admin");
+    Gateway {
+        _child: child,
+        addr: addr.parse().expect("addr"),
+        admin: rest
+            .split_once(')')
+            .expect("paren")
+            .0
+            .parse()
+            .expect("admin addr"),
+    }
+}
+
+fn unique(label: &str) -> String {
+    format!(
+        "{label}-{}-{}",
+        std::process::id(),
+        idem::OwnerToken::random()
+    )
+}
+
+/// Three gateways on one store; 200 keys, each sent 10 times at once,
+/// spread over the three: exactly 200 executions, identical answers.
+async fn three_gateways_one_store(store: &str) {
+    const KEYS: usize = 200;
+    const COPIES: usize = 10;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let mut running = Vec::new();
+    for _ in 0..3 {
+        running.push(start(dir.path(), &up.url(), store).await);
+    }
+    let gateways: Vec<SocketAddr> = running.iter().map(|g| g.addr).collect();
+    let auth = format!("Bearer {}", unique("tenant"));
+    // At most 250 requests in flight (a fair semaphore keeps each key's ten
+    // copies together), so the test stays within file descriptor limits.
+    let in_flight = std::sync::Arc::new(tokio::sync::Semaphore::new(250));
+    let mut tasks = tokio::task::JoinSet::new();
+    for k in 0..KEYS {
+        for c in 0..COPIES {
+            let addr = gateways[(k + c) % gateways.len()];
+            let auth = auth.clone();
+            let permit = std::sync::Arc::clone(&in_flight).acquire_owned();
+            tasks.spawn(async move {
+                let _permit = permit.await.expect("semaphore");
+                let key = format!("mi-{k}");
+                let a = send(
+                    addr,
+                    Method::POST,
+                    "/v1/storm",
+                    &[
+                        ("content-type", "application/json"),
+                        ("authorization", &auth),
+                        ("idempotency-key", &key),
+                        ("x-delay-ms", "50"),
+                    ],
+                    format!(r#"{{"amount":{k}}}"#),
+                )
+                .await;
+                (k, a)
+            });
+        }
+    }
+    let mut answers: Vec<Vec<Answer>> = vec![Vec::new(); KEYS];
+    while let Some(done) = tasks.join_next().await {
+        let (k, a) = done.expect("task");
+        assert_eq!(a.status, StatusCode::CREATED, "key {k}: {:?}", a.body);
+        answers[k].push(a);
+    }
+    assert_eq!(
+        up.total(),
+        KEYS as u64,
+        "exactly one upstream execution per key"
+    );
+    for (k, a) in answers.iter().enumerate() {
+        assert!(
+            a.iter().all(|x| x.body == a[0].body),
+            "key {k}: answers differ"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_gateways_share_postgres() {
+    let Some(pg) = services::postgres() else {
+        return;
+    };
+    three_gateways_one_store(&pg).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_gateways_share_redis() {
+    let Some(redis) = services::redis() else {
+        return;
+    };
+    three_gateways_one_store(&redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_gateways_share_tiered_redis_postgres() {
+    let (Some(redis), Some(pg)) = (services::redis(), services::postgres()) else {
+        return;
+    };
+    three_gateways_one_store(&format!("tiered:{redis},{pg}")).await;
+}
+
+/// `postgres://user@host:port/db?…` with host:port replaced.
+fn via(pg: &str, addr: SocketAddr, extra: &str) -> String {
+    let (scheme, rest) = pg.split_once("://").expect("url");
+    let (auth, rest) = rest.rsplit_once('@').map_or(("", rest), |(a, r)| (a, r));
+    let path = rest.find('/').map_or("", |i| &rest[i..]);
+    let sep = if path.contains('?') { '&' } else { '?' };
+    let at = if auth.is_empty() {
+        String::new()
+    } else {
+        format!("{auth}@")
+    };
+    format!("{scheme}://{at}{addr}{path}{sep}{extra}")
+}
+
+async fn until_status(mut attempt: impl AsyncFnMut() -> Answer, want: StatusCode) -> Answer {
+    for _ in 0..100 {
+        let a = attempt().await;
+        if a.status == want {
+            return a;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("never answered {want}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_going_away_fails_closed_or_open_and_protection_resumes() {
+    let Some(pg) = services::postgres() else {
+        return;
+    };
+    let target = pg_addr(&pg);
+    let proxy = FaultProxy::start(target).await;
+    let store = via(
+        &pg,
+        proxy.addr(),
+        "connect_timeout_ms=500&acquire_timeout_ms=500",
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = start(dir.path(), &up.url(), &store).await;
+    let auth = format!("Bearer {}", unique("pg-down"));
+    let h = |key: &'static str| {
+        [
+            ("content-type", "application/json"),
+            ("authorization", auth.as_str()),
+            ("idempotency-key", key),
+        ]
+    };
+    let ok = send(gw.addr, Method::POST, "/v1/payments", &h("before"), "{}").await;
+    assert_eq!(ok.status, StatusCode::CREATED);
+
+    proxy.cut();
+    let closed = until_status(
+        async || send(gw.addr, Method::POST, "/v1/payments", &h("during"), "{}").await,
+        StatusCode::SERVICE_UNAVAILABLE,
+    )
+    .await;
+    assert_eq!(closed.problem_type(), "idempotency-store-unavailable");
+    assert!(closed.header("retry-after").is_some());
+    assert_eq!(up.executions("during"), 0, "fail-closed forwards nothing");
+    let open = send(gw.addr, Method::POST, "/v1/open", &h("open-1"), "{}").await;
+    assert_eq!(open.status, StatusCode::CREATED);
+    assert_eq!(open.header("idempotency-status"), Some("unprotected"));
+    assert_eq!(
+        send(gw.admin, Method::GET, "/readyz", &[], "").await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+
+    proxy.restore();
+    let back = until_status(
+        async || send(gw.addr, Method::POST, "/v1/payments", &h("during"), "{}").await,
+        StatusCode::CREATED,
+    )
+    .await;
+    assert_eq!(back.header("idempotent-replayed"), None);
+    let replay = send(gw.addr, Method::POST, "/v1/payments", &h("during"), "{}").await;
+    assert_eq!(
+        replay.header("idempotent-replayed"),
+        Some("true"),
+        "protected again, no restart"
+    );
+    assert_eq!(
+        send(gw.admin, Method::GET, "/readyz", &[], "").await.status,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_started_without_its_store_becomes_ready_when_it_appears() {
+    let Some(pg) = services::postgres() else {
+        return;
+    };
+    let proxy = FaultProxy::start(pg_addr(&pg)).await;
+    proxy.cut();
+    let store = via(
+        &pg,
+        proxy.addr(),
+        "connect_timeout_ms=300&acquire_timeout_ms=500",
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = start(dir.path(), &up.url(), &store).await;
+    let ready = send(gw.admin, Method::GET, "/readyz", &[], "").await;
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        String::from_utf8_lossy(&ready.body).contains("not connected yet"),
+        "{:?}",
+        ready.body
+    );
+    let auth = format!("Bearer {}", unique("pg-late"));
+    let h = [
+        ("content-type", "application/json"),
+        ("authorization", auth.as_str()),
+        ("idempotency-key", "late-1"),
+    ];
+    assert_eq!(
+        send(gw.addr, Method::POST, "/v1/payments", &h, "{}")
+            .await
+            .status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    proxy.restore();
+    until_status(
+        async || send(gw.admin, Method::GET, "/readyz", &[], "").await,
+        StatusCode::OK,
+    )
+    .await;
+    assert_eq!(
+        send(gw.addr, Method::POST, "/v1/payments", &h, "{}")
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    assert_eq!(up.executions("late-1"), 1);
+}
+
+fn pg_addr(pg: &str) -> SocketAddr {
+    let rest = pg.split_once("://").expect("url").1;
+    let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let host = host.split(['/', '?']).next().expect("host");
+    let host = if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:5432")
+    };
+    use std::net::ToSocketAddrs;
+    host.to_socket_addrs()
+        .expect("resolve")
+        .next()
+        .expect("an address")
+}
