@@ -40,6 +40,15 @@ enum Command {
     /// Start a toy payments upstream, the gateway in front of it on the
     /// embedded store, and a retry storm; print what happened.
     Demo(demo::DemoArgs),
+    /// Create or upgrade the store's schema (PostgreSQL, SQLite) and exit.
+    Migrate(MigrateArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct MigrateArgs {
+    /// Store URL.
+    #[arg(long, env = "IDEM_STORE", default_value = config::DEFAULT_STORE)]
+    store: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -96,6 +105,9 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve(args).await,
         Command::Demo(args) => demo::run(args).await,
+        Command::Migrate(args) => idem_gateway::store::migrate(&args.store)
+            .await
+            .map(|done| println!("idem: {done}")),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -332,3 +332,37 @@ fn pg_addr(pg: &str) -> SocketAddr {
         .next()
         .expect("an address")
 }
+
+#[tokio::test]
+async fn migrate_reports_success_or_fails_with_one_line() {
+    let Some(pg) = services::postgres() else {
+        return;
+    };
+    let out = Command::new(IDEM)
+        .args(["migrate", "--store", &pg])
+        .output()
+        .await
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("schema up to date"));
+    let out = Command::new(IDEM)
+        .args([
+            "migrate",
+            "--store",
+            "postgres://app:hunter2@127.0.0.1:1/test?connect_timeout_ms=300",
+        ])
+        .output()
+        .await
+        .expect("runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("127.0.0.1:1") && !err.contains("hunter2"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+}
