@@ -13,8 +13,14 @@ SCENARIOS = [
     ("direct", "upstream direct"),
     ("nginx", "nginx plain proxy (baseline)"),
     ("idem_pass_through", "idem serve, pass-through (no key)"),
-    ("idem_unique_keys", "idem serve, unique keys"),
-    ("idem_replays", "idem serve, replays"),
+    ("idem_unique_keys", "idem serve, unique keys, SQLite"),
+    ("idem_replays", "idem serve, replays, SQLite"),
+    ("idem_unique_keys_postgres", "idem serve, unique keys, PostgreSQL"),
+    ("idem_replays_postgres", "idem serve, replays, PostgreSQL"),
+    ("idem_unique_keys_redis", "idem serve, unique keys, Redis"),
+    ("idem_replays_redis", "idem serve, replays, Redis"),
+    ("idem_unique_keys_tiered", "idem serve, unique keys, tiered Redis+PostgreSQL"),
+    ("idem_replays_tiered", "idem serve, replays, tiered Redis+PostgreSQL"),
 ]
 BEGIN, END = "<!-- gateway:begin -->", "<!-- gateway:end -->"
 
@@ -59,7 +65,8 @@ def main():
     ap.add_argument("--doc", required=True)
     a = ap.parse_args()
     conns = a.connections.split()
-    data = {(s, c): parse(os.path.join(a.results, f"{s}-{c}.txt")) for s, _ in SCENARIOS for c in conns}
+    present = [(s, l) for s, l in SCENARIOS if os.path.exists(os.path.join(a.results, f"{s}-{conns[0]}.txt"))]
+    data = {(s, c): parse(os.path.join(a.results, f"{s}-{c}.txt")) for s, _ in present for c in conns}
     wrk = subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     nginx = subprocess.run(["nginx", "-v"], capture_output=True, text=True).stderr.strip()
     lines = [
@@ -77,7 +84,7 @@ def main():
         "| scenario | " + " | ".join(f"{c} conn: req/s (p50 / p99 ms)" for c in conns) + " |",
         "|---|" + "---:|" * len(conns),
     ]
-    for s, label in SCENARIOS:
+    for s, label in present:
         cells = []
         for c in conns:
             d = data[(s, c)]
@@ -89,7 +96,7 @@ def main():
     lines += ["", "Ratios to the nginx baseline at the same connection count (req/s):", ""]
     lines.append("| scenario | " + " | ".join(f"{c} conn" for c in conns) + " |")
     lines.append("|---|" + "---:|" * len(conns))
-    for s, label in SCENARIOS:
+    for s, label in present:
         if s == "nginx":
             continue
         lines.append(
@@ -97,12 +104,30 @@ def main():
             + " | ".join(f"{data[(s, c)]['rps'] / data[('nginx', c)]['rps']:.2f}×" for c in conns)
             + " |"
         )
-    lines += [
-        "",
-        f"Peak RSS of `idem serve` over the whole run (VmHWM): {a.rss_kb / 1024:.1f} MiB.",
-        "",
-        END,
-    ]
+    lines += ["", f"Peak RSS of `idem serve` (SQLite) over the whole run (VmHWM): {a.rss_kb / 1024:.1f} MiB.", ""]
+    stores = os.path.join(a.results, "stores.txt")
+    if os.path.exists(stores):
+        raw = open(stores).read()
+        lines += ["Raw store limits measured right after, on the same machine (`bench/stores.sh`):", "", "```", raw.strip(), "```", ""]
+        tps = {m.group(1) + "/" + m.group(2): float(m.group(3)) for m in re.finditer(r"pgbench (\S+)\s+clients=(\d+)\s+tps=([\d.]+)", raw)}
+        best = max((v for k, v in tps.items() if k.startswith("reserve/")), default=None)
+        if best and any(s == "idem_unique_keys_postgres" for s, _ in present):
+            gw = max(data[("idem_unique_keys_postgres", c)]["rps"] for c in conns)
+            lines.append(
+                f"PostgreSQL target: gateway unique keys {gw:,.0f} req/s vs 0.7 × (best pgbench reserve {best:,.0f} tps ÷ 2) = "
+                f"{0.35 * best:,.0f}: **{'met' if gw >= 0.35 * best else 'not met'}** ({gw / (best / 2):.2f} × the half-rate)."
+            )
+        if any(s == "idem_unique_keys_redis" for s, _ in present):
+            redis = {c: data[("idem_unique_keys_redis", c)]["rps"] / data[("nginx", c)]["rps"] for c in conns}
+            lines.append("Redis target (unique keys ≥ 0.5 × nginx): " + ", ".join(f"{c} conn {r:.2f}×" for c, r in redis.items()) + ".")
+        if any(s == "idem_replays_tiered" for s, _ in present):
+            cmp = ", ".join(
+                f"{c} conn {data[('idem_replays_tiered', c)]['rps']:,.0f} vs {data[('idem_unique_keys_redis', c)]['rps']:,.0f}"
+                for c in conns
+            )
+            lines.append(f"Tiered replays vs Redis-backed unique keys (target ≥): {cmp}.")
+        lines.append("")
+    lines += [END]
     section = "\n".join(lines)
     doc = open(a.doc).read() if os.path.exists(a.doc) else "# Benchmarks\n"
     if BEGIN in doc and END in doc:
