@@ -128,7 +128,7 @@ struct Shared<S, T> {
     routes: Routes,
     /// One engine per route policy, in [`Routes::policies`] order.
     engines: Vec<Engine<S>>,
-    tenant: T,
+    tenant: Arc<T>,
 }
 
 impl<S: Store> IdempotencyLayer<S, TenantSource> {
@@ -140,12 +140,16 @@ impl<S: Store> IdempotencyLayer<S, TenantSource> {
 
     /// Like [`new`](Self::new) over a shared store.
     pub fn from_arc(store: Arc<S>) -> Self {
-        Self::build(store, Routes::default(), TenantSource::Authorization)
+        Self::build(
+            store,
+            Routes::default(),
+            Arc::new(TenantSource::Authorization),
+        )
     }
 }
 
 impl<S: Store, T: TenantExtractor> IdempotencyLayer<S, T> {
-    fn build(store: Arc<S>, routes: Routes, tenant: T) -> Self {
+    fn build(store: Arc<S>, routes: Routes, tenant: Arc<T>) -> Self {
         let engines = routes
             .policies()
             .map(|p| Engine::from_arc(Arc::clone(&store)).with_policy(p.engine.clone()))
@@ -162,24 +166,26 @@ impl<S: Store, T: TenantExtractor> IdempotencyLayer<S, T> {
 
     /// Uses this route table.
     pub fn with_routes(self, routes: Routes) -> Self {
-        let Shared { store, tenant, .. } = unwrap_shared(self.shared);
-        Self::build(store, routes, tenant)
+        Self::build(
+            Arc::clone(&self.shared.store),
+            routes,
+            Arc::clone(&self.shared.tenant),
+        )
     }
 
     /// Uses this tenant extractor.
     pub fn with_tenant<T2: TenantExtractor>(self, tenant: T2) -> IdempotencyLayer<S, T2> {
-        let Shared { store, routes, .. } = unwrap_shared(self.shared);
-        IdempotencyLayer::build(store, routes, tenant)
+        IdempotencyLayer::build(
+            Arc::clone(&self.shared.store),
+            self.shared.routes.clone(),
+            Arc::new(tenant),
+        )
     }
 
     /// The store.
     pub fn store(&self) -> &Arc<S> {
         &self.shared.store
     }
-}
-
-fn unwrap_shared<S, T>(shared: Arc<Shared<S, T>>) -> Shared<S, T> {
-    Arc::try_unwrap(shared).unwrap_or_else(|_| panic!("configure the layer before cloning it"))
 }
 
 impl<I, S, T> Layer<I> for IdempotencyLayer<S, T> {
