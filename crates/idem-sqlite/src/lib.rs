@@ -46,7 +46,7 @@ pub use error::SqliteError;
 /// The driver, re-exported so users never mismatch versions.
 pub use rusqlite;
 
-use writer::{Job, Stats, Task};
+use writer::{Batch, Job, Stats, Task};
 
 /// How commits reach the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -234,7 +234,7 @@ impl SqliteStore {
     async fn write<T, F>(&self, work: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection, Timestamp) -> Result<T, StoreError> + Send + 'static,
+        F: FnOnce(&Connection, &mut Batch) -> Result<T, StoreError> + Send + 'static,
     {
         let stopped = || StoreError::from(SqliteError::WriterStopped);
         let writer = self.writer.as_ref().ok_or_else(stopped)?;
@@ -374,9 +374,11 @@ impl OwnedReserve {
 /// otherwise decide on the existing row with the rules all stores share.
 fn reserve_in_tx(
     conn: &Connection,
-    now: Timestamp,
+    batch: &mut Batch,
     req: &OwnedReserve,
 ) -> Result<Reservation, StoreError> {
+    let now = batch.now;
+    let id = record_id(&req.scope, &req.key);
     let (tenant, operation, key) = (req.scope.tenant(), req.scope.operation(), req.key.as_str());
     let locked_until = now.plus(req.lease);
     let fingerprint = req.fingerprint.digest().as_slice();
@@ -402,13 +404,22 @@ fn reserve_in_tx(
         locked_until,
     };
     if inserted == 1 {
+        batch.touch(id);
         return Ok(Reservation::Acquired(fresh));
     }
     let existing = conn
         .prepare_cached(&schema::select_one())
         .and_then(|mut s| s.query_row(params![tenant, operation, key], schema::record_from_row))
         .map_err(to_store)?;
-    Ok(match decide_existing(&existing, &req.borrow(), now) {
+    let decision = decide_existing(&existing, &req.borrow(), now);
+    match decision {
+        ExistingDecision::Replace | ExistingDecision::TakeOver => batch.touch(id),
+        // Nothing written: if no earlier operation of this batch wrote the
+        // record either, the answer rests on committed state.
+        _ if !batch.is_touched(id) => batch.settle(),
+        _ => {}
+    }
+    Ok(match decision {
         ExistingDecision::Replace => {
             conn.prepare_cached(schema::REPLACE_EXPIRED)
                 .and_then(|mut s| {
@@ -457,6 +468,15 @@ fn reserve_in_tx(
     })
 }
 
+/// A short identity of a record within a batch (a collision only makes an
+/// answer wait for the commit).
+fn record_id(scope: &Scope, key: &IdempotencyKey) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (scope.tenant(), scope.operation(), key.as_str()).hash(&mut h);
+    h.finish()
+}
+
 /// Parameters 1–5 of every fenced statement: the record and its lease.
 fn lease_params<'a>(
     scope: &'a Scope,
@@ -484,33 +504,7 @@ impl Store for SqliteStore {
             retention: req.retention,
             on_lease_expiry: req.on_lease_expiry,
         };
-        // Duplicates, replays and mismatches change nothing: answer them
-        // from a committed snapshot on a reader connection, without waiting
-        // for the writer's next commit. Only a reservation that may create
-        // or take over a record goes to the writer, which decides again
-        // inside its transaction.
-        let (scope, key) = (req.scope.clone(), req.key.clone());
-        let existing = self
-            .read(move |conn| select_record(conn, &scope, &key))
-            .await?;
-        if let Some(existing) = existing {
-            match decide_existing(&existing, &req.borrow(), Timestamp::now()) {
-                ExistingDecision::Replay => return Ok(Reservation::Existing(Box::new(existing))),
-                ExistingDecision::Mismatch => {
-                    return Ok(Reservation::Mismatch {
-                        state: existing.state,
-                    });
-                }
-                ExistingDecision::InProgress { retry_after } => {
-                    return Ok(Reservation::InProgress {
-                        retry_after,
-                        outcome_unknown: existing.is_outcome_unknown(),
-                    });
-                }
-                ExistingDecision::Replace | ExistingDecision::TakeOver => {}
-            }
-        }
-        self.write(move |conn, now| reserve_in_tx(conn, now, &req))
+        self.write(move |conn, batch| reserve_in_tx(conn, batch, &req))
             .await
     }
 
@@ -529,7 +523,9 @@ impl Store for SqliteStore {
         outcome: &FinalOutcome,
     ) -> Result<(), StoreError> {
         let (scope, key, lease, outcome) = (scope.clone(), key.clone(), *lease, outcome.clone());
-        self.write(move |conn, now| {
+        self.write(move |conn, batch| {
+            let now = batch.now;
+            batch.touch(record_id(&scope, &key));
             let owner = lease.owner.to_bytes();
             let (t, o, k, w, a) = lease_params(&scope, &key, &owner, &lease);
             let state: idem::RecordState = outcome.verdict.into();
@@ -562,7 +558,8 @@ impl Store for SqliteStore {
         lease: &Lease,
     ) -> Result<(), StoreError> {
         let (scope, key, lease) = (scope.clone(), key.clone(), *lease);
-        self.write(move |conn, _now| {
+        self.write(move |conn, batch| {
+            batch.touch(record_id(&scope, &key));
             let owner = lease.owner.to_bytes();
             let (t, o, k, w, a) = lease_params(&scope, &key, &owner, &lease);
             fenced(
@@ -581,7 +578,9 @@ impl Store for SqliteStore {
         _reason: &str,
     ) -> Result<(), StoreError> {
         let (scope, key, lease) = (scope.clone(), key.clone(), *lease);
-        self.write(move |conn, now| {
+        self.write(move |conn, batch| {
+            let now = batch.now;
+            batch.touch(record_id(&scope, &key));
             let owner = lease.owner.to_bytes();
             let (t, o, k, w, a) = lease_params(&scope, &key, &owner, &lease);
             fenced(
@@ -600,7 +599,9 @@ impl Store for SqliteStore {
         duration: Duration,
     ) -> Result<Timestamp, StoreError> {
         let (scope, key, lease) = (scope.clone(), key.clone(), *lease);
-        self.write(move |conn, now| {
+        self.write(move |conn, batch| {
+            let now = batch.now;
+            batch.touch(record_id(&scope, &key));
             let owner = lease.owner.to_bytes();
             let (t, o, k, w, a) = lease_params(&scope, &key, &owner, &lease);
             let until = now.plus(duration);
@@ -651,9 +652,9 @@ impl ListRecords for SqliteStore {
 impl Purge for SqliteStore {
     async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
         let batch = i64::try_from(batch).unwrap_or(i64::MAX);
-        self.write(move |conn, now| {
+        self.write(move |conn, b| {
             conn.prepare_cached(schema::PURGE_EXPIRED)
-                .and_then(|mut s| s.execute(params![now.as_millis(), batch]))
+                .and_then(|mut s| s.execute(params![b.now.as_millis(), batch]))
                 .map(|n| n as u64)
                 .map_err(to_store)
         })

@@ -11,7 +11,13 @@
 //! Under load the batch grows by itself (up to `max_batch`), so the fsync
 //! cost is shared by many operations; with a single caller the latency is
 //! that of one plain transaction.
+//!
+//! An operation that changed nothing and read only committed state (a
+//! duplicate told "in progress", a replay, a mismatch, on a record no
+//! earlier operation of the same batch touched) is answered at once: its
+//! answer cannot depend on this batch's commit.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -25,10 +31,46 @@ use crate::error::shared;
 /// given the commit's error (if any).
 type Pending = Box<dyn FnOnce(Option<StoreError>) + Send>;
 
+/// What an operation knows about its batch.
+#[derive(Debug)]
+pub(crate) struct Batch {
+    /// The batch's time, from the process clock.
+    pub(crate) now: Timestamp,
+    touched: HashSet<u64>,
+    settled: bool,
+}
+
+impl Batch {
+    fn new() -> Self {
+        Self {
+            now: Timestamp::now(),
+            touched: HashSet::new(),
+            settled: false,
+        }
+    }
+
+    /// Records that this batch writes the record `id`.
+    pub(crate) fn touch(&mut self, id: u64) {
+        self.touched.insert(id);
+    }
+
+    /// Whether an earlier operation of this batch wrote the record `id`.
+    pub(crate) fn is_touched(&self, id: u64) -> bool {
+        self.touched.contains(&id)
+    }
+
+    /// Says the current operation's answer rests on committed state only
+    /// and may be sent before the commit.
+    pub(crate) fn settle(&mut self) {
+        self.settled = true;
+    }
+}
+
 /// One queued write operation.
 pub(crate) trait Job: Send {
-    /// Executes the operation inside the batch's open transaction.
-    fn run(self: Box<Self>, conn: &Connection, now: Timestamp) -> Pending;
+    /// Executes the operation inside the batch's open transaction; `None`
+    /// when it was answered already.
+    fn run(self: Box<Self>, conn: &Connection, batch: &mut Batch) -> Option<Pending>;
     /// Answers the caller with `err` without executing.
     fn abort(self: Box<Self>, err: StoreError);
 }
@@ -42,18 +84,23 @@ pub(crate) struct Task<T, F> {
 impl<T, F> Job for Task<T, F>
 where
     T: Send + 'static,
-    F: FnOnce(&Connection, Timestamp) -> Result<T, StoreError> + Send,
+    F: FnOnce(&Connection, &mut Batch) -> Result<T, StoreError> + Send,
 {
-    fn run(self: Box<Self>, conn: &Connection, now: Timestamp) -> Pending {
+    fn run(self: Box<Self>, conn: &Connection, batch: &mut Batch) -> Option<Pending> {
         let Task { work, reply } = *self;
-        let result = work(conn, now);
-        Box::new(move |commit_error| {
+        batch.settled = false;
+        let result = work(conn, batch);
+        if batch.settled && result.is_ok() {
+            let _ = reply.send(result);
+            return None;
+        }
+        Some(Box::new(move |commit_error| {
             // A caller that stopped waiting (cancelled) is not an error here.
             let _ = reply.send(match commit_error {
                 Some(err) => Err(err),
                 None => result,
             });
-        })
+        }))
     }
 
     fn abort(self: Box<Self>, err: StoreError) {
@@ -98,9 +145,9 @@ fn run_batch(
     pending: &mut Vec<Pending>,
     stats: &Stats,
 ) {
-    let now = Timestamp::now();
     let mut jobs = jobs.drain(..);
     'transaction: loop {
+        let mut batch = Batch::new();
         if let Err(err) = conn.execute_batch("BEGIN IMMEDIATE") {
             let err = Arc::new(err);
             for job in jobs.by_ref() {
@@ -109,7 +156,7 @@ fn run_batch(
             return;
         }
         for job in jobs.by_ref() {
-            pending.push(job.run(conn, now));
+            pending.extend(job.run(conn, &mut batch));
             if conn.is_autocommit() {
                 // SQLite rolled the whole transaction back (I/O error, disk
                 // full, out of memory): everything in it so far is lost, so
