@@ -16,25 +16,12 @@
 #![allow(missing_docs)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use idem::{
-    Engine, Fingerprint, LeaseExpiry, MemoryStore, OwnerToken, ReserveRequest, Scope, Store,
-    StoredResponse,
-};
+use idem::{Engine, MemoryStore, Scope};
 use idem_sqlite::{SqliteOptions, SqliteStore};
-
-const CALLERS: [u64; 3] = [1, 16, 256];
-
-static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
-
-fn fresh_key() -> idem::IdempotencyKey {
-    format!("bench-{}", NEXT_KEY.fetch_add(1, Ordering::Relaxed))
-        .parse()
-        .expect("valid key")
-}
+use idem_testkit::bench::{CALLERS, reserve_op, run_op, spread};
 
 fn sqlite(name: &str, max_batch: usize) -> SqliteStore {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("idem-bench");
@@ -46,82 +33,6 @@ fn sqlite(name: &str, max_batch: usize) -> SqliteStore {
     let mut opts = SqliteOptions::new(path);
     opts.max_batch = max_batch;
     SqliteStore::open_with(opts).expect("open bench store")
-}
-
-/// Runs `iters` operations spread over `callers` concurrent tasks and
-/// returns the wall time.
-async fn spread<F, Fut>(iters: u64, callers: u64, op: F) -> Duration
-where
-    F: Fn() -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = ()> + Send,
-{
-    let start = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for c in 0..callers {
-        let n = iters / callers + u64::from(c < iters % callers);
-        let op = op.clone();
-        tasks.spawn(async move {
-            for _ in 0..n {
-                op().await;
-            }
-        });
-    }
-    while let Some(done) = tasks.join_next().await {
-        done.expect("bench task");
-    }
-    start.elapsed()
-}
-
-fn reserve_op<S: Store>(
-    store: Arc<S>,
-    scope: Scope,
-) -> impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Clone + Send + 'static
-{
-    let fp = Fingerprint::builder()
-        .json_body(br#"{"amount":100}"#)
-        .finish();
-    move || {
-        let (store, scope) = (Arc::clone(&store), scope.clone());
-        Box::pin(async move {
-            let key = fresh_key();
-            let r = store
-                .reserve(ReserveRequest {
-                    scope: &scope,
-                    key: &key,
-                    fingerprint: fp,
-                    owner: OwnerToken::random(),
-                    lease: Duration::from_secs(30),
-                    retention: Duration::from_secs(86_400),
-                    on_lease_expiry: LeaseExpiry::Retry,
-                })
-                .await
-                .expect("reserve");
-            assert!(matches!(r, idem::Reservation::Acquired(_)));
-        })
-    }
-}
-
-fn run_op<S: Store>(
-    engine: Engine<S>,
-    scope: Scope,
-) -> impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Clone + Send + 'static
-{
-    let fp = Fingerprint::builder()
-        .json_body(br#"{"amount":100}"#)
-        .finish();
-    move || {
-        let (engine, scope) = (engine.clone(), scope.clone());
-        Box::pin(async move {
-            let key = fresh_key();
-            let run = engine
-                .run(&scope, &key, fp, || async {
-                    StoredResponse::new(201, "ok")
-                })
-                .await
-                .expect("run");
-            assert!(matches!(run, idem::Run::Executed(_)));
-        })
-    }
 }
 
 fn benches(c: &mut Criterion) {

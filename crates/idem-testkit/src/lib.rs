@@ -4,6 +4,7 @@
 //!   the [`store_conformance!`] macro that instantiates it;
 //! * [`FaultyStore`]: wraps a real store and fails chosen operations on
 //!   demand, to test what the engine does when the store breaks mid-flight;
+//! * [`bench`]: the shared harness of the store benchmarks;
 //! * [`client`]: one-call HTTP requests with the answer fully read;
 //! * [`fault`]: a TCP proxy that cuts and restores the line to a server;
 //! * [`upstream`]: a counting HTTP upstream on loopback for gateway tests;
@@ -11,6 +12,7 @@
 //!   RabbitMQ); skips loudly when one is absent, or fails under
 //!   `IDEM_REQUIRE_SERVICES=1`.
 
+pub mod bench;
 pub mod client;
 pub mod conformance;
 pub mod fault;
