@@ -20,9 +20,12 @@ pub type Op = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
 
-/// A key never used before in this process.
+/// A key never used before, in this run or an earlier one (durable stores
+/// keep the keys of earlier runs).
 pub fn fresh_key() -> IdempotencyKey {
-    format!("bench-{}", NEXT_KEY.fetch_add(1, Ordering::Relaxed))
+    static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let run = RUN.get_or_init(|| OwnerToken::random().to_string());
+    format!("bench-{run}-{}", NEXT_KEY.fetch_add(1, Ordering::Relaxed))
         .parse()
         .expect("valid key")
 }
