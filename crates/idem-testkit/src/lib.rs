@@ -4,7 +4,7 @@
 //!   the [`store_conformance!`] macro that instantiates it;
 //! * [`FaultyStore`]: wraps a real store and fails chosen operations on
 //!   demand, to test what the engine does when the store breaks mid-flight;
-//! * [`bench`]: the shared harness of the store benchmarks;
+//! * [`mod@bench`]: the shared harness of the store benchmarks;
 //! * [`client`]: one-call HTTP requests with the answer fully read;
 //! * [`fault`]: a TCP proxy that cuts and restores the line to a server;
 //! * [`upstream`]: a counting HTTP upstream on loopback for gateway tests;
