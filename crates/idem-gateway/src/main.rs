@@ -130,7 +130,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let server = server::bind(&settings).await?;
     let addr = server.local_addr().map_err(|e| e.to_string())?;
     let admin = server.admin_addr().map_err(|e| e.to_string())?;
-    tracing::info!(%addr, %admin, upstream = %settings.upstream, store = %server::redact(&settings.store), "idem serve ready");
+    tracing::info!(%addr, %admin, upstream = %settings.upstream, store = %idem::store::redact_url(&settings.store), "idem serve ready");
     // One plain line on stdout for scripts and tests to find the ports.
     println!(
         "idem: listening on {addr} (admin {admin}), upstream {}",

@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
@@ -25,7 +25,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_http::{BoxError, HOP_BY_HOP, Problem, ProblemKind, UpstreamOutcome};
+use idem_http::{BoxError, Problem, ProblemKind, UpstreamOutcome, hop_by_hop_names};
 use tower::Service;
 
 /// A request or response body on the gateway: straight from a connection,
@@ -110,17 +110,7 @@ impl Proxy {
 
 /// Removes connection-level headers, including those named by `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in HOP_BY_HOP {
+    for name in hop_by_hop_names(headers) {
         headers.remove(name);
     }
 }

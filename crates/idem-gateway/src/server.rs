@@ -26,22 +26,6 @@ use crate::store::GatewayStore;
 /// The request pipeline: the idempotency layer around the proxy.
 pub type Gateway = Idempotency<Proxy, GatewayStore, TenantSource>;
 
-/// Hides the password of `scheme://user:password@host/…`.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
-}
-
 /// An error and its causes on one line.
 pub fn error_chain(err: &dyn std::error::Error) -> String {
     let mut out = err.to_string();
@@ -240,21 +224,5 @@ pub async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => tracing::info!("SIGINT received"),
         () = term => tracing::info!("SIGTERM received"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(
-            redact("postgres://app:s3cret@db:5432/idem"),
-            "postgres://app:***@db:5432/idem"
-        );
-        assert_eq!(redact("redis://:pw@127.0.0.1"), "redis://:***@127.0.0.1");
-        assert_eq!(redact("sqlite://idem.db"), "sqlite://idem.db");
-        assert_eq!(redact("postgres://app@db/idem"), "postgres://app@db/idem");
     }
 }

@@ -25,7 +25,9 @@ use idem_postgres::{PgOptions, PgStore};
 use idem_redis::{RedisOptions, RedisStore};
 use idem_sqlite::SqliteStore;
 
-use crate::server::{error_chain, redact};
+use idem::store::redact_url as redact;
+
+use crate::server::error_chain;
 
 /// A store URL, understood but not yet connected.
 #[derive(Debug, Clone)]

@@ -693,23 +693,29 @@ pub const HOP_BY_HOP: [&str; 8] = [
     "upgrade",
 ];
 
-fn storable_headers(headers: &HeaderMap, unstored: &[HeaderName]) -> Vec<(String, Bytes)> {
-    let named_by_connection: Vec<String> = headers
+/// The connection-level headers of one message: the fixed [`HOP_BY_HOP`]
+/// set plus whatever its `Connection` header names. A proxy never forwards
+/// them and the layer never stores them.
+pub fn hop_by_hop_names(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .map(|t| t.trim().to_ascii_lowercase())
-        .collect();
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .chain(HOP_BY_HOP.iter().map(|n| HeaderName::from_static(n)))
+        .collect()
+}
+
+fn storable_headers(headers: &HeaderMap, unstored: &[HeaderName]) -> Vec<(String, Bytes)> {
+    let hop_by_hop = hop_by_hop_names(headers);
     headers
         .iter()
         .filter(|(name, _)| {
-            let n = name.as_str();
-            !HOP_BY_HOP.contains(&n)
-                && *name != header::CONTENT_LENGTH
-                && *name != IDEMPOTENT_REPLAYED
+            !hop_by_hop.contains(name)
+                && **name != header::CONTENT_LENGTH
+                && **name != IDEMPOTENT_REPLAYED
                 && !unstored.contains(name)
-                && !named_by_connection.iter().any(|c| c == n)
         })
         .map(|(name, value)| {
             (

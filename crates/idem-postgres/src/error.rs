@@ -65,7 +65,7 @@ impl PgError {
     /// A connection failure, explained in one line.
     pub(crate) fn connect(url: &str, source: sqlx::Error) -> Self {
         Self::Connect {
-            url: redact(url),
+            url: idem::store::redact_url(url),
             reason: connect_reason(&source),
             source: Some(source),
         }
@@ -74,7 +74,7 @@ impl PgError {
     /// No connection within the connect timeout.
     pub(crate) fn connect_timeout(url: &str, after: Duration) -> Self {
         Self::Connect {
-            url: redact(url),
+            url: idem::store::redact_url(url),
             reason: format!(
                 "no connection within {after:?} (is the server up, and the host and port right?)"
             ),
@@ -176,69 +176,9 @@ pub(crate) fn to_store(err: sqlx::Error) -> StoreError {
     PgError::Sqlx(err).into()
 }
 
-/// `url` with any password replaced by `***`, both in the user-info part
-/// (`postgres://user:secret@host/db`) and in a `password=` query option.
-pub fn redact(url: &str) -> String {
-    let (scheme, rest) = match url.split_once("://") {
-        Some((scheme, rest)) => (Some(scheme), rest),
-        None => (None, url),
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let authority = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{user}:***@{host}"),
-            None => format!("{userinfo}@{host}"),
-        },
-        None => authority.to_owned(),
-    };
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            let query: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((name, _)) if name.eq_ignore_ascii_case("password") => {
-                        format!("{name}=***")
-                    }
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            format!("{path}?{}", query.join("&"))
-        }
-        None => tail.to_owned(),
-    };
-    match scheme {
-        Some(scheme) => format!("{scheme}://{authority}{tail}"),
-        None => format!("{authority}{tail}"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn passwords_are_redacted() {
-        for (url, want) in [
-            (
-                "postgres://app:s3cret@db:5432/idem",
-                "postgres://app:***@db:5432/idem",
-            ),
-            (
-                "postgresql://app:p@ss@word@db/idem?sslmode=require",
-                "postgresql://app:***@db/idem?sslmode=require",
-            ),
-            (
-                "postgres://db/idem?user=app&password=s3cret",
-                "postgres://db/idem?user=app&password=***",
-            ),
-            ("postgres://app@db/idem", "postgres://app@db/idem"),
-            ("postgres://db", "postgres://db"),
-        ] {
-            assert_eq!(redact(url), want, "{url}");
-            assert!(!redact(url).contains("s3cret"));
-        }
-    }
 
     #[test]
     fn transient_codes() {

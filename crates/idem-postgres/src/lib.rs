@@ -98,7 +98,7 @@ use idem::{
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection, PgPool, Postgres, Row, Transaction};
 
-pub use error::{PgError, redact};
+pub use error::PgError;
 /// The driver, re-exported so users never mismatch versions.
 pub use sqlx;
 
@@ -199,7 +199,7 @@ impl PgOptions {
     /// `schema=NAME`, `migrate=true|false` and `test_before_acquire=true|false`.
     pub fn from_url(url: &str) -> Result<Self, PgError> {
         let bad = |reason: String| PgError::Url {
-            url: redact(url),
+            url: idem::store::redact_url(url),
             reason,
         };
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
@@ -236,7 +236,7 @@ impl PgOptions {
             .parse()
             .map_err(|e: sqlx::Error| bad(e.to_string()))?;
         let mut opts = Self::new(connect);
-        opts.display_url = redact(url);
+        opts.display_url = idem::store::redact_url(url);
         for (name, value) in ours {
             let number =
                 || {
@@ -483,6 +483,24 @@ fn attempt_param(attempt: u32) -> i32 {
 }
 
 /// Zero rows touched means "not the owner (any more)".
+/// A fenced statement with its first five parameters bound, in the order
+/// every fenced query file uses: the record (tenant, operation, key) and
+/// the lease (owner, attempt).
+fn fenced_query<'q>(
+    sql: &'q str,
+    scope: &'q Scope,
+    key: &'q IdempotencyKey,
+    owner: &'q [u8; 16],
+    attempt: u32,
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(sql)
+        .bind(scope.tenant())
+        .bind(scope.operation())
+        .bind(key.as_str())
+        .bind(owner.as_slice())
+        .bind(attempt_param(attempt))
+}
+
 fn fenced(rows: u64) -> Result<(), StoreError> {
     if rows == 0 {
         Err(StoreError::Fenced)
@@ -612,12 +630,7 @@ async fn resolve_on<'e, E: Executor<'e, Database = Postgres>>(
     let state: idem::RecordState = outcome.verdict.into();
     let owner = lease.owner.to_bytes();
     let headers = outcome.response.encode_headers();
-    let done = sqlx::query(schema::RESOLVE)
-        .bind(scope.tenant())
-        .bind(scope.operation())
-        .bind(key.as_str())
-        .bind(owner.as_slice())
-        .bind(attempt_param(lease.attempt))
+    let done = fenced_query(schema::RESOLVE, scope, key, &owner, lease.attempt)
         .bind(state.as_str())
         .bind(millis(outcome.retention))
         .bind(i32::from(outcome.response.status))
@@ -638,12 +651,7 @@ async fn release_on<'e, E: Executor<'e, Database = Postgres>>(
     lease: &Lease,
 ) -> Result<(), StoreError> {
     let owner = lease.owner.to_bytes();
-    let done = sqlx::query(schema::RELEASE)
-        .bind(scope.tenant())
-        .bind(scope.operation())
-        .bind(key.as_str())
-        .bind(owner.as_slice())
-        .bind(attempt_param(lease.attempt))
+    let done = fenced_query(schema::RELEASE, scope, key, &owner, lease.attempt)
         .execute(exec)
         .await
         .map_err(error::to_store)?;
@@ -697,12 +705,7 @@ impl Store for PgStore {
         _reason: &str,
     ) -> Result<(), StoreError> {
         let owner = lease.owner.to_bytes();
-        let done = sqlx::query(schema::MARK_UNKNOWN)
-            .bind(scope.tenant())
-            .bind(scope.operation())
-            .bind(key.as_str())
-            .bind(owner.as_slice())
-            .bind(attempt_param(lease.attempt))
+        let done = fenced_query(schema::MARK_UNKNOWN, scope, key, &owner, lease.attempt)
             .execute(&self.pool)
             .await
             .map_err(error::to_store)?;
@@ -717,12 +720,7 @@ impl Store for PgStore {
         duration: Duration,
     ) -> Result<Timestamp, StoreError> {
         let owner = lease.owner.to_bytes();
-        let row = sqlx::query(schema::RENEW)
-            .bind(scope.tenant())
-            .bind(scope.operation())
-            .bind(key.as_str())
-            .bind(owner.as_slice())
-            .bind(attempt_param(lease.attempt))
+        let row = fenced_query(schema::RENEW, scope, key, &owner, lease.attempt)
             .bind(millis(duration))
             .fetch_optional(&self.pool)
             .await

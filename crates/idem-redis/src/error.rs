@@ -52,7 +52,7 @@ impl RedisError {
             source.to_string()
         };
         Self::Connect {
-            url: redact(url),
+            url: idem::store::redact_url(url),
             reason,
             source,
         }
@@ -101,35 +101,9 @@ pub(crate) fn to_store(err: redis::RedisError) -> StoreError {
     RedisError::Redis(err).into()
 }
 
-/// `url` with any password replaced by `***`
-/// (`redis://user:secret@host` → `redis://user:***@host`,
-/// `redis://:secret@host` → `redis://:***@host`).
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => format!("{scheme}://{userinfo}@{host}{tail}"),
-        },
-        None => url.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(redact("redis://:s3cret@h:6379/2"), "redis://:***@h:6379/2");
-        assert_eq!(redact("rediss://u:s3cret@h"), "rediss://u:***@h");
-        assert_eq!(redact("redis://h:6379"), "redis://h:6379");
-        assert_eq!(redact("redis://u@h"), "redis://u@h");
-    }
 
     #[test]
     fn mapping_to_store_errors() {

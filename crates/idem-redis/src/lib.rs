@@ -83,7 +83,7 @@ use redis::aio::ConnectionManagerConfig;
 use redis::{Script, Value};
 
 pub use connection::RedisConnection;
-pub use error::{RedisError, redact};
+pub use error::RedisError;
 /// The driver, re-exported so users never mismatch versions.
 pub use redis;
 
@@ -140,9 +140,13 @@ pub struct RedisOptions {
 
 impl fmt::Debug for RedisOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let nodes: Vec<String> = self.cluster_nodes.iter().map(|n| redact(n)).collect();
+        let nodes: Vec<String> = self
+            .cluster_nodes
+            .iter()
+            .map(|n| idem::store::redact_url(n))
+            .collect();
         f.debug_struct("RedisOptions")
-            .field("url", &redact(&self.url))
+            .field("url", &idem::store::redact_url(&self.url))
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
@@ -159,7 +163,7 @@ impl RedisOptions {
     /// (or `rediss+cluster://…`) names a Redis Cluster by some of its nodes.
     pub fn from_url(url: &str) -> Result<Self, RedisError> {
         let bad = |reason: String| RedisError::Url {
-            url: redact(url),
+            url: idem::store::redact_url(url),
             reason,
         };
         if let Some((scheme, rest)) = url.split_once("+cluster://") {
@@ -317,7 +321,7 @@ impl RedisStore {
     /// Connects with explicit options; fails at once, with one line, when
     /// the server cannot be reached or refuses the credentials.
     pub async fn connect_with(opts: RedisOptions) -> Result<Self, RedisError> {
-        let shown = redact(&opts.url);
+        let shown = idem::store::redact_url(&opts.url);
         if !keys::valid_prefix(&opts.prefix) {
             return Err(RedisError::Url {
                 url: shown,

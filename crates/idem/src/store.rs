@@ -400,3 +400,85 @@ pub fn decide_existing(
         },
     }
 }
+
+/// A store URL fit for messages and logs: any password replaced by `***`,
+/// both in the user-info part (`postgres://user:secret@host/db`) and in a
+/// `password=` query option. Every backend and the gateway use this one.
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, url),
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{user}:***@{host}"),
+            None => format!("{userinfo}@{host}"),
+        },
+        None => authority.to_owned(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name, _)) if name.eq_ignore_ascii_case("password") => {
+                        format!("{name}=***")
+                    }
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{path}?{}", query.join("&"))
+        }
+        None => tail.to_owned(),
+    };
+    match scheme {
+        Some(scheme) => format!("{scheme}://{authority}{tail}"),
+        None => format!("{authority}{tail}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        for (url, want) in [
+            (
+                "postgres://app:s3cret@db:5432/idem",
+                "postgres://app:***@db:5432/idem",
+            ),
+            (
+                "postgresql://app:p@ss@word@db/idem?sslmode=require",
+                "postgresql://app:***@db/idem?sslmode=require",
+            ),
+            (
+                "postgres://db/idem?user=app&password=s3cret",
+                "postgres://db/idem?user=app&password=***",
+            ),
+            ("postgres://app@db/idem", "postgres://app@db/idem"),
+            ("postgres://db", "postgres://db"),
+        ] {
+            assert_eq!(redact_url(url), want, "{url}");
+            assert!(!redact_url(url).contains("s3cret"));
+        }
+    }
+
+    #[test]
+    fn other_schemes_and_plain_urls() {
+        assert_eq!(
+            redact_url("redis://:pw@127.0.0.1"),
+            "redis://:***@127.0.0.1"
+        );
+        assert_eq!(redact_url("rediss://u:s3cret@h"), "rediss://u:***@h");
+        assert_eq!(redact_url("sqlite://idem.db"), "sqlite://idem.db");
+        assert_eq!(redact_url("redis://u@h"), "redis://u@h");
+        assert_eq!(redact_url("redis://h:6379"), "redis://h:6379");
+        assert_eq!(
+            redact_url("redis://:s3cret@h:6379/2"),
+            "redis://:***@h:6379/2"
+        );
+    }
+}
