@@ -270,6 +270,10 @@ impl Purge for GatewayStore {
     async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
         self.store()?.purge_expired(batch).await
     }
+
+    async fn delete(&self, scope: &Scope, key: &IdempotencyKey) -> Result<bool, StoreError> {
+        self.store()?.delete(scope, key).await
+    }
 }
 
 #[cfg(test)]

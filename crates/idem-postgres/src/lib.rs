@@ -797,6 +797,17 @@ impl Purge for PgStore {
             .map_err(error::to_store)?;
         Ok(done.rows_affected())
     }
+
+    async fn delete(&self, scope: &Scope, key: &IdempotencyKey) -> Result<bool, StoreError> {
+        let done = sqlx::query(schema::DELETE)
+            .bind(scope.tenant())
+            .bind(scope.operation())
+            .bind(key.as_str())
+            .execute(&self.pool)
+            .await
+            .map_err(error::to_store)?;
+        Ok(done.rows_affected() > 0)
+    }
 }
 
 #[cfg(test)]

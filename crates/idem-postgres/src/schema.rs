@@ -112,6 +112,7 @@ pub(crate) const LIST_AFTER: [&str; 5] = [
 /// Then the limit's bind.
 pub(crate) const LIST_TAIL: &str = " ORDER BY created_at, tenant, operation, key LIMIT ";
 pub(crate) const PURGE_EXPIRED: &str = include_str!("../queries/purge_expired.sql");
+pub(crate) const DELETE: &str = include_str!("../queries/delete.sql");
 
 fn corrupt(what: impl std::fmt::Display) -> PgError {
     PgError::Corrupt(what.to_string())

@@ -780,6 +780,15 @@ impl Purge for RedisStore {
     async fn purge_expired(&self, _batch: usize) -> Result<u64, StoreError> {
         Ok(0)
     }
+
+    async fn delete(&self, scope: &Scope, key: &IdempotencyKey) -> Result<bool, StoreError> {
+        let removed: i64 = redis::cmd("DEL")
+            .arg(self.key(scope, key))
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(error::to_store)?;
+        Ok(removed > 0)
+    }
 }
 
 impl CacheStore for RedisStore {

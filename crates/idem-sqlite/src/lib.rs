@@ -660,6 +660,20 @@ impl Purge for SqliteStore {
         })
         .await
     }
+
+    async fn delete(&self, scope: &Scope, key: &IdempotencyKey) -> Result<bool, StoreError> {
+        let (scope, key) = (scope.clone(), key.clone());
+        self.write(move |conn, batch| {
+            batch.touch(record_id(&scope, &key));
+            conn.prepare_cached(schema::DELETE)
+                .and_then(|mut s| {
+                    s.execute(params![scope.tenant(), scope.operation(), key.as_str()])
+                })
+                .map(|n| n > 0)
+                .map_err(to_store)
+        })
+        .await
+    }
 }
 
 #[cfg(test)]

@@ -83,6 +83,9 @@ pub(crate) const RENEW: &str = "UPDATE idem_records SET \
      WHERE tenant = ?1 AND operation = ?2 AND key = ?3 AND owner = ?4 AND attempt = ?5 \
      AND state = 'processing'";
 
+pub(crate) const DELETE: &str =
+    "DELETE FROM idem_records WHERE tenant = ?1 AND operation = ?2 AND key = ?3";
+
 /// Uses the partial expiry index; never touches processing rows.
 pub(crate) const PURGE_EXPIRED: &str = "DELETE FROM idem_records WHERE rowid IN \
      (SELECT rowid FROM idem_records WHERE state <> 'processing' AND expires_at <= ?1 LIMIT ?2)";

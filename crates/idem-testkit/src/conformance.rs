@@ -456,6 +456,46 @@ pub async fn release_frees_the_key<S: Store>(store: Arc<S>) {
     assert_eq!(again.attempt, 1);
 }
 
+/// An operator's delete removes a record in any state: a final one can be
+/// executed again, and the owner of a deleted processing one is fenced
+/// out instead of recording into a record that is gone.
+pub async fn delete_removes_any_state<S: Store + Purge>(store: Arc<S>) {
+    let scope = unique_scope("delete");
+    let done = key("done");
+    let lease = acquire(
+        &*store,
+        request(&scope, &done, fp("a"), DAY, LeaseExpiry::Retry),
+    )
+    .await;
+    let answer = outcome(Verdict::Completed, "done", DAY);
+    store
+        .resolve(&scope, &done, &lease, &answer)
+        .await
+        .expect("resolve");
+    assert!(store.delete(&scope, &done).await.expect("delete"));
+    assert_eq!(store.get(&scope, &done).await.expect("get"), None);
+    assert!(!store.delete(&scope, &done).await.expect("delete again"));
+    let again = acquire(
+        &*store,
+        request(&scope, &done, fp("a"), DAY, LeaseExpiry::Retry),
+    )
+    .await;
+    assert_eq!(again.attempt, 1, "a fresh attempt, not a replay");
+
+    let busy = key("busy");
+    let lease = acquire(
+        &*store,
+        request(&scope, &busy, fp("a"), DAY, LeaseExpiry::Retry),
+    )
+    .await;
+    assert!(store.delete(&scope, &busy).await.expect("delete"));
+    assert!(matches!(
+        store.resolve(&scope, &busy, &lease, &answer).await,
+        Err(StoreError::Fenced)
+    ));
+    assert_eq!(store.get(&scope, &busy).await.expect("get"), None);
+}
+
 /// Renewing moves the lease forward, so a slow owner keeps its record.
 pub async fn renew_extends_the_lease<S: Store>(store: Arc<S>) {
     let scope = unique_scope("renew");
@@ -908,6 +948,7 @@ macro_rules! store_conformance {
             lease_takeover_and_hold,
             fencing_of_stale_owner,
             release_frees_the_key,
+            delete_removes_any_state,
             renew_extends_the_lease,
             outcome_unknown_is_kept,
             expiry_and_batched_purge,

@@ -182,4 +182,8 @@ impl<S: Purge> Purge for FaultyStore<S> {
     async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
         self.inner.purge_expired(batch).await
     }
+
+    async fn delete(&self, scope: &Scope, key: &IdempotencyKey) -> Result<bool, StoreError> {
+        self.inner.delete(scope, key).await
+    }
 }

@@ -66,6 +66,11 @@ trait ErasedStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Timestamp, StoreError>>;
     fn list<'a>(&'a self, filter: &'a ListFilter) -> BoxFuture<'a, Result<Page, StoreError>>;
     fn purge_expired(&self, batch: usize) -> BoxFuture<'_, Result<u64, StoreError>>;
+    fn delete<'a>(
+        &'a self,
+        scope: &'a Scope,
+        key: &'a IdempotencyKey,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
 }
 
 impl<S: Store + ListRecords + Purge> ErasedStore for S {
@@ -122,6 +127,13 @@ impl<S: Store + ListRecords + Purge> ErasedStore for S {
     }
     fn purge_expired(&self, batch: usize) -> BoxFuture<'_, Result<u64, StoreError>> {
         Box::pin(Purge::purge_expired(self, batch))
+    }
+    fn delete<'a>(
+        &'a self,
+        scope: &'a Scope,
+        key: &'a IdempotencyKey,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(Purge::delete(self, scope, key))
     }
 }
 
@@ -216,5 +228,9 @@ impl ListRecords for DynStore {
 impl Purge for DynStore {
     async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
         self.inner.purge_expired(batch).await
+    }
+
+    async fn delete(&self, scope: &Scope, key: &IdempotencyKey) -> Result<bool, StoreError> {
+        self.inner.delete(scope, key).await
     }
 }

@@ -10,7 +10,9 @@
 //! * [`Policy`] sets retention, lease, and what happens on lapses and outages;
 //! * [`Store`] is the storage contract ([`MemoryStore`] here, SQLite,
 //!   PostgreSQL and Redis in their own crates; [`Tiered`] composes two);
-//! * [`Engine`] drives it all: [`Engine::begin`] / [`Engine::run`].
+//! * [`Engine`] drives it all: [`Engine::begin`] / [`Engine::run`];
+//! * [`operator`] holds what operators do to records: release, resolve by
+//!   hand, cleanup, census of stuck records, reconciliation.
 //!
 //! This crate does no I/O of its own beyond Tokio timers and tasks.
 //!
@@ -36,6 +38,7 @@ pub mod engine;
 pub mod fingerprint;
 pub mod key;
 pub mod memory;
+pub mod operator;
 pub mod policy;
 pub mod record;
 pub mod store;

@@ -292,6 +292,13 @@ impl Purge for MemoryStore {
         }
         Ok(deleted)
     }
+
+    async fn delete(&self, scope: &Scope, key: &IdempotencyKey) -> Result<bool, StoreError> {
+        Ok(self
+            .shard(scope, key)
+            .remove(&(scope.clone(), key.clone()))
+            .is_some())
+    }
 }
 
 impl CacheStore for MemoryStore {

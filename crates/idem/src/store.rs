@@ -282,6 +282,16 @@ pub trait Purge: Store {
     /// Deletes at most `batch` completed or failed records whose retention
     /// has passed; never a processing one. Returns how many were deleted.
     fn purge_expired(&self, batch: usize) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Deletes one record whatever its state — an operator's decision (a
+    /// record written by mistake, a key a client must be able to reuse).
+    /// Returns whether there was a record. An owner still working on a
+    /// deleted processing record is fenced out when it tries to record.
+    fn delete(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
 impl<S: Store> Store for Arc<S> {
@@ -349,6 +359,14 @@ impl<S: ListRecords> ListRecords for Arc<S> {
 impl<S: Purge> Purge for Arc<S> {
     fn purge_expired(&self, batch: usize) -> impl Future<Output = Result<u64, StoreError>> + Send {
         (**self).purge_expired(batch)
+    }
+
+    fn delete(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        (**self).delete(scope, key)
     }
 }
 

@@ -217,4 +217,14 @@ impl<F: CacheStore + Purge, D: Purge> Purge for Tiered<F, D> {
         }
         Ok(deleted)
     }
+
+    async fn delete(&self, scope: &Scope, key: &IdempotencyKey) -> Result<bool, StoreError> {
+        // The copy goes first (so no reader answers from it once the
+        // durable record is gone) and again after (in case a reader copied
+        // the record back in between).
+        self.drop_copy(scope, key).await;
+        let existed = self.durable.delete(scope, key).await?;
+        self.drop_copy(scope, key).await;
+        Ok(existed)
+    }
 }
