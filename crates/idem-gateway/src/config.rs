@@ -47,6 +47,25 @@ struct FileConfig {
     defaults: Option<PolicyConfig>,
     #[serde(default)]
     route: Vec<PolicyConfig>,
+    cleanup: Option<CleanupConfig>,
+    monitor: Option<MonitorConfig>,
+}
+
+/// `[cleanup]`: the background deletion of expired records.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CleanupConfig {
+    enabled: Option<bool>,
+    interval: Option<Spanned<String>>,
+    batch: Option<Spanned<i64>>,
+}
+
+/// `[monitor]`: the stuck-record monitor.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MonitorConfig {
+    interval: Option<Spanned<String>>,
+    stuck_after_leases: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -115,6 +134,38 @@ pub struct Settings {
     pub upstream_timeout: Duration,
     /// How long in-flight requests may take to finish at shutdown.
     pub shutdown_grace: Duration,
+    /// Background cleanup of expired records (`None`: disabled).
+    pub cleanup: Option<CleanupSettings>,
+    /// The stuck-record monitor.
+    pub monitor: MonitorSettings,
+}
+
+/// `[cleanup]`, validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CleanupSettings {
+    /// Pause between cleanup runs.
+    pub interval: Duration,
+    /// Records deleted per batch (one transaction each).
+    pub batch: usize,
+}
+
+/// `[monitor]`, validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MonitorSettings {
+    /// Pause between censuses of processing records.
+    pub interval: Duration,
+    /// A processing record without a live lease older than this is stuck
+    /// (`stuck_after_leases` × the longest route lease).
+    pub stuck_after: Duration,
+}
+
+impl Default for MonitorSettings {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(30),
+            stuck_after: Duration::from_secs(90),
+        }
+    }
 }
 
 /// Where in the file a value sits, for messages.
@@ -263,6 +314,12 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
             .route(m, path.get_ref(), policy)
             .map_err(|e| src.error(&format!("{at}.path"), path, e))?;
     }
+    let longest_lease = routes
+        .policies()
+        .map(|p| p.engine.lease)
+        .max()
+        .unwrap_or(Duration::from_secs(30));
+    let (cleanup, monitor) = jobs(src, &file.cleanup, &file.monitor, longest_lease)?;
     Ok(Settings {
         listen,
         upstream,
@@ -273,7 +330,53 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         tenant,
         upstream_timeout,
         shutdown_grace,
+        cleanup,
+        monitor,
     })
+}
+
+fn jobs(
+    src: &Source<'_>,
+    cleanup: &Option<CleanupConfig>,
+    monitor: &Option<MonitorConfig>,
+    longest_lease: Duration,
+) -> Result<(Option<CleanupSettings>, MonitorSettings), ConfigError> {
+    let count = |key: &str, v: &Option<Spanned<i64>>, default: i64| -> Result<usize, ConfigError> {
+        match v {
+            None => Ok(default as usize),
+            Some(n) => usize::try_from(*n.get_ref())
+                .ok()
+                .filter(|n| (1..=1_000_000).contains(n))
+                .ok_or_else(|| src.error(key, n, "must be a whole number from 1 to 1000000")),
+        }
+    };
+    let every =
+        |key: &str, v: &Option<Spanned<String>>, default: u64| -> Result<Duration, ConfigError> {
+            match v {
+                None => Ok(Duration::from_secs(default)),
+                Some(v) => positive(src, key, v, duration(src, key, v)?),
+            }
+        };
+    let c = cleanup.as_ref();
+    let cleanup = if c.and_then(|c| c.enabled).unwrap_or(true) {
+        Some(CleanupSettings {
+            interval: every("cleanup.interval", &c.and_then(|c| c.interval.clone()), 60)?,
+            batch: count("cleanup.batch", &c.and_then(|c| c.batch.clone()), 1000)?,
+        })
+    } else {
+        None
+    };
+    let m = monitor.as_ref();
+    let leases = count(
+        "monitor.stuck_after_leases",
+        &m.and_then(|m| m.stuck_after_leases.clone()),
+        3,
+    )?;
+    let monitor = MonitorSettings {
+        interval: every("monitor.interval", &m.and_then(|m| m.interval.clone()), 30)?,
+        stuck_after: longest_lease.saturating_mul(u32::try_from(leases).unwrap_or(u32::MAX)),
+    };
+    Ok((cleanup, monitor))
 }
 
 /// A message for a value that came from the file (with its line) or from a

@@ -272,6 +272,8 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         tenant: TenantSource::Authorization,
         upstream_timeout: Duration::from_secs(10),
         shutdown_grace: Duration::from_secs(5),
+        cleanup: None,
+        monitor: crate::config::MonitorSettings::default(),
     };
     let server = crate::server::bind(&settings).await?;
     let gateway = server.local_addr().map_err(|e| e.to_string())?;

@@ -2,8 +2,12 @@
 //! and the demo, so tests and embedders can run them in-process. The
 //! binary `idem` is a thin command line over these.
 
+pub mod admin;
+pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod jobs;
+pub mod metrics;
 pub mod proxy;
 pub mod server;
 pub mod store;

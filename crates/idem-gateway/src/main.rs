@@ -5,7 +5,7 @@
 //! idem demo                                          # a retry storm, end to end
 //! ```
 
-use idem_gateway::{config, demo, server};
+use idem_gateway::{cli, config, demo, server};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,13 +42,81 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Create or upgrade the store's schema (PostgreSQL, SQLite) and exit.
     Migrate(MigrateArgs),
+    /// Inspect and act on idempotency records in a store.
+    #[command(subcommand)]
+    Records(RecordsCommand),
+    /// Delete expired completed and failed records in batches (never
+    /// processing ones); safe to interrupt and run again.
+    Cleanup(CleanupArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct StoreArg {
+    /// Store URL.
+    #[arg(long, env = "IDEM_STORE", default_value = config::DEFAULT_STORE)]
+    store: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum RecordsCommand {
+    /// List records, oldest first.
+    List {
+        #[command(flatten)]
+        store: StoreArg,
+        #[command(flatten)]
+        filter: cli::ListArgs,
+    },
+    /// Show one record (as JSON).
+    Show {
+        #[command(flatten)]
+        store: StoreArg,
+        #[command(flatten)]
+        id: cli::RecordId,
+        /// Include the stored response body.
+        #[arg(long)]
+        body: bool,
+    },
+    /// Free a processing record's key (its work is known not to have happened).
+    Release {
+        #[command(flatten)]
+        store: StoreArg,
+        #[command(flatten)]
+        id: cli::RecordId,
+    },
+    /// Record the final answer of a processing record (reconcile an outcome_unknown one).
+    Resolve {
+        #[command(flatten)]
+        store: StoreArg,
+        #[command(flatten)]
+        id: cli::RecordId,
+        #[command(flatten)]
+        answer: cli::ResolveArgs,
+    },
+    /// Delete one record, whatever its state.
+    Purge {
+        #[command(flatten)]
+        store: StoreArg,
+        #[command(flatten)]
+        id: cli::RecordId,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct CleanupArgs {
+    #[command(flatten)]
+    store: StoreArg,
+    /// Records deleted per batch (one transaction each).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    batch: u32,
+    /// Stop after this many seconds (the next run carries on).
+    #[arg(long)]
+    max_seconds: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]
 struct MigrateArgs {
-    /// Store URL.
-    #[arg(long, env = "IDEM_STORE", default_value = config::DEFAULT_STORE)]
-    store: String,
+    #[command(flatten)]
+    store: StoreArg,
 }
 
 #[derive(Debug, clap::Args)]
@@ -105,15 +173,47 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve(args).await,
         Command::Demo(args) => demo::run(args).await,
-        Command::Migrate(args) => idem_gateway::store::migrate(&args.store)
+        Command::Migrate(args) => idem_gateway::store::migrate(&args.store.store)
             .await
             .map(|done| println!("idem: {done}")),
+        Command::Records(command) => records(command).await,
+        Command::Cleanup(args) => match cli::open(&args.store.store).await {
+            Ok(store) => {
+                cli::cleanup(
+                    &store,
+                    args.batch as usize,
+                    args.max_seconds.map(std::time::Duration::from_secs),
+                )
+                .await
+            }
+            Err(err) => Err(err),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("idem: {err}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+async fn records(command: RecordsCommand) -> Result<(), String> {
+    match command {
+        RecordsCommand::List { store, filter } => {
+            cli::list(&cli::open(&store.store).await?, &filter).await
+        }
+        RecordsCommand::Show { store, id, body } => {
+            cli::show(&cli::open(&store.store).await?, &id, body).await
+        }
+        RecordsCommand::Release { store, id } => {
+            cli::release(&cli::open(&store.store).await?, &id).await
+        }
+        RecordsCommand::Resolve { store, id, answer } => {
+            cli::resolve(&cli::open(&store.store).await?, &id, &answer).await
+        }
+        RecordsCommand::Purge { store, id } => {
+            cli::purge(&cli::open(&store.store).await?, &id).await
         }
     }
 }

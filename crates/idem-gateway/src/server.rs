@@ -1,24 +1,22 @@
 //! `idem serve`: the listener, the admin listener, graceful shutdown.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, Response, StatusCode, header};
-use http_body_util::Full;
+use http::Request;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use idem::Store;
-use idem_http::{Idempotency, IdempotencyLayer, ResponseBody, TenantSource};
+use hyper_util::service::TowerToHyperService;
+use idem_http::{Idempotency, IdempotencyLayer, TenantSource};
 use tokio::net::TcpListener;
 use tower::{Layer, ServiceExt};
 
+use crate::admin::AdminState;
 use crate::config::Settings;
 use crate::proxy::{PeerAddr, Proxy, ProxyBody};
 use crate::store::GatewayStore;
@@ -48,12 +46,15 @@ pub struct Server {
     admin: TcpListener,
     gateway: Gateway,
     store: GatewayStore,
-    admin_token: Option<Arc<str>>,
-    grace: Duration,
+    admin_router: axum::Router,
+    settings: Settings,
 }
 
 /// Opens the store and binds both listeners; errors name what failed.
 pub async fn bind(settings: &Settings) -> Result<Server, String> {
+    // Before anything records: the layer registers its counters on the
+    // first request.
+    crate::metrics::install();
     let store = GatewayStore::open(&settings.store).await?;
     let listener = TcpListener::bind(settings.listen)
         .await
@@ -66,13 +67,18 @@ pub async fn bind(settings: &Settings) -> Result<Server, String> {
         .with_routes(settings.routes.clone())
         .with_tenant(settings.tenant.clone())
         .layer(proxy);
+    let admin_router = crate::admin::router(AdminState {
+        store: store.clone(),
+        token: settings.admin_token.as_deref().map(Arc::from),
+        default_retention: settings.routes.defaults().engine.retention,
+    });
     Ok(Server {
         listener,
         admin,
         gateway,
         store,
-        admin_token: settings.admin_token.as_deref().map(Arc::from),
-        grace: settings.shutdown_grace,
+        admin_router,
+        settings: settings.clone(),
     })
 }
 
@@ -96,9 +102,11 @@ impl Server {
             admin,
             gateway,
             store,
-            admin_token,
-            grace,
+            admin_router,
+            settings,
         } = self;
+        let grace = settings.shutdown_grace;
+        let mut jobs = crate::jobs::spawn(&store, settings.cleanup, settings.monitor);
         let builder = auto::Builder::new(TokioExecutor::new());
         let graceful = GracefulShutdown::new();
         let mut shutdown = std::pin::pin!(shutdown);
@@ -130,8 +138,7 @@ impl Server {
                 }
                 accepted = admin.accept() => {
                     if let Ok((stream, _)) = accepted {
-                        let (store, token) = (store.clone(), admin_token.clone());
-                        let svc = service_fn(move |req: Request<Incoming>| admin_route(req, store.clone(), token.clone()));
+                        let svc = TowerToHyperService::new(admin_router.clone());
                         let conn = builder.serve_connection(TokioIo::new(stream), svc);
                         let conn = graceful.watch(conn.into_owned());
                         tokio::spawn(async move { let _ = conn.await; });
@@ -142,6 +149,7 @@ impl Server {
         }
         drop(listener);
         drop(admin);
+        jobs.abort_all();
         tracing::info!(
             grace_ms = grace.as_millis() as u64,
             "shutting down: finishing in-flight requests"
@@ -153,55 +161,6 @@ impl Server {
         drop(gateway);
         // The last handle: dropping it closes the store (SQLite finishes its queue).
         drop(store);
-    }
-}
-
-type AdminBody = ResponseBody<Full<Bytes>>;
-
-async fn admin_route(
-    req: Request<Incoming>,
-    store: GatewayStore,
-    token: Option<Arc<str>>,
-) -> Result<Response<AdminBody>, Infallible> {
-    let text = |status: StatusCode, body: String| {
-        let mut resp = Response::new(ResponseBody::full(body));
-        *resp.status_mut() = status;
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            header::HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-        Ok(resp)
-    };
-    if req.uri().path() == "/healthz" {
-        return text(StatusCode::OK, "ok\n".to_owned());
-    }
-    if let Some(token) = token {
-        let expected = format!("Bearer {token}");
-        if req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            != Some(expected.as_str())
-        {
-            return text(
-                StatusCode::UNAUTHORIZED,
-                "admin token required: Authorization: Bearer <token>\n".to_owned(),
-            );
-        }
-    }
-    match req.uri().path() {
-        "/readyz" => {
-            let probe = idem::Scope::new("idem-readyz", "probe").expect("valid probe scope");
-            let key: idem::IdempotencyKey = "probe".parse().expect("valid probe key");
-            match store.get(&probe, &key).await {
-                Ok(_) => text(StatusCode::OK, "ready\n".to_owned()),
-                Err(err) => text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("store unavailable: {}\n", error_chain(&err)),
-                ),
-            }
-        }
-        _ => text(StatusCode::NOT_FOUND, "not found\n".to_owned()),
     }
 }
 

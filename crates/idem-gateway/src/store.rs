@@ -27,6 +27,7 @@ use idem_sqlite::SqliteStore;
 
 use idem::store::redact_url as redact;
 
+use crate::metrics::timed;
 use crate::server::error_chain;
 
 /// A store URL, understood but not yet connected.
@@ -72,6 +73,17 @@ impl StoreUrl {
                 "store {}: unknown store URL scheme {scheme:?}; expected sqlite://, postgres://, redis://, tiered:redis://…,postgres://… or memory://",
                 redact(url)
             )),
+        }
+    }
+
+    /// The backend's name: `sqlite`, `memory`, `postgres`, `redis`, `tiered`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Sqlite(_) => "sqlite",
+            Self::Memory => "memory",
+            Self::Postgres(_) => "postgres",
+            Self::Redis(_) => "redis",
+            Self::Tiered(..) => "tiered",
         }
     }
 
@@ -152,6 +164,7 @@ fn redact_tiered(url: &str) -> String {
 pub struct GatewayStore {
     ready: Arc<OnceLock<DynStore>>,
     last_error: Arc<Mutex<String>>,
+    kind: &'static str,
 }
 
 impl GatewayStore {
@@ -163,6 +176,7 @@ impl GatewayStore {
         let store = Self {
             ready: Arc::new(OnceLock::new()),
             last_error: Arc::new(Mutex::new(String::new())),
+            kind: parsed.kind(),
         };
         match parsed.connect().await {
             Ok(s) => {
@@ -201,6 +215,11 @@ impl GatewayStore {
         }
     }
 
+    /// The backend's name, as in the metrics' `store` label.
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
     fn store(&self) -> Result<&DynStore, StoreError> {
         self.ready.get().ok_or_else(|| {
             StoreError::unavailable(format!(
@@ -213,11 +232,11 @@ impl GatewayStore {
 
 impl Store for GatewayStore {
     async fn reserve(&self, req: ReserveRequest<'_>) -> Result<Reservation, StoreError> {
-        self.store()?.reserve(req).await
+        timed(self.kind, "reserve", self.store()?.reserve(req)).await
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
-        self.store()?.get(scope, key).await
+        timed(self.kind, "get", self.store()?.get(scope, key)).await
     }
 
     async fn resolve(
@@ -227,7 +246,12 @@ impl Store for GatewayStore {
         lease: &Lease,
         outcome: &FinalOutcome,
     ) -> Result<(), StoreError> {
-        self.store()?.resolve(scope, key, lease, outcome).await
+        timed(
+            self.kind,
+            "resolve",
+            self.store()?.resolve(scope, key, lease, outcome),
+        )
+        .await
     }
 
     async fn release(
@@ -236,7 +260,12 @@ impl Store for GatewayStore {
         key: &IdempotencyKey,
         lease: &Lease,
     ) -> Result<(), StoreError> {
-        self.store()?.release(scope, key, lease).await
+        timed(
+            self.kind,
+            "release",
+            self.store()?.release(scope, key, lease),
+        )
+        .await
     }
 
     async fn mark_unknown(
@@ -246,7 +275,12 @@ impl Store for GatewayStore {
         lease: &Lease,
         reason: &str,
     ) -> Result<(), StoreError> {
-        self.store()?.mark_unknown(scope, key, lease, reason).await
+        timed(
+            self.kind,
+            "mark_unknown",
+            self.store()?.mark_unknown(scope, key, lease, reason),
+        )
+        .await
     }
 
     async fn renew(
@@ -256,23 +290,28 @@ impl Store for GatewayStore {
         lease: &Lease,
         duration: Duration,
     ) -> Result<Timestamp, StoreError> {
-        self.store()?.renew(scope, key, lease, duration).await
+        timed(
+            self.kind,
+            "renew",
+            self.store()?.renew(scope, key, lease, duration),
+        )
+        .await
     }
 }
 
 impl ListRecords for GatewayStore {
     async fn list(&self, filter: &ListFilter) -> Result<Page, StoreError> {
-        self.store()?.list(filter).await
+        timed(self.kind, "list", self.store()?.list(filter)).await
     }
 }
 
 impl Purge for GatewayStore {
     async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
-        self.store()?.purge_expired(batch).await
+        timed(self.kind, "purge", self.store()?.purge_expired(batch)).await
     }
 
     async fn delete(&self, scope: &Scope, key: &IdempotencyKey) -> Result<bool, StoreError> {
-        self.store()?.delete(scope, key).await
+        timed(self.kind, "delete", self.store()?.delete(scope, key)).await
     }
 }
 

@@ -3,86 +3,22 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use http::{Method, StatusCode};
-use idem_testkit::client::{Answer, send};
+use idem_testkit::client::send;
+use idem_testkit::gateway::GatewayProcess as Gateway;
 use idem_testkit::upstream::CountingUpstream;
-use tokio::io::AsyncBufReadExt;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 const IDEM: &str = env!("CARGO_BIN_EXE_idem");
 const JSON: (&str, &str) = ("content-type", "application/json");
 const AUTH: (&str, &str) = ("authorization", "Bearer merchant-1");
 
-struct Gateway {
-    child: Child,
-    addr: SocketAddr,
-    admin: SocketAddr,
-}
-
-impl Gateway {
-    /// Starts `idem serve` with this config text (upstream and store given
-    /// as flags) and waits for its "listening" line.
-    async fn start(dir: &Path, config: &str, upstream: &str, store: &str) -> Gateway {
-        let path = dir.join("idem.toml");
-        std::fs::write(&path, config).expect("write config");
-        let mut child = Command::new(IDEM)
-            .args([
-                "--log",
-                "warn",
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--admin-listen",
-                "127.0.0.1:0",
-            ])
-            .arg("--config")
-            .arg(&path)
-            .args(["--upstream", upstream, "--store", store])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn idem");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-            .await
-            .expect("idem starts within 20 s")
-            .expect("read stdout")
-            .expect("a listening line");
-        // "idem: listening on ADDR (admin ADDR), upstream URL"
-        let rest = line
-            .strip_prefix("idem: listening on ")
-            .unwrap_or_else(|| panic!("unexpected line {line:?}"));
-        let (addr, rest) = rest.split_once(" (admin ").expect("admin part");
-        let admin = rest.split_once(')').expect("closing paren").0;
-        Gateway {
-            child,
-            addr: addr.parse().expect("addr"),
-            admin: admin.parse().expect("admin addr"),
-        }
-    }
-
-    async fn post(&self, path: &str, headers: &[(&str, &str)], body: &str) -> Answer {
-        send(self.addr, Method::POST, path, headers, body.to_owned()).await
-    }
-
-    /// SIGTERM, then wait for a clean exit.
-    async fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().expect("running").to_string();
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill");
-        assert!(status.success());
-        tokio::time::timeout(Duration::from_secs(20), self.child.wait())
-            .await
-            .expect("exits after SIGTERM")
-            .expect("wait")
-    }
+/// Starts `idem serve` with this config text (upstream and store given as
+/// flags) and waits for its "listening" line.
+async fn start(dir: &Path, config: &str, upstream: &str, store: &str) -> Gateway {
+    Gateway::start(IDEM, dir, config, upstream, store, "warn", &[]).await
 }
 
 const CONFIG: &str = r#"
@@ -118,7 +54,7 @@ fn sqlite(dir: &Path) -> String {
 async fn the_contract_through_the_real_gateway() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
-    let gw = Gateway::start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
+    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
 
     // First request executes; the key is forwarded upstream, hop-by-hop
     // headers are not.
@@ -319,7 +255,7 @@ async fn the_contract_through_the_real_gateway() {
 async fn sixty_four_concurrent_identical_requests_execute_once() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
-    let gw = Gateway::start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
+    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..64 {
         let addr = gw.addr;
@@ -359,10 +295,10 @@ async fn replays_survive_a_gateway_restart() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
     let h = [JSON, AUTH, ("idempotency-key", "restart-1")];
-    let gw = Gateway::start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
+    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
     let first = gw.post("/v1/payments", &h, r#"{"amount":1}"#).await;
     assert!(gw.terminate().await.success());
-    let gw = Gateway::start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
+    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
     let again = gw.post("/v1/payments", &h, r#"{"amount":1}"#).await;
     assert_eq!((again.status, &again.body), (first.status, &first.body));
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
@@ -374,7 +310,7 @@ async fn replays_survive_a_gateway_restart() {
 async fn sigterm_lets_in_flight_requests_finish() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
-    let gw = Gateway::start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
+    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
     let addr = gw.addr;
     let inflight = tokio::spawn(async move {
         send(
@@ -400,7 +336,7 @@ async fn sigterm_lets_in_flight_requests_finish() {
         "finished, not cut"
     );
     // The answer was recorded before exit: a new gateway replays it.
-    let gw = Gateway::start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
+    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
     let again = gw
         .post(
             "/v1/payments",
@@ -417,7 +353,7 @@ async fn sigterm_lets_in_flight_requests_finish() {
 async fn upstream_unreachable_is_502_and_releases_the_key() {
     let dir = tempfile::tempdir().expect("temp dir");
     // Port 1 on loopback: connection refused.
-    let gw = Gateway::start(
+    let gw = start(
         dir.path(),
         CONFIG,
         "http://127.0.0.1:1",
@@ -442,7 +378,7 @@ async fn store_down_fails_closed_or_open_per_route() {
     let up = CountingUpstream::start().await;
     let db = dir.path().join("idem.db");
     let store = format!("sqlite://{}?busy_timeout_ms=100", db.display());
-    let gw = Gateway::start(dir.path(), CONFIG, &up.url(), &store).await;
+    let gw = start(dir.path(), CONFIG, &up.url(), &store).await;
     // Another process holds the database's write lock: the store cannot
     // record reservations.
     let lock = rusqlite_lock(&db);
@@ -645,7 +581,7 @@ async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> String {
 async fn truncated_bodies_and_oversized_headers_forward_nothing_and_leave_no_record() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
-    let gw = Gateway::start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
+    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
     // A body cut short: Content-Length says 100, 10 bytes arrive, the
     // client goes away.
     let truncated = format!(

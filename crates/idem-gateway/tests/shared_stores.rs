@@ -4,16 +4,15 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use http::{Method, StatusCode};
 use idem_testkit::client::{Answer, send};
 use idem_testkit::fault::FaultProxy;
+use idem_testkit::gateway::GatewayProcess as Gateway;
 use idem_testkit::services;
 use idem_testkit::upstream::CountingUpstream;
-use tokio::io::AsyncBufReadExt;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 const IDEM: &str = env!("CARGO_BIN_EXE_idem");
 
@@ -40,52 +39,8 @@ path = "/v1/open"
 on_store_error = "open"
 "#;
 
-struct Gateway {
-    _child: Child,
-    addr: SocketAddr,
-    admin: SocketAddr,
-}
-
 async fn start(dir: &Path, upstream: &str, store: &str) -> Gateway {
-    let path = dir.join("idem.toml");
-    std::fs::write(&path, CONFIG).expect("write config");
-    let mut child = Command::new(IDEM)
-        .args([
-            "--log",
-            "error",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ])
-        .arg("--config")
-        .arg(&path)
-        .args(["--upstream", upstream, "--store", store])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn idem");
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("idem starts")
-        .expect("stdout")
-        .expect("listening line");
-    let rest = line
-        .strip_prefix("idem: listening on ")
-        .expect("listening line");
-    let (addr, rest) = rest.split_once(" (admin ").expect("admin");
-    Gateway {
-        _child: child,
-        addr: addr.parse().expect("addr"),
-        admin: rest
-            .split_once(')')
-            .expect("paren")
-            .0
-            .parse()
-            .expect("admin addr"),
-    }
+    Gateway::start(IDEM, dir, CONFIG, upstream, store, "error", &[]).await
 }
 
 fn unique(label: &str) -> String {

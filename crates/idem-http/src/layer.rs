@@ -22,6 +22,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
@@ -31,8 +32,9 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::body::{BoxError, Kept, RequestBodyError, ResponseBody, keep_response, read_request};
+use crate::metrics::RequestMetrics;
 use crate::request::{TenantExtractor, TenantSource, fingerprint, idempotency_key};
-use crate::{Problem, ProblemKind, RoutePolicy, Routes};
+use crate::{Problem, ProblemKind, RouteMatch, RoutePolicy, Routes};
 
 /// Response header marking a replayed answer.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -83,6 +85,21 @@ pub enum Decision {
 }
 
 impl Decision {
+    /// Every decision, in declaration order (`d as usize` indexes it).
+    pub const ALL: [Decision; 11] = [
+        Self::PassThrough,
+        Self::Executed,
+        Self::Replayed,
+        Self::Mismatch,
+        Self::InProgress,
+        Self::MissingKey,
+        Self::InvalidKey,
+        Self::BadRequest,
+        Self::Unprotected,
+        Self::StoreError,
+        Self::OutcomeUnknown,
+    ];
+
     /// The metric label.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -129,6 +146,7 @@ struct Shared<S, T> {
     /// One engine per route policy, in [`Routes::policies`] order.
     engines: Vec<Engine<S>>,
     tenant: Arc<T>,
+    metrics: RequestMetrics,
 }
 
 impl<S: Store> IdempotencyLayer<S, TenantSource> {
@@ -160,6 +178,7 @@ impl<S: Store, T: TenantExtractor> IdempotencyLayer<S, T> {
                 routes,
                 engines,
                 tenant,
+                metrics: RequestMetrics::default(),
             }),
         }
     }
@@ -285,6 +304,7 @@ fn problem<B>(problem: Problem, decision: Decision) -> Response<ResponseBody<B>>
 }
 
 impl<S: Store, T: TenantExtractor> Shared<S, T> {
+    /// Routes the request, answers it, and counts the answer.
     async fn handle<I, ReqBody, ResBody>(
         &self,
         inner: I,
@@ -299,9 +319,41 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         ResBody: Body<Data = Bytes> + Send + 'static,
         ResBody::Error: Into<BoxError>,
     {
-        let Some(route) = self.routes.matching(req.method(), req.uri().path()) else {
-            return pass_through(inner, req, Decision::PassThrough).await;
+        let started = Instant::now();
+        let route = self.routes.matching(req.method(), req.uri().path());
+        // Labels index: configured routes, then the defaults, then "none".
+        let index = route.as_ref().map_or(self.engines.len(), |r| r.index);
+        let answer = match route {
+            Some(route) => self.protect(inner, req, route).await,
+            None => pass_through(inner, req, Decision::PassThrough).await,
         };
+        if let Ok(resp) = &answer {
+            let decision = resp
+                .extensions()
+                .get::<Decision>()
+                .copied()
+                .unwrap_or(Decision::PassThrough);
+            self.metrics
+                .record(&self.routes, index, decision, started.elapsed());
+        }
+        answer
+    }
+
+    async fn protect<I, ReqBody, ResBody>(
+        &self,
+        inner: I,
+        req: Request<ReqBody>,
+        route: RouteMatch<'_>,
+    ) -> Answer<ResBody, I::Error>
+    where
+        I: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+        I::Future: Send + 'static,
+        I::Error: Send + 'static,
+        ReqBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+        ReqBody::Error: Into<BoxError>,
+        ResBody: Body<Data = Bytes> + Send + 'static,
+        ResBody::Error: Into<BoxError>,
+    {
         let policy = Arc::clone(route.policy);
         let engine = &self.engines[route.index];
         let operation = route.operation.into_owned();
@@ -341,7 +393,7 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
             Ok(bytes) => bytes,
             Err(RequestBodyError::TooLarge) => return Ok(too_large(&policy, &scope, &key)),
             Err(RequestBodyError::Unreadable(err)) => {
-                tracing::info!(reason = "idempotency_body_unreadable", %scope, %key, %err);
+                tracing::info!(reason = "idempotency_body_unreadable", tenant = scope.tenant(), operation = scope.operation(), %key, %err);
                 return Ok(problem(
                     Problem::new(
                         ProblemKind::BodyUnreadable,
@@ -354,7 +406,7 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         let fp = match fingerprint(&parts, &operation, &policy.fingerprint_headers, &bytes) {
             Ok(fp) => fp,
             Err(p) => {
-                tracing::info!(reason = "idempotency_body_encoding", %scope, %key);
+                tracing::info!(reason = "idempotency_body_encoding", tenant = scope.tenant(), operation = scope.operation(), %key);
                 return Ok(problem(p, Decision::BadRequest));
             }
         };
@@ -418,14 +470,14 @@ where
             execute(inner, req, guard, policy).await
         }
         Ok(Begin::Replay(replay)) => {
-            tracing::debug!(reason = "idempotency_replay", %scope, %key, status = replay.response.status);
+            tracing::info!(reason = "idempotency_replay", tenant = scope.tenant(), operation = scope.operation(), %key, state = %replay.state, resource_id = replay.resource_id.as_deref(), status = replay.response.status);
             Ok(with_decision(replayed(replay), Decision::Replayed))
         }
         Ok(Begin::InProgress {
             retry_after,
             outcome_unknown,
         }) => {
-            tracing::info!(reason = "idempotency_in_progress", %scope, %key, outcome_unknown);
+            tracing::info!(reason = "idempotency_in_progress", tenant = scope.tenant(), operation = scope.operation(), %key, outcome_unknown);
             let detail = if outcome_unknown {
                 "an earlier attempt with this key may have taken effect; its outcome is being reconciled"
             } else {
@@ -437,7 +489,7 @@ where
             ))
         }
         Ok(Begin::Mismatch { state }) => {
-            tracing::info!(reason = "idempotency_mismatch", %scope, %key, %state);
+            tracing::info!(reason = "idempotency_mismatch", tenant = scope.tenant(), operation = scope.operation(), %key, %state);
             Ok(problem(
                 Problem::new(
                     ProblemKind::KeyReused,
@@ -448,7 +500,7 @@ where
             ))
         }
         Ok(Begin::Unprotected(err)) => {
-            tracing::warn!(reason = "idempotency_unprotected", %scope, %key, %err);
+            tracing::warn!(reason = "idempotency_unprotected", tenant = scope.tenant(), operation = scope.operation(), %key, %err);
             let req = Request::from_parts(parts, ReqBody::from(bytes));
             let mut resp = pass_through(inner, req, Decision::Unprotected).await?;
             resp.headers_mut()
@@ -456,7 +508,7 @@ where
             Ok(resp)
         }
         Err(EngineError::Store(err)) => {
-            tracing::warn!(reason = "idempotency_store_error", %scope, %key, %err);
+            tracing::warn!(reason = "idempotency_store_error", tenant = scope.tenant(), operation = scope.operation(), %key, %err);
             Ok(problem(
                 Problem::new(
                     ProblemKind::StoreUnavailable,
@@ -467,7 +519,7 @@ where
             ))
         }
         Err(err) => {
-            tracing::warn!(reason = "idempotency_store_error", %scope, %key, %err);
+            tracing::warn!(reason = "idempotency_store_error", tenant = scope.tenant(), operation = scope.operation(), %key, %err);
             Ok(problem(
                 Problem::new(ProblemKind::StoreUnavailable, err.to_string()),
                 Decision::StoreError,
@@ -490,7 +542,7 @@ fn too_large<B>(
     scope: &Scope,
     key: &idem::IdempotencyKey,
 ) -> Response<ResponseBody<B>> {
-    tracing::info!(reason = "idempotency_body_too_large", %scope, %key, limit = policy.max_request_body);
+    tracing::info!(reason = "idempotency_body_too_large", tenant = scope.tenant(), operation = scope.operation(), %key, limit = policy.max_request_body);
     problem(
         Problem::new(
             ProblemKind::BodyTooLarge,
@@ -562,7 +614,7 @@ where
                 ));
             }
             Some(UpstreamOutcome::MaybeSent) => {
-                tracing::warn!(reason = "idempotency_outcome_unknown", %scope, %key, status = parts.status.as_u16());
+                tracing::warn!(reason = "idempotency_outcome_unknown", tenant = scope.tenant(), operation = scope.operation(), %key, status = parts.status.as_u16());
                 log_recording(
                     &scope,
                     &key,
@@ -609,9 +661,9 @@ where
                     body: bytes.clone(),
                 };
                 if let Err(err) = guard.finish(stored).await {
-                    tracing::error!(reason = "idempotency_record_failed", %scope, %key, %err);
+                    tracing::error!(reason = "idempotency_record_failed", tenant = scope.tenant(), operation = scope.operation(), %key, %err);
                 }
-                tracing::debug!(reason = "idempotency_executed", %scope, %key, status);
+                tracing::info!(reason = "idempotency_executed", tenant = scope.tenant(), operation = scope.operation(), %key, status, resolution = ?policy.engine.resolution_for(status));
                 Ok(with_decision(
                     Response::from_parts(parts, ResponseBody::full(bytes)),
                     Decision::Executed,
@@ -626,9 +678,9 @@ where
                     body: Bytes::new(),
                 };
                 if let Err(err) = guard.finish(tombstone).await {
-                    tracing::error!(reason = "idempotency_record_failed", %scope, %key, %err);
+                    tracing::error!(reason = "idempotency_record_failed", tenant = scope.tenant(), operation = scope.operation(), %key, %err);
                 }
-                tracing::info!(reason = "idempotency_body_not_retained", %scope, %key, status, streamed);
+                tracing::info!(reason = "idempotency_body_not_retained", tenant = scope.tenant(), operation = scope.operation(), %key, status, streamed);
                 let body = ResponseBody::Prefixed {
                     prefix: (!prefix.is_empty()).then_some(prefix),
                     rest,
@@ -639,7 +691,7 @@ where
                 ))
             }
             Kept::Broken(err) => {
-                tracing::warn!(reason = "idempotency_outcome_unknown", %scope, %key, %err, "response body broke off");
+                tracing::warn!(reason = "idempotency_outcome_unknown", tenant = scope.tenant(), operation = scope.operation(), %key, %err, "response body broke off");
                 log_recording(
                     &scope,
                     &key,
@@ -665,7 +717,7 @@ fn log_recording(
     result: Result<(), idem::StoreError>,
 ) {
     if let Err(err) = result {
-        tracing::error!(reason = "idempotency_record_failed", %scope, %key, %err, what);
+        tracing::error!(reason = "idempotency_record_failed", tenant = scope.tenant(), operation = scope.operation(), %key, %err, what);
     }
 }
 

@@ -37,6 +37,7 @@
 
 mod body;
 pub mod layer;
+pub mod metrics;
 mod problem;
 pub mod request;
 pub mod routes;
@@ -51,4 +52,6 @@ pub use request::{
     ANONYMOUS_TENANT, IDEMPOTENCY_KEY, TenantExtractor, TenantSource, fingerprint, idempotency_key,
     is_json,
 };
-pub use routes::{PathPattern, PatternError, RouteMatch, RoutePolicy, Routes};
+pub use routes::{
+    NO_ROUTE, PathPattern, PatternError, RouteMatch, RoutePolicy, Routes, UNMATCHED_ROUTE,
+};

@@ -52,6 +52,16 @@ pub enum ProblemKind {
     UpstreamBroken,
     /// A replay of a response whose body was too large or streamed to keep.
     ResponseNotRetained,
+    /// Admin API: no or a wrong bearer token (401).
+    AdminUnauthorized,
+    /// Admin API: no such record (404).
+    RecordNotFound,
+    /// Admin API: the record's state forbids the action (409).
+    RecordConflict,
+    /// Admin API: a malformed query or path parameter (400).
+    InvalidParameter,
+    /// Admin API: no such route (404).
+    NotFound,
 }
 
 impl ProblemKind {
@@ -72,6 +82,11 @@ impl ProblemKind {
             Self::UpstreamTimeout => "upstream-timeout",
             Self::UpstreamBroken => "upstream-response-broken",
             Self::ResponseNotRetained => "idempotency-response-not-retained",
+            Self::AdminUnauthorized => "admin-unauthorized",
+            Self::RecordNotFound => "record-not-found",
+            Self::RecordConflict => "record-state-conflict",
+            Self::InvalidParameter => "invalid-parameter",
+            Self::NotFound => "not-found",
         }
     }
 
@@ -97,6 +112,11 @@ impl ProblemKind {
             Self::UpstreamTimeout => "Upstream timed out",
             Self::UpstreamBroken => "Upstream response broke off",
             Self::ResponseNotRetained => "Original response body not retained",
+            Self::AdminUnauthorized => "Admin token required",
+            Self::RecordNotFound => "No such idempotency record",
+            Self::RecordConflict => "The record's state does not allow this action",
+            Self::InvalidParameter => "Invalid parameter",
+            Self::NotFound => "Not found",
         }
     }
 
@@ -108,7 +128,11 @@ impl ProblemKind {
             | Self::KeyAmbiguous
             | Self::BodyUnreadable
             | Self::BodyEncoding
-            | Self::TenantInvalid => StatusCode::BAD_REQUEST,
+            | Self::TenantInvalid
+            | Self::InvalidParameter => StatusCode::BAD_REQUEST,
+            Self::AdminUnauthorized => StatusCode::UNAUTHORIZED,
+            Self::RecordNotFound | Self::NotFound => StatusCode::NOT_FOUND,
+            Self::RecordConflict => StatusCode::CONFLICT,
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::InProgress => StatusCode::CONFLICT,
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -258,6 +282,11 @@ mod tests {
             UpstreamTimeout,
             UpstreamBroken,
             ResponseNotRetained,
+            AdminUnauthorized,
+            RecordNotFound,
+            RecordConflict,
+            InvalidParameter,
+            NotFound,
         ];
         let slugs: std::collections::HashSet<_> = all.iter().map(|k| k.slug()).collect();
         assert_eq!(slugs.len(), all.len());

@@ -200,8 +200,16 @@ impl PathPattern {
 struct Route {
     method: Method,
     pattern: PathPattern,
+    /// `METHOD pattern`, made once.
+    operation: String,
     policy: Arc<RoutePolicy>,
 }
+
+/// The metrics label of protected requests that matched no configured
+/// route (their paths would make the label unbounded).
+pub const UNMATCHED_ROUTE: &str = "unmatched";
+/// The metrics label of requests that are not protected at all.
+pub const NO_ROUTE: &str = "none";
 
 /// The route table; see the [module docs](self).
 #[derive(Debug, Clone)]
@@ -220,6 +228,9 @@ pub struct RouteMatch<'a> {
     pub operation: Cow<'a, str>,
     /// The route's policy.
     pub policy: &'a Arc<RoutePolicy>,
+    /// The metrics label: the operation for a configured route,
+    /// [`UNMATCHED_ROUTE`] for the defaults.
+    pub label: &'a str,
 }
 
 impl Default for Routes {
@@ -244,9 +255,11 @@ impl Routes {
         pattern: &str,
         policy: RoutePolicy,
     ) -> Result<Self, PatternError> {
+        let pattern = PathPattern::parse(pattern)?;
         self.routes.push(Route {
+            operation: format!("{method} {}", pattern.as_str()),
             method,
-            pattern: PathPattern::parse(pattern)?,
+            pattern,
             policy: Arc::new(policy),
         });
         Ok(self)
@@ -255,6 +268,15 @@ impl Routes {
     /// The default policy.
     pub fn defaults(&self) -> &Arc<RoutePolicy> {
         &self.defaults
+    }
+
+    /// The metrics labels of every route, in index order: the configured
+    /// routes' operations, then [`UNMATCHED_ROUTE`], then [`NO_ROUTE`].
+    pub fn labels(&self) -> impl Iterator<Item = &str> {
+        self.routes
+            .iter()
+            .map(|r| r.operation.as_str())
+            .chain([UNMATCHED_ROUTE, NO_ROUTE])
     }
 
     /// Number of policies: one per route plus the defaults (the last index).
@@ -275,14 +297,16 @@ impl Routes {
         {
             return Some(RouteMatch {
                 index,
-                operation: Cow::Owned(format!("{} {}", route.method, route.pattern.as_str())),
+                operation: Cow::Borrowed(&route.operation),
                 policy: &route.policy,
+                label: &route.operation,
             });
         }
         (method == Method::POST || method == Method::PATCH).then(|| RouteMatch {
             index: self.routes.len(),
             operation: Cow::Owned(format!("{method} {path}")),
             policy: &self.defaults,
+            label: UNMATCHED_ROUTE,
         })
     }
 }

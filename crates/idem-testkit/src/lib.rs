@@ -16,6 +16,7 @@ pub mod bench;
 pub mod client;
 pub mod conformance;
 pub mod fault;
+pub mod gateway;
 pub mod services;
 pub mod upstream;
 

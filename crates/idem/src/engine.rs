@@ -244,11 +244,11 @@ impl<S: Store> Engine<S> {
             };
             match reservation {
                 Reservation::Acquired(lease) => {
-                    tracing::debug!(reason = "idempotency_execute", %scope, %key, attempt = lease.attempt);
+                    tracing::debug!(reason = "idempotency_execute", tenant = scope.tenant(), operation = scope.operation(), %key, attempt = lease.attempt);
                     return Ok(Begin::Execute(Guard::new(self, scope, key, lease)));
                 }
                 Reservation::Existing(record) => {
-                    tracing::debug!(reason = "idempotency_replay", %scope, %key, state = %record.state);
+                    tracing::debug!(reason = "idempotency_replay", tenant = scope.tenant(), operation = scope.operation(), %key, state = %record.state);
                     let record = *record;
                     let Some(response) = record.response else {
                         let err = StoreError::corrupt(format!(
@@ -263,7 +263,7 @@ impl<S: Store> Engine<S> {
                     }));
                 }
                 Reservation::Mismatch { state } => {
-                    tracing::debug!(reason = "idempotency_mismatch", %scope, %key, %state);
+                    tracing::debug!(reason = "idempotency_mismatch", tenant = scope.tenant(), operation = scope.operation(), %key, %state);
                     return Ok(Begin::Mismatch { state });
                 }
                 Reservation::InProgress {
@@ -277,7 +277,7 @@ impl<S: Store> Engine<S> {
                             pause = (pause * 2).min(Duration::from_millis(100));
                         }
                         _ => {
-                            tracing::debug!(reason = "idempotency_in_progress", %scope, %key, ?retry_after);
+                            tracing::debug!(reason = "idempotency_in_progress", tenant = scope.tenant(), operation = scope.operation(), %key, ?retry_after);
                             return Ok(Begin::InProgress {
                                 retry_after,
                                 outcome_unknown,
@@ -297,11 +297,11 @@ impl<S: Store> Engine<S> {
     ) -> Result<Begin<S>, EngineError> {
         match self.policy.fail_mode {
             FailMode::Closed => {
-                tracing::debug!(reason = "idempotency_store_error", %scope, %key, %err, "refusing: fail-closed");
+                tracing::debug!(reason = "idempotency_store_error", tenant = scope.tenant(), operation = scope.operation(), %key, %err, "refusing: fail-closed");
                 Err(EngineError::Store(err))
             }
             FailMode::Open => {
-                tracing::debug!(reason = "idempotency_unprotected", %scope, %key, %err, "running unprotected: fail-open");
+                tracing::debug!(reason = "idempotency_unprotected", tenant = scope.tenant(), operation = scope.operation(), %key, %err, "running unprotected: fail-open");
                 Ok(Begin::Unprotected(err))
             }
         }
@@ -332,7 +332,7 @@ impl<S: Store> Engine<S> {
                 let response = work().await;
                 let recorded = guard.finish(response.clone()).await;
                 if let Err(err) = recorded {
-                    tracing::error!(reason = "idempotency_record_failed", %scope, %key, %err);
+                    tracing::error!(reason = "idempotency_record_failed", tenant = scope.tenant(), operation = scope.operation(), %key, %err);
                 }
                 Run::Executed(response)
             }
@@ -526,7 +526,7 @@ impl<S: Store> Guard<S> {
     /// lease lapses and a retry takes over.
     pub async fn unknown(mut self, reason: &str) -> Result<(), StoreError> {
         self.stop_heartbeat();
-        tracing::warn!(reason = "idempotency_outcome_unknown", scope = %self.scope, key = %self.key, cause = reason);
+        tracing::warn!(reason = "idempotency_outcome_unknown", tenant = self.scope.tenant(), operation = self.scope.operation(), key = %self.key, cause = reason);
         self.store
             .mark_unknown(&self.scope, &self.key, &self.lease, reason)
             .await
@@ -556,7 +556,7 @@ impl<S: Store> Guard<S> {
                 Ok(()) => return Ok(()),
                 Err(StoreError::Fenced) => return Err(RecordError::LeaseLost),
                 Err(err) => {
-                    tracing::warn!(%err, attempt, scope = %self.scope, key = %self.key, "recording the answer failed");
+                    tracing::warn!(%err, attempt, tenant = self.scope.tenant(), operation = self.scope.operation(), key = %self.key, "recording the answer failed");
                     let transient = err.is_transient();
                     last = Some(err);
                     if !transient {
@@ -601,11 +601,13 @@ async fn heartbeat<S: Store>(
         match store.renew(&scope, &key, &lease, duration).await {
             Ok(_) => {}
             Err(StoreError::Fenced) => {
-                tracing::warn!(%scope, %key, attempt = lease.attempt, "heartbeat: lease lost");
+                tracing::warn!(tenant = scope.tenant(), operation = scope.operation(), %key, attempt = lease.attempt, "heartbeat: lease lost");
                 lost.store(true, Ordering::Release);
                 return;
             }
-            Err(err) => tracing::warn!(%scope, %key, %err, "heartbeat: renewing the lease failed"),
+            Err(err) => {
+                tracing::warn!(tenant = scope.tenant(), operation = scope.operation(), %key, %err, "heartbeat: renewing the lease failed")
+            }
         }
     }
 }

@@ -328,7 +328,7 @@ where
                 .map(|_| &mut report.released),
             Ok(Reconciled::Unknown) => Ok(&mut report.left),
             Err(err) => {
-                tracing::warn!(reason = "idempotency_reconcile_failed", scope = %record.scope, key = %record.key, %err);
+                tracing::warn!(reason = "idempotency_reconcile_failed", tenant = record.scope.tenant(), operation = record.scope.operation(), key = %record.key, %err);
                 Ok(&mut report.left)
             }
         };
@@ -336,7 +336,7 @@ where
             Ok(counter) => *counter += 1,
             Err(OperatorError::Store(err)) => return Err(err),
             Err(err) => {
-                tracing::info!(reason = "idempotency_reconcile_skipped", scope = %record.scope, key = %record.key, %err);
+                tracing::info!(reason = "idempotency_reconcile_skipped", tenant = record.scope.tenant(), operation = record.scope.operation(), key = %record.key, %err);
                 report.left += 1;
             }
         }

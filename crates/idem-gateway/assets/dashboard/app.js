@@ -570,19 +570,23 @@ function renderRecord(r) {
   return fieldTable(rows);
 }
 
+let inspectSeq = 0; // only the latest lookup may draw its answer
+
 async function inspect() {
+  const seq = ++inspectSeq;
   const out = $('inspect-result');
+  const show = (node) => { if (seq === inspectSeq) out.replaceChildren(node); };
   const parts = ['inspect-tenant', 'inspect-operation', 'inspect-key'].map((id) => $(id).value.trim());
-  if (parts.some((p) => !p)) { out.replaceChildren(note('tenant, operation and key are all needed')); return; }
+  if (parts.some((p) => !p)) { show(note('tenant, operation and key are all needed')); return; }
   const path = `/api/v1/records/${parts.map(encodeURIComponent).join('/')}${$('inspect-body').checked ? '?body=true' : ''}`;
-  out.replaceChildren(note('loading…'));
+  show(note('loading…'));
   try {
     const resp = await api(path);
-    if (resp.status === 404) out.replaceChildren(note('no such record'));
-    else if (!resp.ok) out.replaceChildren(note(await problemText(resp), 'error-text'));
-    else out.replaceChildren(renderRecord(await resp.json()));
+    if (resp.status === 404) show(note('no such record'));
+    else if (!resp.ok) show(note(await problemText(resp), 'error-text'));
+    else show(renderRecord(await resp.json()));
   } catch (err) {
-    out.replaceChildren(note(err instanceof AuthError ? 'token required' : err.message, 'error-text'));
+    show(note(err instanceof AuthError ? 'token required' : err.message, 'error-text'));
   }
 }
 
@@ -632,7 +636,7 @@ function pollProcessingSafely() {
 // Runs fn every `period` ms, never two at once, whatever fn throws.
 function every(period, fn) {
   const tick = async () => {
-    await fn();
+    try { await fn(); } catch (err) { console.error(err); }
     setTimeout(tick, period);
   };
   tick();

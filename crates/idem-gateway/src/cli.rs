@@ -1,0 +1,308 @@
+//! `idem records …` and `idem cleanup`: the admin API's record actions,
+//! run against the store directly (no gateway needed). They share
+//! [`idem::operator`] with the admin API, so both behave the same.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use idem::operator;
+use idem::{DynStore, IdempotencyKey, ListRecords, Purge, RecordState, Scope, Store, Timestamp};
+
+use crate::admin::{RecordView, ResolveRequest, encode_cursor};
+use crate::server::error_chain;
+use crate::store::StoreUrl;
+
+/// Opens a store for a one-off command: unreachable is an error at once.
+pub async fn open(url: &str) -> Result<DynStore, String> {
+    StoreUrl::parse(url)?.connect().await
+}
+
+/// Which record a command acts on.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RecordId {
+    /// Tenant (for `from = "authorization"`: the SHA-256 hex of the
+    /// Authorization value, e.g. `printf '%s' 'Bearer sk_…' | sha256sum`).
+    pub tenant: String,
+    /// Operation, e.g. "POST /v1/payments".
+    pub operation: String,
+    /// The Idempotency-Key.
+    pub key: String,
+}
+
+impl RecordId {
+    fn parse(&self) -> Result<(Scope, IdempotencyKey), String> {
+        let scope = Scope::new(&self.tenant, &self.operation)
+            .map_err(|e| format!("tenant/operation: {e}"))?;
+        let key = self.key.parse().map_err(|e| format!("key: {e}"))?;
+        Ok((scope, key))
+    }
+}
+
+/// `idem records list` filters.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ListArgs {
+    /// Only records in this state: processing, completed or failed.
+    #[arg(long)]
+    pub state: Option<RecordState>,
+    /// Only records created at least this long ago (e.g. 60s, 2h).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub older_than: Option<Duration>,
+    /// Only this tenant's records.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// At most this many records.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub limit: u32,
+    /// Print JSON (the admin API's record format), one page object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `idem records resolve` answer.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ResolveArgs {
+    /// The HTTP status to replay.
+    #[arg(long)]
+    pub status: u16,
+    /// A header to replay, `name: value` (repeatable).
+    #[arg(long = "header")]
+    pub headers: Vec<String>,
+    /// The body to replay, or @FILE to read it from a file.
+    #[arg(long, default_value = "")]
+    pub body: String,
+    /// Record a deterministic failure (default: completed below 400, failed from 400).
+    #[arg(long)]
+    pub failed: bool,
+    /// What the operation created.
+    #[arg(long)]
+    pub resource_id: Option<String>,
+    /// Machine-readable reason.
+    #[arg(long)]
+    pub error_code: Option<String>,
+    /// How long to keep the answer.
+    #[arg(long, default_value = "24h")]
+    pub retention: String,
+}
+
+impl ResolveArgs {
+    fn request(&self) -> Result<ResolveRequest, String> {
+        let body = match self.body.strip_prefix('@') {
+            Some(path) => std::fs::read_to_string(path)
+                .map_err(|e| format!("--body @{path}: cannot read it: {e}"))?,
+            None => self.body.clone(),
+        };
+        let headers = self
+            .headers
+            .iter()
+            .map(|h| {
+                h.split_once(':')
+                    .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+                    .ok_or_else(|| format!("--header {h:?}: expected `name: value`"))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(ResolveRequest {
+            verdict: self.failed.then(|| "failed".to_owned()),
+            status: self.status,
+            headers,
+            body,
+            resource_id: self.resource_id.clone(),
+            error_code: self.error_code.clone(),
+            retention: Some(self.retention.clone()),
+        })
+    }
+}
+
+/// `idem records list`.
+pub async fn list(store: &DynStore, args: &ListArgs) -> Result<(), String> {
+    let mut filter = idem::ListFilter {
+        state: args.state,
+        older_than: args.older_than,
+        tenant: args.tenant.clone(),
+        limit: 0,
+        after: None,
+    };
+    let wanted = args.limit as usize;
+    let mut records = Vec::new();
+    let mut next = None;
+    while records.len() < wanted {
+        filter.limit = (wanted - records.len()).min(crate::admin::MAX_PAGE);
+        let page = store.list(&filter).await.map_err(|e| error_chain(&e))?;
+        records.extend(page.records);
+        next = page.next;
+        match &next {
+            Some(cursor) => filter.after = Some(cursor.clone()),
+            None => break,
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let page = serde_json::json!({
+            "records": records.iter().map(|r| RecordView::new(r, false)).collect::<Vec<_>>(),
+            "next": next.as_ref().map(encode_cursor),
+        });
+        writeln!(out, "{page:#}").map_err(|e| e.to_string())?;
+        return Ok(());
+    }
+    let now = Timestamp::now();
+    writeln!(
+        out,
+        "{:<10} {:>8} {:>7}  {:<16}  {:<28}  {:<24}  NOTE",
+        "STATE", "AGE", "ATTEMPT", "TENANT", "OPERATION", "KEY"
+    )
+    .map_err(|e| e.to_string())?;
+    for r in &records {
+        let note = if r.is_outcome_unknown() {
+            "outcome unknown"
+        } else if r.state == RecordState::Processing && !r.lease_live(now) {
+            "lease lapsed"
+        } else {
+            ""
+        };
+        writeln!(
+            out,
+            "{:<10} {:>8} {:>7}  {:<16}  {:<28}  {:<24}  {note}",
+            r.state.as_str(),
+            age(now.since(r.created_at)),
+            r.lease.attempt,
+            short(r.scope.tenant(), 16),
+            short(r.scope.operation(), 28),
+            short(r.key.as_str(), 24),
+        )
+        .map_err(|e| e.to_string())?;
+    }
+    let more = if next.is_some() {
+        " (more: raise --limit)"
+    } else {
+        ""
+    };
+    writeln!(out, "{} record(s){more}", records.len()).map_err(|e| e.to_string())
+}
+
+fn short(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        text.to_owned()
+    } else {
+        let head: String = text.chars().take(width - 1).collect();
+        format!("{head}…")
+    }
+}
+
+fn age(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86_400 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
+/// `idem records show`.
+pub async fn show(store: &DynStore, id: &RecordId, body: bool) -> Result<(), String> {
+    let (scope, key) = id.parse()?;
+    match store.get(&scope, &key).await.map_err(|e| error_chain(&e))? {
+        Some(record) => {
+            println!("{:#}", serde_json::json!(RecordView::new(&record, body)));
+            Ok(())
+        }
+        None => Err(operator::OperatorError::NotFound.to_string()),
+    }
+}
+
+/// `idem records release`.
+pub async fn release(store: &DynStore, id: &RecordId) -> Result<(), String> {
+    let (scope, key) = id.parse()?;
+    let record = operator::release(store, &scope, &key)
+        .await
+        .map_err(|e| operator_error(&e))?;
+    println!(
+        "idem: released {scope} {key} (was attempt {}{}); the next request with this key runs again",
+        record.lease.attempt,
+        if record.is_outcome_unknown() {
+            ", outcome unknown"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}
+
+/// `idem records resolve`.
+pub async fn resolve(store: &DynStore, id: &RecordId, args: &ResolveArgs) -> Result<(), String> {
+    let (scope, key) = id.parse()?;
+    let outcome = args.request()?.outcome(Duration::from_secs(86_400))?;
+    let record = operator::resolve(store, &scope, &key, &outcome)
+        .await
+        .map_err(|e| operator_error(&e))?;
+    println!(
+        "idem: resolved {scope} {key} as {} {}; retries now get this answer",
+        record.state, outcome.response.status
+    );
+    Ok(())
+}
+
+/// `idem records purge`: deletes one record whatever its state.
+pub async fn purge(store: &DynStore, id: &RecordId) -> Result<(), String> {
+    let (scope, key) = id.parse()?;
+    if store
+        .delete(&scope, &key)
+        .await
+        .map_err(|e| error_chain(&e))?
+    {
+        println!("idem: deleted {scope} {key}");
+        Ok(())
+    } else {
+        Err(operator::OperatorError::NotFound.to_string())
+    }
+}
+
+fn operator_error(err: &operator::OperatorError) -> String {
+    match err {
+        operator::OperatorError::Store(e) => error_chain(e),
+        other => other.to_string(),
+    }
+}
+
+/// `idem cleanup`: batched deletion of expired records with a progress
+/// line on a terminal and a summary always. Stops cleanly on SIGINT or
+/// SIGTERM after the batch in hand (each batch is its own transaction, so
+/// nothing is half done) and says so.
+pub async fn cleanup(store: &DynStore, batch: usize, max: Option<Duration>) -> Result<(), String> {
+    let started = Instant::now();
+    let tty = std::io::stderr().is_terminal();
+    let done = std::cell::Cell::new(0u64);
+    let progress = |deleted: u64| {
+        done.set(deleted);
+        if tty {
+            let rate = deleted as f64 / started.elapsed().as_secs_f64().max(0.001);
+            eprint!("\ridem cleanup: {deleted} deleted ({rate:.0}/s)   ");
+        }
+    };
+    let run = operator::cleanup(store, batch, max, progress);
+    let (report, interrupted) = tokio::select! {
+        report = run => (report.map_err(|e| error_chain(&e))?, false),
+        () = crate::server::shutdown_signal() => (idem::operator::CleanupReport::default(), true),
+    };
+    if tty {
+        eprintln!();
+    }
+    let secs = started.elapsed().as_secs_f64();
+    if interrupted {
+        println!(
+            "idem cleanup: interrupted after {secs:.1}s with {} expired record(s) deleted; every finished batch is committed, run it again to continue",
+            done.get()
+        );
+    } else {
+        println!(
+            "idem cleanup: deleted {} expired record(s) in {} batch(es) of up to {batch} in {secs:.1}s{}",
+            report.deleted,
+            report.batches,
+            if report.stopped_early {
+                " (stopped at --max-seconds; more may be left)"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,115 @@
+//! The gateway's Prometheus metrics (DESIGN.md §7): the recorder, the
+//! names the gateway records itself, and `/metrics` rendering.
+//!
+//! Request counts and latencies come from the layer
+//! ([`idem_http::metrics`]); store latencies from [`GatewayStore`](crate::store::GatewayStore);
+//! the processing / stuck gauges and the cleanup counter from the
+//! background jobs ([`crate::jobs`]).
+
+use std::future::Future;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use idem::StoreError;
+use metrics::Unit;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Histogram of store operation latency in seconds, by `store` and `op`.
+pub const STORE_OP_SECONDS: &str = "idem_store_op_seconds";
+/// Counter of failed store operations (a fenced owner is not a failure).
+pub const STORE_ERRORS_TOTAL: &str = "idem_store_errors_total";
+/// Gauge: processing records at the last census.
+pub const RECORDS_PROCESSING: &str = "idem_records_processing";
+/// Gauge: stuck records at the last census.
+pub const STUCK_RECORDS: &str = "idem_stuck_records";
+/// Counter: records deleted by cleanup.
+pub const CLEANUP_DELETED_TOTAL: &str = "idem_cleanup_deleted_total";
+/// Gauge `{version}` = 1.
+pub const BUILD_INFO: &str = "idem_build_info";
+
+/// Latency buckets (seconds) for requests and store operations: 50 µs to
+/// 10 s, dense where an embedded store and a loopback upstream answer.
+const LATENCY_BUCKETS: [f64; 17] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0,
+];
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the process-wide Prometheus recorder (once; later calls return
+/// the same handle) and spawns its upkeep. Call it before serving: the
+/// layer registers its counters on the first request. Needs a Tokio
+/// runtime.
+pub fn install() -> &'static PrometheusHandle {
+    HANDLE.get_or_init(|| {
+        let builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &LATENCY_BUCKETS)
+            .expect("the bucket list is not empty");
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        if metrics::set_global_recorder(recorder).is_err() {
+            // An embedding application installed its own recorder: ours
+            // then renders nothing, theirs gets every metric.
+            tracing::debug!("a metrics recorder is already installed; /metrics stays empty");
+        }
+        describe();
+        metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+        let upkeep = handle.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                every.tick().await;
+                upkeep.run_upkeep();
+            }
+        });
+        handle
+    })
+}
+
+/// The Prometheus text exposition of everything recorded so far.
+pub fn render() -> String {
+    install().render()
+}
+
+fn describe() {
+    use idem_http::metrics::{REQUEST_DURATION, REQUESTS_TOTAL};
+    metrics::describe_counter!(
+        REQUESTS_TOTAL,
+        "Requests by route pattern and idempotency outcome."
+    );
+    metrics::describe_histogram!(
+        REQUEST_DURATION,
+        Unit::Seconds,
+        "Time from a request reaching the gateway to its response head."
+    );
+    metrics::describe_histogram!(STORE_OP_SECONDS, Unit::Seconds, "Store operation latency.");
+    metrics::describe_counter!(STORE_ERRORS_TOTAL, "Store operations that failed.");
+    metrics::describe_gauge!(
+        RECORDS_PROCESSING,
+        "Processing records at the last census (a lower bound when the census is capped)."
+    );
+    metrics::describe_gauge!(
+        STUCK_RECORDS,
+        "Processing records without a live lease, older than the stuck threshold."
+    );
+    metrics::describe_counter!(CLEANUP_DELETED_TOTAL, "Expired records deleted by cleanup.");
+    metrics::describe_gauge!(BUILD_INFO, "Always 1; the version is a label.");
+}
+
+/// Runs one store operation, recording its latency and any failure.
+pub async fn timed<T>(
+    store: &'static str,
+    op: &'static str,
+    fut: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let started = Instant::now();
+    let result = fut.await;
+    metrics::histogram!(STORE_OP_SECONDS, "store" => store, "op" => op)
+        .record(started.elapsed().as_secs_f64());
+    if let Err(err) = &result
+        && !matches!(err, StoreError::Fenced)
+    {
+        metrics::counter!(STORE_ERRORS_TOTAL, "store" => store, "op" => op).increment(1);
+    }
+    result
+}

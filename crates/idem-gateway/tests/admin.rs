@@ -1,0 +1,628 @@
+//! The admin listener of the real `idem` binary: token rules, metrics that
+//! follow real traffic, the records API and its operator actions, the
+//! background cleanup and stuck-record monitor, the `idem records` and
+//! `idem cleanup` commands, and what the logs carry (and never carry).
+
+use std::path::Path;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use idem_testkit::client::Answer;
+use idem_testkit::gateway::GatewayProcess as Gateway;
+use idem_testkit::upstream::CountingUpstream;
+use serde_json::Value;
+
+const IDEM: &str = env!("CARGO_BIN_EXE_idem");
+const JSON: (&str, &str) = ("content-type", "application/json");
+const AUTH: (&str, &str) = ("authorization", "Bearer merchant-1");
+const OP: &str = "POST%20%2Fv1%2Fpayments";
+
+const CONFIG: &str = r#"
+[defaults]
+lease = "1s"
+upstream_timeout = "1s"
+
+[[route]]
+method = "POST"
+path = "/v1/payments"
+require_key = true
+
+[cleanup]
+interval = "200ms"
+batch = 2
+
+[monitor]
+interval = "200ms"
+stuck_after_leases = 1
+"#;
+
+fn sqlite(dir: &Path) -> String {
+    format!("sqlite://{}", dir.join("idem.db").display())
+}
+
+fn json(answer: &Answer) -> Value {
+    serde_json::from_slice(&answer.body)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", answer.body))
+}
+
+async fn get(gw: &Gateway, path: &str) -> Answer {
+    gw.admin(Method::GET, path, &[], "").await
+}
+
+/// The value of one sample line of the Prometheus text, 0 if absent.
+fn sample(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.trim().parse().expect("a number"))
+}
+
+async fn metrics(gw: &Gateway) -> String {
+    let answer = get(gw, "/metrics").await;
+    assert_eq!(answer.status, StatusCode::OK);
+    String::from_utf8(answer.body.to_vec()).expect("utf-8")
+}
+
+/// Polls `check` for up to 10 s.
+async fn eventually<F: AsyncFnMut() -> bool>(what: &str, mut check: F) {
+    for _ in 0..100 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{what}: not within 10 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_routes_need_the_token_and_disclose_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = Gateway::start(
+        IDEM,
+        dir.path(),
+        CONFIG,
+        &up.url(),
+        &sqlite(dir.path()),
+        "warn",
+        &["--admin-token", "s3cret-admin"],
+    )
+    .await;
+    let paid = gw
+        .post(
+            "/v1/payments",
+            &[JSON, AUTH, ("idempotency-key", "k1")],
+            "{}",
+        )
+        .await;
+    assert_eq!(paid.status, StatusCode::CREATED);
+
+    assert_eq!(get(&gw, "/healthz").await.status, StatusCode::OK);
+    // The dashboard's static files hold no data; its data calls need the token.
+    let page = get(&gw, "/dashboard/").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(String::from_utf8_lossy(&page.body).contains("chart-requests"));
+    assert_eq!(get(&gw, "/dashboard/app.js").await.status, StatusCode::OK);
+    assert_eq!(
+        get(&gw, "/dashboard").await.status,
+        StatusCode::PERMANENT_REDIRECT
+    );
+
+    let record = format!("/api/v1/records/t/{OP}/k1");
+    for path in [
+        "/readyz",
+        "/metrics",
+        "/api/v1/records",
+        &record,
+        "/no/such/route",
+    ] {
+        for auth in [None, Some("Bearer wrong"), Some("s3cret-admin")] {
+            let headers: Vec<(&str, &str)> =
+                auth.map(|a| ("authorization", a)).into_iter().collect();
+            let answer = gw.admin(Method::GET, path, &headers, "").await;
+            assert_eq!(
+                answer.status,
+                StatusCode::UNAUTHORIZED,
+                "{path} with {auth:?}"
+            );
+            assert_eq!(answer.problem_type(), "admin-unauthorized");
+            let body = String::from_utf8_lossy(&answer.body);
+            assert!(!body.contains("idem_") && !body.contains("k1"), "{body}");
+        }
+    }
+    let refused = gw
+        .admin(Method::DELETE, "/api/v1/records?state=completed", &[], "")
+        .await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+
+    let bearer = [("authorization", "Bearer s3cret-admin")];
+    assert_eq!(
+        gw.admin(Method::GET, "/readyz", &bearer, "").await.status,
+        StatusCode::OK
+    );
+    let list = gw.admin(Method::GET, "/api/v1/records", &bearer, "").await;
+    assert_eq!(list.status, StatusCode::OK);
+    assert_eq!(json(&list)["records"].as_array().map(Vec::len), Some(1));
+    let unknown = gw.admin(Method::GET, "/no/such/route", &bearer, "").await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    assert_eq!(unknown.problem_type(), "not-found");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_records_follow_real_traffic() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = Gateway::start(
+        IDEM,
+        dir.path(),
+        CONFIG,
+        &up.url(),
+        &sqlite(dir.path()),
+        "warn",
+        &[],
+    )
+    .await;
+    let key = |k: &'static str| ("idempotency-key", k);
+    let first = gw
+        .post("/v1/payments", &[JSON, AUTH, key("k1")], r#"{"amount":1}"#)
+        .await;
+    let replay = gw
+        .post("/v1/payments", &[JSON, AUTH, key("k1")], r#"{"amount":1}"#)
+        .await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    let reused = gw
+        .post("/v1/payments", &[JSON, AUTH, key("k1")], r#"{"amount":2}"#)
+        .await;
+    assert_eq!(reused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let declined = gw
+        .post(
+            "/v1/payments",
+            &[JSON, AUTH, key("k2"), ("x-status", "402")],
+            "{}",
+        )
+        .await;
+    assert_eq!(declined.status, StatusCode::PAYMENT_REQUIRED);
+    let missing = gw.post("/v1/payments", &[JSON, AUTH], "{}").await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+
+    let text = metrics(&gw).await;
+    let requests = |outcome: &str| {
+        sample(
+            &text,
+            &format!("idem_requests_total{{route=\"POST /v1/payments\",outcome=\"{outcome}\"}}"),
+        )
+    };
+    assert_eq!(requests("executed"), 2.0, "{text}");
+    assert_eq!(requests("replayed"), 1.0);
+    assert_eq!(requests("mismatch"), 1.0);
+    assert_eq!(requests("missing_key"), 1.0);
+    assert!(
+        text.contains("idem_store_op_seconds_bucket{store=\"sqlite\",op=\"reserve\""),
+        "{text}"
+    );
+    assert!(text.contains(
+        "idem_request_duration_seconds_bucket{route=\"POST /v1/payments\",outcome=\"executed\""
+    ));
+    assert!(text.contains("idem_build_info{version=\""));
+    assert!(
+        !text.contains("k1") && !text.contains("merchant"),
+        "no keys or tenants as labels"
+    );
+
+    // Listing, filters and paging.
+    let completed = json(&get(&gw, "/api/v1/records?state=completed").await);
+    let records = completed["records"].as_array().expect("records");
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0]["key"], "k1");
+    assert_eq!(records[0]["response"]["status"], 201);
+    assert!(
+        records[0]["response"].get("body").is_none(),
+        "no body unless asked"
+    );
+    let tenant = records[0]["tenant"].as_str().expect("tenant").to_owned();
+    let failed = json(&get(&gw, "/api/v1/records?state=failed").await);
+    assert_eq!(failed["records"][0]["key"], "k2");
+    let page1 = json(&get(&gw, "/api/v1/records?limit=1").await);
+    let next = page1["next"].as_str().expect("a next page");
+    let page2 = json(&get(&gw, &format!("/api/v1/records?limit=1&after={next}")).await);
+    assert_ne!(page1["records"][0]["key"], page2["records"][0]["key"]);
+    assert!(page2["next"].is_null());
+
+    // One record, with and without its body.
+    let path = format!("/api/v1/records/{tenant}/{OP}/k1");
+    let shown = json(&get(&gw, &path).await);
+    assert_eq!(
+        (shown["state"].as_str(), shown["attempt"].as_u64()),
+        (Some("completed"), Some(1))
+    );
+    let with_body = json(&get(&gw, &format!("{path}?body=true")).await);
+    assert_eq!(
+        with_body["response"]["body"].as_str().map(str::as_bytes),
+        Some(first.body.as_ref())
+    );
+
+    // Bad input: named parameters, unknown records, wrong states.
+    for (bad, name) in [
+        ("/api/v1/records?state=done", "state:"),
+        ("/api/v1/records?older_than=soon", "older_than:"),
+        ("/api/v1/records?limit=0", "limit:"),
+        ("/api/v1/records?after=zz", "after:"),
+        ("/api/v1/records?colour=blue", "colour:"),
+        (&format!("{path}?body=maybe"), "body:"),
+        (&format!("/api/v1/records/{tenant}/{OP}/bad%20key"), "key:"),
+    ] {
+        let answer = get(&gw, bad).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(answer.problem_type(), "invalid-parameter");
+        assert!(
+            json(&answer)["detail"]
+                .as_str()
+                .is_some_and(|d| d.starts_with(name)),
+            "{bad}"
+        );
+    }
+    let nothing = get(&gw, &format!("/api/v1/records/{tenant}/{OP}/nope")).await;
+    assert_eq!(nothing.status, StatusCode::NOT_FOUND);
+    assert_eq!(nothing.problem_type(), "record-not-found");
+    let release = gw
+        .admin(Method::POST, &format!("{path}/release"), &[], "")
+        .await;
+    assert_eq!(release.status, StatusCode::CONFLICT);
+    assert_eq!(release.problem_type(), "record-state-conflict");
+
+    // Delete: the key runs again.
+    assert_eq!(
+        gw.admin(Method::DELETE, &path, &[], "").await.status,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(get(&gw, &path).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        gw.admin(Method::DELETE, &path, &[], "").await.status,
+        StatusCode::NOT_FOUND
+    );
+    let again = gw
+        .post("/v1/payments", &[JSON, AUTH, key("k1")], r#"{"amount":1}"#)
+        .await;
+    assert_eq!(again.status, StatusCode::CREATED);
+    assert_eq!(again.header("idempotent-replayed"), None);
+    assert_eq!(up.executions("k1"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_release_and_resolve_processing_records() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = Gateway::start(
+        IDEM,
+        dir.path(),
+        CONFIG,
+        &up.url(),
+        &sqlite(dir.path()),
+        "warn",
+        &[],
+    )
+    .await;
+
+    // A timeout after sending: outcome unknown, the record stays processing.
+    let timed_out = gw
+        .post(
+            "/v1/payments",
+            &[
+                JSON,
+                AUTH,
+                ("idempotency-key", "lost"),
+                ("x-delay-ms", "2500"),
+            ],
+            "{}",
+        )
+        .await;
+    assert_eq!(timed_out.status, StatusCode::GATEWAY_TIMEOUT);
+    let listed = json(&get(&gw, "/api/v1/records?state=processing").await);
+    let record = &listed["records"][0];
+    assert_eq!(record["key"], "lost");
+    assert_eq!(record["outcome_unknown"], true);
+    let tenant = record["tenant"].as_str().expect("tenant").to_owned();
+    let path = format!("/api/v1/records/{tenant}/{OP}/lost");
+
+    // The stuck-record monitor sees it once its lease lapsed.
+    eventually("idem_stuck_records = 1", async || {
+        sample(&metrics(&gw).await, "idem_stuck_records") == 1.0
+    })
+    .await;
+
+    // Reconcile by hand: the provider says it was charged.
+    let answer = r#"{"status":201,"headers":{"content-type":"application/json"},"body":"{\"id\":\"pay_lost\"}","resource_id":"pay_lost"}"#;
+    let bad = gw
+        .admin(
+            Method::POST,
+            &format!("{path}/resolve"),
+            &[JSON],
+            r#"{"status":99}"#,
+        )
+        .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    let not_json = gw
+        .admin(Method::POST, &format!("{path}/resolve"), &[], answer)
+        .await;
+    assert_eq!(not_json.status, StatusCode::BAD_REQUEST);
+    let resolved = gw
+        .admin(Method::POST, &format!("{path}/resolve"), &[JSON], answer)
+        .await;
+    assert_eq!(resolved.status, StatusCode::OK, "{:?}", resolved.body);
+    let resolved = json(&resolved);
+    assert_eq!(
+        (resolved["state"].as_str(), resolved["resource_id"].as_str()),
+        (Some("completed"), Some("pay_lost"))
+    );
+    // The client's retry gets the reconciled answer; nothing runs twice.
+    let retry = gw
+        .post(
+            "/v1/payments",
+            &[JSON, AUTH, ("idempotency-key", "lost")],
+            "{}",
+        )
+        .await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(&retry.body[..], br#"{"id":"pay_lost"}"#);
+    assert_eq!(up.executions("lost"), 1);
+    let twice = gw
+        .admin(Method::POST, &format!("{path}/resolve"), &[JSON], answer)
+        .await;
+    assert_eq!(twice.status, StatusCode::CONFLICT);
+    eventually("idem_stuck_records = 0", async || {
+        sample(&metrics(&gw).await, "idem_stuck_records") == 0.0
+    })
+    .await;
+
+    // Resolving a record whose owner is still running waits for its lease;
+    // releasing frees the key at once and fences the owner out.
+    let slow = {
+        let (addr, url) = (gw.addr, "/v1/payments");
+        tokio::spawn(async move {
+            idem_testkit::client::send(
+                addr,
+                Method::POST,
+                url,
+                &[
+                    JSON,
+                    AUTH,
+                    ("idempotency-key", "slow"),
+                    ("x-delay-ms", "800"),
+                ],
+                "{}",
+            )
+            .await
+        })
+    };
+    let slow_path = format!("/api/v1/records/{tenant}/{OP}/slow");
+    eventually("the slow request is processing", async || {
+        get(&gw, &slow_path).await.status == StatusCode::OK
+    })
+    .await;
+    let early = gw
+        .admin(
+            Method::POST,
+            &format!("{slow_path}/resolve"),
+            &[JSON],
+            answer,
+        )
+        .await;
+    assert_eq!(early.status, StatusCode::CONFLICT);
+    assert!(early.header("retry-after").is_some());
+    let released = gw
+        .admin(Method::POST, &format!("{slow_path}/release"), &[], "")
+        .await;
+    assert_eq!(released.status, StatusCode::OK);
+    assert_eq!(json(&released)["released"], true);
+    let _ = slow.await.expect("slow request");
+    assert_eq!(
+        get(&gw, &slow_path).await.status,
+        StatusCode::NOT_FOUND,
+        "the fenced owner did not record into the released key"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_cleans_up_expired_records_in_the_background() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let config = format!(
+        "{CONFIG}\n[[route]]\nmethod = \"POST\"\npath = \"/v1/brief\"\nretention = \"1s\"\n"
+    );
+    let gw = Gateway::start(
+        IDEM,
+        dir.path(),
+        &config,
+        &up.url(),
+        &sqlite(dir.path()),
+        "warn",
+        &[],
+    )
+    .await;
+    for i in 0..5 {
+        let key = format!("brief-{i}");
+        let answer = gw
+            .post("/v1/brief", &[JSON, AUTH, ("idempotency-key", &key)], "{}")
+            .await;
+        assert_eq!(answer.status, StatusCode::CREATED);
+    }
+    eventually("five expired records deleted", async || {
+        sample(&metrics(&gw).await, "idem_cleanup_deleted_total") >= 5.0
+    })
+    .await;
+    let left = json(&get(&gw, "/api/v1/records").await);
+    assert_eq!(left["records"].as_array().map(Vec::len), Some(0), "{left}");
+}
+
+/// The command line acts on the store directly, like the API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_and_cleanup_commands() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let store = sqlite(dir.path());
+    let config = CONFIG.replace("[cleanup]\n", "[cleanup]\nenabled = false\n");
+    let gw = Gateway::start(IDEM, dir.path(), &config, &up.url(), &store, "warn", &[]).await;
+    let timed_out = gw
+        .post(
+            "/v1/payments",
+            &[
+                JSON,
+                AUTH,
+                ("idempotency-key", "cli-1"),
+                ("x-delay-ms", "2500"),
+            ],
+            "{}",
+        )
+        .await;
+    assert_eq!(timed_out.status, StatusCode::GATEWAY_TIMEOUT);
+    assert!(gw.terminate().await.success());
+
+    let idem = |args: &[&str]| {
+        let out = std::process::Command::new(IDEM)
+            .args(args)
+            .args(["--store", &store])
+            .output()
+            .expect("run idem");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, _) = idem(&["records", "list", "--state", "processing"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        out.contains("cli-1") && out.contains("outcome unknown"),
+        "{out}"
+    );
+    let (_, out, _) = idem(&["records", "list", "--json"]);
+    let listed: Value = serde_json::from_str(&out).expect("JSON");
+    let tenant = listed["records"][0]["tenant"]
+        .as_str()
+        .expect("tenant")
+        .to_owned();
+    let id = [tenant.as_str(), "POST /v1/payments", "cli-1"];
+
+    let (code, _, err) = idem(&[&["records", "show"][..], &[id[0], id[1], "nope"]].concat());
+    assert_eq!(code, Some(1));
+    assert!(err.contains("no such record"), "{err}");
+    let (code, _, err) = idem(
+        &[
+            &["records", "resolve"][..],
+            &id,
+            &["--status", "201", "--header", "no colon"],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, Some(1));
+    assert!(err.contains("--header"), "{err}");
+    tokio::time::sleep(Duration::from_millis(1100)).await; // the lease lapses
+    let (code, out, err) = idem(
+        &[
+            &["records", "resolve"][..],
+            &id,
+            &[
+                "--status",
+                "201",
+                "--body",
+                "{\"id\":\"pay_cli\"}",
+                "--retention",
+                "1s",
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("resolved"), "{out}");
+    let (_, out, _) = idem(&[&["records", "show"][..], &id, &["--body"]].concat());
+    let shown: Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(shown["state"], "completed");
+    assert_eq!(shown["response"]["body"], "{\"id\":\"pay_cli\"}");
+    let (code, _, err) = idem(&[&["records", "release"][..], &id].concat());
+    assert_eq!(code, Some(1));
+    assert!(err.contains("not processing"), "{err}");
+
+    tokio::time::sleep(Duration::from_millis(1100)).await; // the answer expires
+    let (code, out, _) = idem(&["cleanup", "--batch", "1"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        out.starts_with("idem cleanup: deleted 1 expired record(s)"),
+        "{out}"
+    );
+    let (_, out, _) = idem(&["cleanup"]);
+    assert!(
+        out.starts_with("idem cleanup: deleted 0 expired record(s)"),
+        "{out}"
+    );
+    let (code, _, err) = idem(&[&["records", "purge"][..], &id].concat());
+    assert_eq!(code, Some(1), "already gone");
+    assert!(err.contains("no such record"), "{err}");
+}
+
+/// One JSON event per decision, with its reason code, tenant, operation
+/// and key — and never the Authorization value or the request body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decision_logs_are_structured_and_keep_secrets_out() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = Gateway::start_logging_to_file(
+        IDEM,
+        dir.path(),
+        CONFIG,
+        &up.url(),
+        &sqlite(dir.path()),
+        "info",
+        &["--log-format", "json"],
+    )
+    .await;
+    let secret_auth = ("authorization", "Bearer sk_live_TOPSECRET");
+    let body = r#"{"card":"4242-SECRET-CARD"}"#;
+    for _ in 0..2 {
+        gw.post(
+            "/v1/payments",
+            &[JSON, secret_auth, ("idempotency-key", "log-1")],
+            body,
+        )
+        .await;
+    }
+    gw.post(
+        "/v1/payments",
+        &[JSON, secret_auth, ("idempotency-key", "log-1")],
+        "{}",
+    )
+    .await;
+    assert!(gw.terminate().await.success());
+    let log = std::fs::read_to_string(dir.path().join("idem.log")).expect("log");
+    assert!(
+        !log.contains("TOPSECRET") && !log.contains("SECRET-CARD"),
+        "{log}"
+    );
+    let events: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let reasons: Vec<&str> = events
+        .iter()
+        .filter_map(|e| e["fields"]["reason"].as_str())
+        .collect();
+    for reason in [
+        "idempotency_executed",
+        "idempotency_replay",
+        "idempotency_mismatch",
+    ] {
+        assert!(reasons.contains(&reason), "{reason} in {reasons:?}");
+    }
+    let replay = events
+        .iter()
+        .find(|e| e["fields"]["reason"] == "idempotency_replay")
+        .expect("replay event");
+    assert_eq!(replay["fields"]["key"], "log-1");
+    assert_eq!(replay["fields"]["operation"], "POST /v1/payments");
+    assert_eq!(replay["fields"]["state"], "completed");
+    assert_eq!(
+        replay["fields"]["tenant"].as_str().map(str::len),
+        Some(64),
+        "a hash, not the credential"
+    );
+}

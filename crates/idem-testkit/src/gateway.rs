@@ -1,0 +1,139 @@
+//! A real `idem serve` process for end-to-end tests: started with a config
+//! file, found by its "listening" line, stopped by signal.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use http::Method;
+use tokio::io::AsyncBufReadExt;
+use tokio::process::{Child, Command};
+
+use crate::client::{Answer, send};
+
+/// A running `idem serve` (killed when dropped).
+#[derive(Debug)]
+pub struct GatewayProcess {
+    /// The process.
+    pub child: Child,
+    /// Where clients connect.
+    pub addr: SocketAddr,
+    /// The admin listener.
+    pub admin: SocketAddr,
+}
+
+impl GatewayProcess {
+    /// Writes `config` to `dir/idem.toml` and starts `binary serve` on
+    /// ephemeral ports with it, the `upstream` and `store`, plus `extra`
+    /// arguments; waits for the "listening" line. Logs (at `log` level) go
+    /// to the test's stderr, or to `dir/idem.log` when `log_to_file`.
+    pub async fn start(
+        binary: &str,
+        dir: &Path,
+        config: &str,
+        upstream: &str,
+        store: &str,
+        log: &str,
+        extra: &[&str],
+    ) -> Self {
+        Self::launch(binary, dir, config, upstream, store, log, extra, false).await
+    }
+
+    /// Like [`start`](Self::start), logging to `dir/idem.log`.
+    pub async fn start_logging_to_file(
+        binary: &str,
+        dir: &Path,
+        config: &str,
+        upstream: &str,
+        store: &str,
+        log: &str,
+        extra: &[&str],
+    ) -> Self {
+        Self::launch(binary, dir, config, upstream, store, log, extra, true).await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn launch(
+        binary: &str,
+        dir: &Path,
+        config: &str,
+        upstream: &str,
+        store: &str,
+        log: &str,
+        extra: &[&str],
+        log_to_file: bool,
+    ) -> Self {
+        let path = dir.join("idem.toml");
+        std::fs::write(&path, config).expect("write config");
+        let mut child = Command::new(binary)
+            .args(["--log", log, "serve", "--listen", "127.0.0.1:0"])
+            .args(["--admin-listen", "127.0.0.1:0"])
+            .arg("--config")
+            .arg(&path)
+            .args(["--upstream", upstream, "--store", store])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(if log_to_file {
+                Stdio::from(std::fs::File::create(dir.join("idem.log")).expect("log file"))
+            } else {
+                Stdio::inherit()
+            })
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn idem");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("idem starts within 30 s")
+            .expect("read stdout")
+            .expect("a listening line");
+        // "idem: listening on ADDR (admin ADDR), upstream URL"
+        let rest = line
+            .strip_prefix("idem: listening on ")
+            .unwrap_or_else(|| panic!("unexpected line {line:?}"));
+        let (addr, rest) = rest.split_once(" (admin ").expect("admin part");
+        let admin = rest.split_once(')').expect("closing paren").0;
+        Self {
+            child,
+            addr: addr.parse().expect("addr"),
+            admin: admin.parse().expect("admin addr"),
+        }
+    }
+
+    /// `POST path` to the gateway.
+    pub async fn post(&self, path: &str, headers: &[(&str, &str)], body: &str) -> Answer {
+        send(self.addr, Method::POST, path, headers, body.to_owned()).await
+    }
+
+    /// A request to the admin listener.
+    pub async fn admin(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Answer {
+        send(self.admin, method, path, headers, body.to_owned()).await
+    }
+
+    /// Sends `signal` (`TERM`, `KILL`, `INT`) to the process.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("running").to_string();
+        let status = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{signal} {pid}");
+    }
+
+    /// SIGTERM, then waits for the exit.
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        self.signal("TERM");
+        tokio::time::timeout(Duration::from_secs(20), self.child.wait())
+            .await
+            .expect("exits after SIGTERM")
+            .expect("wait")
+    }
+}
