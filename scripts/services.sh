@@ -46,4 +46,19 @@ if ! up 127.0.0.1 5672 && command -v rabbitmq-server >/dev/null; then
 fi
 wait_for RabbitMQ 127.0.0.1 5672 90 || status=1
 
+# Headless Chromium and its WebDriver for the dashboard test (Debian's
+# packages; a fresh machine does not have them).
+if ! command -v chromedriver >/dev/null || ! command -v chromium >/dev/null; then
+  if command -v apt-get >/dev/null; then
+    echo "services: installing chromium and chromium-driver"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } >/dev/null 2>&1 || true
+  fi
+fi
+if command -v chromedriver >/dev/null && command -v chromium >/dev/null; then
+  echo "services: $(chromedriver --version | cut -d' ' -f1-2) and chromium are installed"
+else
+  echo "services: chromium / chromedriver could not be installed" >&2
+  status=1
+fi
+
 exit $status

@@ -15,6 +15,7 @@
 //! ```
 
 use std::net::{TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// The environment variable that turns a skip into a failure.
@@ -67,9 +68,34 @@ pub fn require(name: &str, env: &str, default: &str) -> Option<String> {
     if reachable {
         return Some(url);
     }
-    let msg = format!(
+    absent(&format!(
         "{name} is not reachable at {url} (set {env} to point elsewhere; scripts/services.sh starts the loopback services)"
-    );
+    ))
+}
+
+/// An installed program (`IDEM_TEST_<…>` or `default`, looked up on
+/// `PATH`), e.g. `chromedriver` for the dashboard test; a loud skip (or a
+/// panic under `IDEM_REQUIRE_SERVICES=1`) when it is missing.
+pub fn program(name: &str, env: &str, default: &str) -> Option<PathBuf> {
+    let wanted = std::env::var(env).unwrap_or_else(|_| default.to_owned());
+    let found = if wanted.contains('/') {
+        Some(PathBuf::from(&wanted)).filter(|p| p.is_file())
+    } else {
+        std::env::var_os("PATH").and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join(&wanted))
+                .find(|p| p.is_file())
+        })
+    };
+    found.or_else(|| {
+        absent(&format!(
+            "{name} ({wanted}) is not installed (set {env}; scripts/services.sh installs it)"
+        ))
+    })
+}
+
+/// Skips loudly, or fails when services are required.
+fn absent<T>(msg: &str) -> Option<T> {
     if required() {
         panic!("{msg}; {REQUIRE_ENV}=1, so this test fails instead of skipping");
     }

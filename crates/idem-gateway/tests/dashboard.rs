@@ -1,0 +1,296 @@
+//! The live dashboard in real headless Chromium (Debian's `chromium` and
+//! `chromium-driver`, driven over WebDriver): the page loads with the
+//! admin token from the URL fragment, its charts change while real
+//! traffic flows through the gateway, and the record inspector finds a
+//! record. With `IDEM_DASHBOARD_SCREENSHOTS=DIR` it also saves a
+//! screenshot under load there (how `docs/img/dashboard.png` is made).
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use http::{Method, StatusCode};
+use idem_testkit::client::send;
+use idem_testkit::gateway::GatewayProcess as Gateway;
+use idem_testkit::services;
+use idem_testkit::upstream::CountingUpstream;
+use serde_json::{Value, json};
+use tokio::process::{Child, Command};
+
+const IDEM: &str = env!("CARGO_BIN_EXE_idem");
+const TOKEN: &str = "dash-token";
+const CONFIG: &str = r#"
+[[route]]
+method = "POST"
+path = "/v1/payments"
+require_key = true
+
+[monitor]
+interval = "1s"
+"#;
+
+struct Browser {
+    client: Client,
+    _driver: Child,
+}
+
+impl Browser {
+    async fn start(driver: &Path, chromium: &Path) -> Browser {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let child = Command::new(driver)
+            .arg(format!("--port={port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start chromedriver");
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": chromium,
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                         "--disable-dev-shm-usage", "--window-size=1400,1100"],
+            }),
+        );
+        let url = format!("http://127.0.0.1:{port}");
+        for _ in 0..100 {
+            let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+            if let Ok(client) = ClientBuilder::new(connector)
+                .capabilities(caps.clone())
+                .connect(&url)
+                .await
+            {
+                return Browser {
+                    client,
+                    _driver: child,
+                };
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("chromedriver did not accept a session on {url}");
+    }
+
+    async fn js(&self, script: &str) -> Value {
+        self.client
+            .execute(script, Vec::new())
+            .await
+            .unwrap_or_else(|e| panic!("{script}: {e}"))
+    }
+
+    async fn number(&self, script: &str) -> f64 {
+        let v = self.js(script).await;
+        v.as_f64()
+            .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+            .unwrap_or(0.0)
+    }
+
+    /// Polls `script` (a boolean expression) for up to 20 s.
+    async fn until(&self, what: &str, script: &str) {
+        for _ in 0..200 {
+            if self.js(script).await == Value::Bool(true) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let status = self
+            .js("return document.getElementById('status').textContent")
+            .await;
+        panic!("{what}: not within 20 s (dashboard status: {status})");
+    }
+}
+
+/// Unique-key payments and their replays, until told to stop.
+fn traffic(addr: std::net::SocketAddr, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<u64> {
+    tokio::spawn(async move {
+        let mut sent = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let key = format!("dash-{sent}");
+            for _ in 0..2 {
+                let answer = send(
+                    addr,
+                    Method::POST,
+                    "/v1/payments",
+                    &[
+                        ("content-type", "application/json"),
+                        ("authorization", "Bearer merchant-1"),
+                        ("idempotency-key", &key),
+                    ],
+                    r#"{"amount":100}"#,
+                )
+                .await;
+                assert_eq!(answer.status, StatusCode::CREATED);
+            }
+            sent += 1;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        sent
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_loads_updates_under_traffic_and_inspects_records() {
+    let Some(driver) = services::program("ChromeDriver", "IDEM_TEST_CHROMEDRIVER", "chromedriver")
+    else {
+        return;
+    };
+    let Some(chromium) = services::program("Chromium", "IDEM_TEST_CHROMIUM", "chromium") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let gw = Gateway::start(
+        IDEM,
+        dir.path(),
+        CONFIG,
+        &up.url(),
+        &store,
+        "warn",
+        &["--admin-token", TOKEN],
+    )
+    .await;
+    let browser = Browser::start(&driver, &chromium).await;
+    browser
+        .client
+        .goto(&format!("http://{}/dashboard/#token={TOKEN}", gw.admin))
+        .await
+        .expect("open the dashboard");
+
+    // Loads, polls with the token (and drops it from the address bar).
+    browser
+        .until(
+            "two successful polls",
+            "return Number(document.body.dataset.polls) >= 2",
+        )
+        .await;
+    let location = browser.js("return location.href").await;
+    assert!(!location.to_string().contains(TOKEN), "{location}");
+    let version = browser
+        .js("return document.getElementById('tile-version').textContent")
+        .await;
+    assert_eq!(version, env!("CARGO_PKG_VERSION"));
+
+    // The charts move while traffic flows.
+    let chart = "return document.getElementById('chart-requests').toDataURL()";
+    let before = browser.js(chart).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = traffic(gw.addr, Arc::clone(&stop));
+    browser
+        .until(
+            "the dashboard to count the traffic",
+            "return Number(document.body.dataset.totalRequests) >= 40",
+        )
+        .await;
+    browser
+        .until(
+            "requests per second above zero",
+            "return parseFloat(document.getElementById('tile-rps').textContent) > 0",
+        )
+        .await;
+    let counted = browser
+        .number("return document.body.dataset.totalRequests")
+        .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let later = browser
+        .number("return document.body.dataset.totalRequests")
+        .await;
+    assert!(
+        later > counted,
+        "the totals follow the traffic: {counted} then {later}"
+    );
+    assert_ne!(
+        browser.js(chart).await,
+        before,
+        "the requests chart was redrawn"
+    );
+    browser
+        .until(
+            "a replay rate near one half",
+            "const t = parseFloat(document.getElementById('tile-replay').textContent); return t > 20 && t <= 60",
+        )
+        .await;
+    if let Some(dir) = std::env::var_os("IDEM_DASHBOARD_SCREENSHOTS") {
+        let png = browser.client.screenshot().await.expect("screenshot");
+        let path = PathBuf::from(dir).join("dashboard.png");
+        std::fs::write(&path, png).expect("write the screenshot");
+        eprintln!("dashboard screenshot written to {}", path.display());
+    }
+    stop.store(true, Ordering::Relaxed);
+    let sent = load.await.expect("traffic");
+    assert!(sent >= 20);
+
+    // The inspector finds a record the traffic left.
+    let listed = send(
+        gw.admin,
+        Method::GET,
+        "/api/v1/records?state=completed&limit=1",
+        &[("authorization", &format!("Bearer {TOKEN}"))],
+        "",
+    )
+    .await;
+    let listed: Value = serde_json::from_slice(&listed.body).expect("JSON");
+    let record = &listed["records"][0];
+    for (field, value) in [
+        ("inspect-tenant", &record["tenant"]),
+        ("inspect-operation", &record["operation"]),
+        ("inspect-key", &record["key"]),
+    ] {
+        let input = browser
+            .client
+            .find(Locator::Id(field))
+            .await
+            .expect("inspector input");
+        input.clear().await.expect("clear");
+        input
+            .send_keys(value.as_str().expect("text"))
+            .await
+            .expect("type");
+    }
+    browser
+        .client
+        .find(Locator::Id("inspect-go"))
+        .await
+        .expect("inspect button")
+        .click()
+        .await
+        .expect("click");
+    let key = record["key"].as_str().expect("key");
+    browser
+        .until(
+            "the inspector to show the record",
+            &format!(
+                "const t = document.getElementById('inspect-result').textContent; return t.includes('completed') && t.includes('{key}')"
+            ),
+        )
+        .await;
+    // An unknown key says so.
+    let input = browser
+        .client
+        .find(Locator::Id("inspect-key"))
+        .await
+        .expect("key input");
+    input.clear().await.expect("clear");
+    input.send_keys("no-such-key").await.expect("type");
+    browser
+        .client
+        .find(Locator::Id("inspect-go"))
+        .await
+        .expect("inspect button")
+        .click()
+        .await
+        .expect("click");
+    browser
+        .until(
+            "the inspector to report a missing record",
+            "return document.getElementById('inspect-result').textContent.includes('no such record')",
+        )
+        .await;
+    browser.client.close().await.expect("close the session");
+}
