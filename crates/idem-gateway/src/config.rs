@@ -742,6 +742,22 @@ on_store_error = "open"
                 "upstream = \"http://x:1\"\n[[route]]\nmethod = \"POST\"\npath = \"/a\"\nupstream_timeout = \"1s\"\n",
                 "upstream_timeout is set once",
             ),
+            (
+                "upstream = \"http://x:1\"\n[cleanup]\nbatch = 0\n",
+                "idem.toml:3: cleanup.batch = 0: must be a whole number from 1 to 1000000",
+            ),
+            (
+                "upstream = \"http://x:1\"\n[cleanup]\ninterval = \"soon\"\n",
+                "idem.toml:3: cleanup.interval = \"soon\": not a duration",
+            ),
+            (
+                "upstream = \"http://x:1\"\n[monitor]\nstuck_after_leases = -1\n",
+                "idem.toml:3: monitor.stuck_after_leases = -1: must be a whole number",
+            ),
+            (
+                "upstream = \"http://x:1\"\n[monitor]\ninterval = \"0s\"\n",
+                "idem.toml:3: monitor.interval = \"0s\": must be greater than zero",
+            ),
         ];
         for (text, expected) in cases {
             let err = from_text(text).expect_err(text).to_string();
@@ -814,6 +830,25 @@ on_store_error = "open"
             .to_string();
         assert!(err.contains("admin token"), "{err}");
         assert!(from_text("upstream = \"http://x:1\"\nadmin_listen = \"0.0.0.0:9090\"\nadmin_token = \"s3cret\"\n").is_ok());
+    }
+
+    #[test]
+    fn background_jobs_default_on_and_follow_the_longest_lease() {
+        let s = from_text("upstream = \"http://x:1\"\n").expect("valid");
+        assert_eq!(
+            s.cleanup,
+            Some(CleanupSettings {
+                interval: Duration::from_secs(60),
+                batch: 1000
+            })
+        );
+        assert_eq!(s.monitor, MonitorSettings::default());
+        let s = from_text(
+            "upstream = \"http://x:1\"\n[cleanup]\nenabled = false\n[monitor]\nstuck_after_leases = 2\n[[route]]\nmethod = \"POST\"\npath = \"/slow\"\nlease = \"2m\"\n",
+        )
+        .expect("valid");
+        assert_eq!(s.cleanup, None);
+        assert_eq!(s.monitor.stuck_after, Duration::from_secs(240));
     }
 
     #[test]

@@ -106,26 +106,52 @@ impl Browser {
     }
 }
 
-/// Unique-key payments and their replays, until told to stop.
-fn traffic(addr: std::net::SocketAddr, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<u64> {
+async fn pay(addr: std::net::SocketAddr, key: &str, body: &str, delay_ms: &str) -> StatusCode {
+    send(
+        addr,
+        Method::POST,
+        "/v1/payments",
+        &[
+            ("content-type", "application/json"),
+            ("authorization", "Bearer merchant-1"),
+            ("idempotency-key", key),
+            ("x-delay-ms", delay_ms),
+        ],
+        body.to_owned(),
+    )
+    .await
+    .status
+}
+
+/// Unique-key payments and their replays, until told to stop; with
+/// `mixed`, also a reused key now and then (422) and a duplicate sent while
+/// its first request still runs (409), so every chart has something to show.
+fn traffic(
+    addr: std::net::SocketAddr,
+    stop: Arc<AtomicBool>,
+    mixed: bool,
+) -> tokio::task::JoinHandle<u64> {
     tokio::spawn(async move {
         let mut sent = 0u64;
         while !stop.load(Ordering::Relaxed) {
             let key = format!("dash-{sent}");
             for _ in 0..2 {
-                let answer = send(
-                    addr,
-                    Method::POST,
-                    "/v1/payments",
-                    &[
-                        ("content-type", "application/json"),
-                        ("authorization", "Bearer merchant-1"),
-                        ("idempotency-key", &key),
-                    ],
-                    r#"{"amount":100}"#,
-                )
-                .await;
-                assert_eq!(answer.status, StatusCode::CREATED);
+                assert_eq!(
+                    pay(addr, &key, r#"{"amount":100}"#, "0").await,
+                    StatusCode::CREATED
+                );
+            }
+            if mixed && sent % 25 == 0 {
+                let reused = pay(addr, &key, r#"{"amount":999}"#, "0").await;
+                assert_eq!(reused, StatusCode::UNPROCESSABLE_ENTITY);
+                let slow = format!("slow-{sent}");
+                let first = tokio::spawn({
+                    let slow = slow.clone();
+                    async move { pay(addr, &slow, "{}", "300").await }
+                });
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                assert_eq!(pay(addr, &slow, "{}", "300").await, StatusCode::CONFLICT);
+                assert_eq!(first.await.expect("first"), StatusCode::CREATED);
             }
             sent += 1;
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -180,8 +206,9 @@ async fn dashboard_loads_updates_under_traffic_and_inspects_records() {
     // The charts move while traffic flows.
     let chart = "return document.getElementById('chart-requests').toDataURL()";
     let before = browser.js(chart).await;
+    let screenshots = std::env::var_os("IDEM_DASHBOARD_SCREENSHOTS");
     let stop = Arc::new(AtomicBool::new(false));
-    let load = traffic(gw.addr, Arc::clone(&stop));
+    let load = traffic(gw.addr, Arc::clone(&stop), screenshots.is_some());
     browser
         .until(
             "the dashboard to count the traffic",
@@ -216,7 +243,9 @@ async fn dashboard_loads_updates_under_traffic_and_inspects_records() {
             "const t = parseFloat(document.getElementById('tile-replay').textContent); return t > 20 && t <= 60",
         )
         .await;
-    if let Some(dir) = std::env::var_os("IDEM_DASHBOARD_SCREENSHOTS") {
+    if let Some(dir) = screenshots {
+        // A minute of mixed traffic first, so the charts have a history.
+        tokio::time::sleep(Duration::from_secs(60)).await;
         let png = browser.client.screenshot().await.expect("screenshot");
         let path = PathBuf::from(dir).join("dashboard.png");
         std::fs::write(&path, png).expect("write the screenshot");
