@@ -626,3 +626,133 @@ async fn decision_logs_are_structured_and_keep_secrets_out() {
         "a hash, not the credential"
     );
 }
+
+/// `idem cleanup` stopped by SIGINT, then killed with SIGKILL, mid-way:
+/// every record it removed was expired, no processing record is touched,
+/// and the next run finishes the job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupted_cleanup_loses_nothing_and_resumes() {
+    use idem::{
+        FinalOutcome, Fingerprint, LeaseExpiry, OwnerToken, Reservation, ReserveRequest, Scope,
+        Store, StoredResponse, Verdict,
+    };
+    const EXPIRED: usize = 6_000;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = sqlite(dir.path());
+    {
+        let store = std::sync::Arc::new(
+            idem_sqlite::SqliteStore::open_url(&format!("{url}?synchronous=normal")).expect("open"),
+        );
+        let scope = Scope::new("t", "POST /v1/payments").expect("scope");
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..EXPIRED + 1 {
+            let (store, scope) = (store.clone(), scope.clone());
+            tasks.spawn(async move {
+                let key = format!("k{i}").parse().expect("key");
+                let lease = match store
+                    .reserve(ReserveRequest {
+                        scope: &scope,
+                        key: &key,
+                        fingerprint: Fingerprint::builder()
+                            .part("i", i.to_string().as_bytes())
+                            .finish(),
+                        owner: OwnerToken::random(),
+                        lease: Duration::from_secs(3600),
+                        retention: Duration::from_secs(3600),
+                        on_lease_expiry: LeaseExpiry::Retry,
+                    })
+                    .await
+                    .expect("reserve")
+                {
+                    Reservation::Acquired(lease) => lease,
+                    other => panic!("{other:?}"),
+                };
+                // The last one stays processing: cleanup must never touch it.
+                if i < EXPIRED {
+                    let done = FinalOutcome {
+                        verdict: Verdict::Completed,
+                        response: StoredResponse::new(201, "ok"),
+                        resource_id: None,
+                        error_code: None,
+                        retention: Duration::ZERO,
+                    };
+                    store
+                        .resolve(&scope, &key, &lease, &done)
+                        .await
+                        .expect("resolve");
+                }
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.expect("task");
+        }
+    }
+    let count = |args: &[&str]| {
+        let out = std::process::Command::new(IDEM)
+            .args([
+                "records", "list", "--json", "--limit", "100000", "--store", &url,
+            ])
+            .args(args)
+            .output()
+            .expect("list");
+        let page: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        page["records"].as_array().map_or(0, Vec::len)
+    };
+    // Expired records do not list; the processing one does.
+    assert_eq!(count(&[]), 1);
+
+    // One record per batch: thousands of commits, long enough to interrupt.
+    let run = || {
+        std::process::Command::new(IDEM)
+            .args(["cleanup", "--batch", "1", "--store", &url])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("cleanup")
+    };
+    let signal = |child: &std::process::Child, sig: &str| {
+        std::process::Command::new("kill")
+            .args([sig, &child.id().to_string()])
+            .status()
+            .expect("kill");
+    };
+    let child = run();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    signal(&child, "-INT");
+    let out = child.wait_with_output().expect("wait");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("interrupted after"), "{text}");
+
+    let child = run();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    signal(&child, "-KILL");
+    let _ = child.wait_with_output();
+
+    let out = std::process::Command::new(IDEM)
+        .args(["cleanup", "--batch", "500", "--store", &url])
+        .output()
+        .expect("cleanup");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let deleted: usize = text
+        .strip_prefix("idem cleanup: deleted ")
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        deleted < EXPIRED,
+        "the interrupted runs had deleted some: {text}"
+    );
+    // Nothing expired is left, and the processing record is still there.
+    let store = idem_sqlite::SqliteStore::open_url(&url).expect("open");
+    assert_eq!(
+        idem::Purge::purge_expired(&store, 100_000)
+            .await
+            .expect("purge"),
+        0
+    );
+    let processing = format!("k{EXPIRED}").parse().expect("key");
+    let scope = Scope::new("t", "POST /v1/payments").expect("scope");
+    let kept = store.get(&scope, &processing).await.expect("get");
+    assert_eq!(kept.map(|r| r.state), Some(idem::RecordState::Processing));
+}

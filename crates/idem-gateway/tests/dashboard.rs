@@ -141,7 +141,7 @@ fn traffic(
                     StatusCode::CREATED
                 );
             }
-            if mixed && sent % 25 == 0 {
+            if mixed && sent.is_multiple_of(25) {
                 let reused = pay(addr, &key, r#"{"amount":999}"#, "0").await;
                 assert_eq!(reused, StatusCode::UNPROCESSABLE_ENTITY);
                 let slow = format!("slow-{sent}");
