@@ -3,6 +3,7 @@
 //! binary `idem` is a thin command line over these.
 
 pub mod admin;
+pub mod check;
 pub mod cli;
 pub mod config;
 pub mod demo;

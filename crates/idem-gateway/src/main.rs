@@ -48,6 +48,61 @@ enum Command {
     /// Delete expired completed and failed records in batches (never
     /// processing ones); safe to interrupt and run again.
     Cleanup(CleanupArgs),
+    /// Probe any HTTP endpoint from the outside: is it really idempotent?
+    /// Exit 0 when every selected probe passes, 1 when one fails, 2 when
+    /// the check cannot run.
+    Check(CheckArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct CheckArgs {
+    /// The endpoint, e.g. http://127.0.0.1:8080/v1/payments (every request goes here, nowhere else).
+    #[arg(long)]
+    url: String,
+    /// HTTP method.
+    #[arg(long, default_value = "POST")]
+    method: String,
+    /// Request body, or @FILE.
+    #[arg(long, default_value = "{}")]
+    body: String,
+    /// Extra header `name: value` (repeatable), e.g. the Authorization of a test account.
+    #[arg(long = "header")]
+    headers: Vec<String>,
+    /// A second credential (an Authorization value) for the tenants probe.
+    #[arg(long)]
+    auth2: Option<String>,
+    /// Top-level JSON field the reuse probe changes, e.g. amount_cents.
+    #[arg(long)]
+    vary_field: Option<String>,
+    /// Copies the concurrent probe sends at once.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(2..=1000))]
+    concurrency: u32,
+    /// Probes to run: all, or a comma-separated list of retry, concurrent, reuse,
+    /// equivalent-json, distinct-keys, missing-key, malformed-key, tenants.
+    #[arg(long, default_value = "all")]
+    probes: String,
+    /// The endpoint must refuse requests without a key (missing-key probe).
+    #[arg(long)]
+    key_required: bool,
+    /// JSON field of the answer holding the created resource's id (else the Location header).
+    #[arg(long, default_value = "id")]
+    id_field: String,
+    /// Per-request timeout.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    timeout: std::time::Duration,
+    /// The most requests the whole run may send.
+    #[arg(long, default_value_t = 100)]
+    max_requests: u32,
+    /// Report format.
+    #[arg(long, value_enum, default_value_t = CheckFormat::Text)]
+    format: CheckFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum CheckFormat {
+    Text,
+    Json,
+    Junit,
 }
 
 #[derive(Debug, clap::Args)]
@@ -177,6 +232,7 @@ async fn main() -> ExitCode {
             .await
             .map(|done| println!("idem: {done}")),
         Command::Records(command) => records(command).await,
+        Command::Check(args) => return check(args).await,
         Command::Cleanup(args) => match cli::open(&args.store.store).await {
             Ok(store) => {
                 cli::cleanup(
@@ -196,6 +252,103 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+async fn check(args: CheckArgs) -> ExitCode {
+    use idem_gateway::check;
+    let fail = |msg: String| {
+        eprintln!("idem check: {msg}");
+        ExitCode::from(2)
+    };
+    let url: http::Uri = match args.url.parse() {
+        Ok(u) => u,
+        Err(e) => return fail(format!("--url {}: not a URL ({e})", args.url)),
+    };
+    let Ok(method) = http::Method::from_bytes(args.method.to_ascii_uppercase().as_bytes()) else {
+        return fail(format!("--method {}: not an HTTP method", args.method));
+    };
+    let body = match args.body.strip_prefix('@') {
+        Some(path) => match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) => return fail(format!("--body @{path}: cannot read it: {e}")),
+        },
+        None => args.body.clone().into_bytes(),
+    };
+    let mut headers = http::HeaderMap::new();
+    for h in &args.headers {
+        let parsed = h.split_once(':').and_then(|(n, v)| {
+            Some((
+                http::HeaderName::from_bytes(n.trim().as_bytes()).ok()?,
+                http::HeaderValue::from_str(v.trim()).ok()?,
+            ))
+        });
+        match parsed {
+            Some((n, v)) => {
+                headers.append(n, v);
+            }
+            None => return fail(format!("--header {h:?}: expected `name: value`")),
+        }
+    }
+    if !headers.contains_key(http::header::CONTENT_TYPE)
+        && serde_json::from_slice::<serde_json::Value>(&body).is_ok()
+    {
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+    }
+    let second_auth = match args.auth2.as_deref().map(http::HeaderValue::from_str) {
+        None => None,
+        Some(Ok(v)) => Some(v),
+        Some(Err(_)) => return fail("--auth2: not a valid header value".to_owned()),
+    };
+    let probes: Vec<check::Probe> = if args.probes.trim() == "all" {
+        check::PROBES.to_vec()
+    } else {
+        let mut chosen = Vec::new();
+        for name in args.probes.split(',') {
+            match check::Probe::parse(name) {
+                Some(p) => chosen.push(p),
+                None => {
+                    let names: Vec<&str> = check::PROBES.iter().map(|p| p.name()).collect();
+                    return fail(format!(
+                        "--probes: unknown probe {name:?}; known: all, {}",
+                        names.join(", ")
+                    ));
+                }
+            }
+        }
+        chosen.sort();
+        chosen.dedup();
+        chosen
+    };
+    let target = check::Target {
+        url: url.clone(),
+        method,
+        body: body.into(),
+        headers,
+        vary_field: args.vary_field,
+        second_auth,
+        concurrency: args.concurrency,
+        key_required: args.key_required,
+        id_field: args.id_field,
+        timeout: args.timeout,
+        max_requests: args.max_requests,
+    };
+    if let Err(msg) = check::validate(&target, &probes) {
+        return fail(msg);
+    }
+    let outcomes = check::run(target, &probes).await;
+    let report = match args.format {
+        CheckFormat::Text => check::text_report(&url, &outcomes),
+        CheckFormat::Json => check::json_report(&url, &outcomes),
+        CheckFormat::Junit => check::junit_report(&url, &outcomes),
+    };
+    print!("{report}");
+    if !report.ends_with('\n') {
+        println!();
+    }
+    ExitCode::from(check::exit_code(&outcomes))
 }
 
 async fn records(command: RecordsCommand) -> Result<(), String> {

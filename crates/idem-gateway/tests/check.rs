@@ -1,0 +1,195 @@
+//! `idem check` against real endpoints: the gateway in front of the
+//! counting upstream (every probe passes), the same upstream without
+//! protection (the right probes fail, with evidence), and bad input.
+
+use std::path::Path;
+
+use idem_testkit::gateway::GatewayProcess as Gateway;
+use idem_testkit::upstream::CountingUpstream;
+use serde_json::Value;
+
+const IDEM: &str = env!("CARGO_BIN_EXE_idem");
+const BODY: &str = r#"{"amount_cents":100,"currency":"EUR","order_id":"o-1"}"#;
+const CONFIG: &str = r#"
+[[route]]
+method = "POST"
+path = "/v1/payments"
+require_key = true
+"#;
+
+fn check(url: &str, extra: &[&str]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(IDEM)
+        .args(["--log", "warn", "check", "--url", url, "--body", BODY])
+        .args(["--header", "authorization: Bearer merchant-a"])
+        .args(extra)
+        .output()
+        .expect("run idem check");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn verdicts(report: &str) -> Vec<(String, String)> {
+    let json: Value = serde_json::from_str(report).unwrap_or_else(|e| panic!("{e}: {report}"));
+    json["probes"]
+        .as_array()
+        .expect("probes")
+        .iter()
+        .map(|p| {
+            (
+                p["probe"].as_str().expect("name").to_owned(),
+                p["verdict"].as_str().expect("verdict").to_owned(),
+            )
+        })
+        .collect()
+}
+
+const FULL: [&str; 7] = [
+    "--auth2",
+    "Bearer merchant-b",
+    "--vary-field",
+    "amount_cents",
+    "--key-required",
+    "--format",
+    "json",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_probe_passes_behind_idem_serve() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let store = format!(
+        "sqlite://{}",
+        Path::new(dir.path()).join("idem.db").display()
+    );
+    let gw = Gateway::start(IDEM, dir.path(), CONFIG, &up.url(), &store, "warn", &[]).await;
+    let url = format!("http://{}/v1/payments", gw.addr);
+    let (code, out, err) = check(&url, &FULL);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let verdicts = verdicts(&out);
+    assert_eq!(verdicts.len(), 8);
+    for (probe, verdict) in &verdicts {
+        assert_eq!(verdict, "pass", "{probe}: {out}");
+    }
+    // Exactly the work the probes asked for reached the upstream: one
+    // execution per fresh key (retry, concurrent, reuse, equivalent-json:
+    // 1 each; distinct-keys: 2; tenants: 2), nothing for refused requests.
+    assert_eq!(up.total(), 8, "{out}");
+
+    // The human report says the same, and the Idempotent-Replayed marker.
+    let (code, out, _) = check(&url, &["--probes", "retry,malformed-key"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("PASS  retry"), "{out}");
+    assert!(out.contains("marked Idempotent-Replayed: true"), "{out}");
+    assert!(out.contains("2 passed, 0 failed"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_naive_api_fails_the_right_probes_with_evidence() {
+    let up = CountingUpstream::start().await;
+    let url = format!("{}/v1/payments", up.url());
+    let (code, out, err) = check(&url, &FULL);
+    assert_eq!(code, Some(1), "{out}\n{err}");
+    let verdicts = verdicts(&out);
+    let of = |name: &str| {
+        verdicts
+            .iter()
+            .find(|(p, _)| p == name)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_else(|| panic!("{name} missing"))
+    };
+    for probe in [
+        "retry",
+        "concurrent",
+        "reuse",
+        "equivalent-json",
+        "missing-key",
+        "malformed-key",
+    ] {
+        assert_eq!(of(probe), "fail", "{probe}: {out}");
+    }
+    // Without idempotency, distinct keys and tenants are trivially separate.
+    assert_eq!(of("distinct-keys"), "pass");
+    assert_eq!(of("tenants"), "pass");
+    let report: Value = serde_json::from_str(&out).expect("json");
+    let concurrent = report["probes"]
+        .as_array()
+        .expect("probes")
+        .iter()
+        .find(|p| p["probe"] == "concurrent")
+        .expect("concurrent");
+    assert_eq!(concurrent["evidence"].as_array().map(Vec::len), Some(20));
+    assert!(
+        concurrent["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("several resources")),
+        "{concurrent}"
+    );
+    // Never more requests than the probes need (20 + 7 × 2 + 1).
+    assert!(up.total() <= 35, "{}", up.total());
+
+    // JUnit for CI gates.
+    let (code, xml, _) = check(
+        &url,
+        &["--probes", "retry,distinct-keys", "--format", "junit"],
+    );
+    assert_eq!(code, Some(1));
+    assert!(xml.starts_with("<?xml"), "{xml}");
+    assert!(xml.contains("tests=\"2\" failures=\"1\""), "{xml}");
+    assert!(
+        xml.contains("<testcase classname=\"idem.check\" name=\"retry\""),
+        "{xml}"
+    );
+    assert!(xml.contains("<failure message="), "{xml}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_clear_message_and_sends_nothing_it_should_not() {
+    let up = CountingUpstream::start().await;
+    let url = format!("{}/v1/payments", up.url());
+    for (args, needle) in [
+        (vec!["--max-requests", "5"], "--max-requests is 5"),
+        (vec!["--vary-field", "nope"], "no top-level field \"nope\""),
+        (vec!["--probes", "retry,colour"], "unknown probe \"colour\""),
+        (vec!["--header", "no colon"], "expected `name: value`"),
+        (vec!["--method", "P OST"], "not an HTTP method"),
+    ] {
+        let (code, _, err) = check(&url, &args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    let out = std::process::Command::new(IDEM)
+        .args([
+            "check",
+            "--url",
+            &url,
+            "--body",
+            "plain text",
+            "--vary-field",
+            "amount",
+        ])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the body is not JSON"));
+    let (code, _, err) = check("https://127.0.0.1:1/v1/payments", &[]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("https is not supported"), "{err}");
+    assert_eq!(up.total(), 0, "refused runs send nothing");
+
+    // Unreachable: one probe finds out, the rest are not run.
+    let (code, out, _) = check("http://127.0.0.1:1/v1/payments", &[]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("cannot reach http://127.0.0.1:1/v1/payments"),
+        "{out}"
+    );
+    assert!(out.contains("not run: cannot reach"), "{out}");
+
+    // Rate limited: reported as such, not as an idempotency failure.
+    let (code, out, _) = check(&url, &["--header", "x-status: 429", "--probes", "retry"]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("rate-limited the check (429"), "{out}");
+}
