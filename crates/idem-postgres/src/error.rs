@@ -83,6 +83,48 @@ impl PgError {
     }
 }
 
+/// What went wrong in the inbox, the outbox or the ordering guard.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MessagingError {
+    /// A message, id or name was refused before it reached the database.
+    #[error("invalid {field}: {reason}")]
+    InvalidMessage {
+        /// Which field.
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The database failed; the transaction should be rolled back and the
+    /// message handled again later.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl MessagingError {
+    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        Self::InvalidMessage {
+            field,
+            reason: reason.into(),
+        }
+    }
+
+    /// Whether handling the message again later may succeed (a lost
+    /// connection, a serialization failure, a deadlock).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::InvalidMessage { .. } => false,
+            Self::Database(sqlx::Error::Database(db)) => {
+                db.code().as_deref().is_some_and(transient_code)
+            }
+            Self::Database(
+                sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed,
+            ) => true,
+            Self::Database(_) => false,
+        }
+    }
+}
+
 /// One line saying why a connection failed, in the user's words.
 fn connect_reason(err: &sqlx::Error) -> String {
     match err {

@@ -84,6 +84,9 @@
 //! transaction.
 
 mod error;
+pub mod guard;
+pub mod inbox;
+pub mod outbox;
 mod schema;
 
 use std::future::Future;
@@ -98,7 +101,7 @@ use idem::{
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection, PgPool, Postgres, Row, Transaction};
 
-pub use error::PgError;
+pub use error::{MessagingError, PgError};
 /// The driver, re-exported so users never mismatch versions.
 pub use sqlx;
 

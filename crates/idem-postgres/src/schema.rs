@@ -17,10 +17,16 @@ use sqlx::{Connection, Executor, Postgres, Row};
 use crate::PgError;
 
 /// Migrations in order; migration `i` brings the schema to version `i + 1`.
-const MIGRATIONS: &[(&str, &str)] = &[(
-    "records table",
-    include_str!("../migrations/0001_records.sql"),
-)];
+const MIGRATIONS: &[(&str, &str)] = &[
+    (
+        "records table",
+        include_str!("../migrations/0001_records.sql"),
+    ),
+    (
+        "inbox, outbox and aggregate versions",
+        include_str!("../migrations/0002_messaging.sql"),
+    ),
+];
 
 /// The schema version this build writes.
 pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -1,0 +1,91 @@
+//! The ordering guard: a consumer applies each aggregate's events in
+//! version order, exactly once, whatever order the broker delivers them in.
+//!
+//! [`OrderingGuard::check`] runs in the consumer's transaction. It locks the
+//! aggregate's row (concurrent deliveries for one aggregate serialise) and
+//! compares the event's version with the last one applied: `last + 1` is
+//! [`Order::Apply`] (the row moves to it when the transaction commits),
+//! `<= last` is [`Order::Stale`] (already applied: acknowledge and drop),
+//! and anything higher is a [`Order::Gap`] (an earlier event is still on
+//! its way: redeliver this one later). An aggregate never seen starts at 0.
+
+use sqlx::{Postgres, Row, Transaction};
+
+use crate::MessagingError;
+use crate::inbox::check_id;
+
+/// What to do with an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// The next version: apply it in this transaction.
+    Apply,
+    /// Already applied (`version <= last`): drop it, acknowledge.
+    Stale {
+        /// The last version applied.
+        last: i64,
+    },
+    /// An earlier version is missing: redeliver this one later.
+    Gap {
+        /// The version that must come first.
+        expected: i64,
+    },
+}
+
+/// The aggregate-versions table's operations; see the [module docs](self).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OrderingGuard;
+
+impl OrderingGuard {
+    /// Decides about `version` of `aggregate_id` for `consumer`, and on
+    /// [`Order::Apply`] records it in `tx`.
+    pub async fn check(
+        tx: &mut Transaction<'_, Postgres>,
+        consumer: &str,
+        aggregate_id: &str,
+        version: i64,
+    ) -> Result<Order, MessagingError> {
+        check_id("consumer", consumer)?;
+        check_id("aggregate_id", aggregate_id)?;
+        if version < 1 {
+            return Err(MessagingError::invalid(
+                "version",
+                format!("{version} is not a version (they start at 1)"),
+            ));
+        }
+        // Make sure the row exists, then lock it: two first deliveries of a
+        // new aggregate cannot both see "nothing yet".
+        sqlx::query(
+            "INSERT INTO idem_aggregate_versions (consumer, aggregate_id, version) \
+             VALUES ($1, $2, 0) ON CONFLICT (consumer, aggregate_id) DO NOTHING",
+        )
+        .bind(consumer)
+        .bind(aggregate_id)
+        .execute(&mut **tx)
+        .await?;
+        let last: i64 = sqlx::query(
+            "SELECT version FROM idem_aggregate_versions \
+             WHERE consumer = $1 AND aggregate_id = $2 FOR UPDATE",
+        )
+        .bind(consumer)
+        .bind(aggregate_id)
+        .fetch_one(&mut **tx)
+        .await?
+        .try_get("version")?;
+        if version <= last {
+            return Ok(Order::Stale { last });
+        }
+        if version > last + 1 {
+            return Ok(Order::Gap { expected: last + 1 });
+        }
+        sqlx::query(
+            "UPDATE idem_aggregate_versions SET version = $3, updated_at = clock_timestamp() \
+             WHERE consumer = $1 AND aggregate_id = $2",
+        )
+        .bind(consumer)
+        .bind(aggregate_id)
+        .bind(version)
+        .execute(&mut **tx)
+        .await?;
+        Ok(Order::Apply)
+    }
+}

@@ -1,0 +1,116 @@
+//! The transactional inbox: effectively-once processing of redelivered
+//! messages.
+//!
+//! [`Inbox::process`] records the message id in the caller's transaction,
+//! *before* the business change. When the transaction commits, the id and
+//! the change are there together; when it rolls back (or the process dies
+//! first), neither is, and the redelivery is processed as new. A message
+//! already recorded is a [`InboxOutcome::Duplicate`]: skip the change and
+//! acknowledge it. Two deliveries racing on the same id serialise on its
+//! row: the second waits for the first transaction and then sees a
+//! duplicate (or, if the first rolled back, processes it).
+//!
+//! ```no_run
+//! # async fn handle(pool: sqlx::PgPool) -> Result<(), idem_postgres::MessagingError> {
+//! use idem_postgres::inbox::{Inbox, InboxOutcome};
+//! let mut tx = pool.begin().await?;
+//! match Inbox::process(&mut tx, "orders", "msg-42", Some("order-7")).await? {
+//!     InboxOutcome::Fresh => {
+//!         sqlx::query("UPDATE orders SET state = 'paid' WHERE id = 'order-7'")
+//!             .execute(&mut *tx)
+//!             .await?;
+//!     }
+//!     InboxOutcome::Duplicate => {} // already applied: change nothing
+//! }
+//! tx.commit().await?; // then acknowledge the message
+//! # Ok(())
+//! # }
+//! ```
+
+use std::time::Duration;
+
+use sqlx::{Executor, Postgres, Transaction};
+
+use crate::MessagingError;
+
+/// Whether a message was seen before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InboxOutcome {
+    /// First delivery: apply the change in this transaction.
+    Fresh,
+    /// Already processed (committed earlier): change nothing, acknowledge.
+    Duplicate,
+}
+
+/// The inbox table's operations; see the [module docs](self).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Inbox;
+
+/// Longest consumer name or message id accepted.
+pub const MAX_ID_LEN: usize = 255;
+
+impl Inbox {
+    /// Records `message_id` for `consumer` in `tx`, or reports that it was
+    /// processed before. Empty or over-long ids are refused: a message
+    /// without an id can never be processed unprotected.
+    pub async fn process(
+        tx: &mut Transaction<'_, Postgres>,
+        consumer: &str,
+        message_id: &str,
+        aggregate_id: Option<&str>,
+    ) -> Result<InboxOutcome, MessagingError> {
+        check_id("consumer", consumer)?;
+        check_id("message_id", message_id)?;
+        let inserted = sqlx::query(
+            "INSERT INTO idem_inbox (consumer, message_id, aggregate_id) VALUES ($1, $2, $3) \
+             ON CONFLICT (consumer, message_id) DO NOTHING",
+        )
+        .bind(consumer)
+        .bind(message_id)
+        .bind(aggregate_id)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
+        Ok(if inserted == 1 {
+            InboxOutcome::Fresh
+        } else {
+            InboxOutcome::Duplicate
+        })
+    }
+
+    /// Deletes at most `batch` inbox rows processed more than `retention`
+    /// ago (one short statement; call it in a loop until it returns less
+    /// than `batch`). Keep the retention longer than the broker can
+    /// redeliver a message, or an old redelivery would be processed again.
+    pub async fn purge_older_than<'e>(
+        executor: impl Executor<'e, Database = Postgres>,
+        retention: Duration,
+        batch: usize,
+    ) -> Result<u64, MessagingError> {
+        let done = sqlx::query(
+            "DELETE FROM idem_inbox WHERE ctid IN (\
+               SELECT ctid FROM idem_inbox \
+               WHERE processed_at < clock_timestamp() - $1::bigint * interval '1 millisecond' \
+               ORDER BY processed_at LIMIT $2)",
+        )
+        .bind(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX))
+        .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+        .execute(executor)
+        .await?;
+        Ok(done.rows_affected())
+    }
+}
+
+/// Refuses an empty or over-long identifier.
+pub(crate) fn check_id(field: &'static str, value: &str) -> Result<(), MessagingError> {
+    if value.is_empty() {
+        return Err(MessagingError::invalid(field, "must not be empty"));
+    }
+    if value.len() > MAX_ID_LEN {
+        return Err(MessagingError::invalid(
+            field,
+            format!("is {} bytes; at most {MAX_ID_LEN}", value.len()),
+        ));
+    }
+    Ok(())
+}
