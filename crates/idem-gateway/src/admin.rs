@@ -115,7 +115,52 @@ fn same_secret(given: &[u8], expected: &[u8]) -> bool {
             == 0
 }
 
+/// Whether `host` (a `Host` or `Origin` authority, port allowed) names
+/// this machine's loopback.
+fn is_loopback_host(host: &str) -> bool {
+    let host = host.trim();
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else {
+        host.rsplit_once(':').map_or(host, |(h, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                h
+            } else {
+                host
+            }
+        })
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
+    if state.token.is_none() {
+        // No token (a loopback listener): a web page in the operator's
+        // browser must not reach the API through DNS rebinding (a foreign
+        // Host) nor make it act cross-site (a foreign Origin).
+        let host_ok = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .is_none_or(is_loopback_host);
+        let origin_ok = req
+            .headers()
+            .get(header::ORIGIN)
+            .and_then(|v| v.to_str().ok())
+            .is_none_or(|o| {
+                o.split_once("://")
+                    .is_some_and(|(_, h)| is_loopback_host(h))
+            });
+        if !host_ok || !origin_ok {
+            return problem(
+                ProblemKind::AdminForbidden,
+                "without an admin token the admin API answers only same-machine requests (Host and Origin on loopback); set an admin token to reach it otherwise",
+            );
+        }
+    }
     if let Some(token) = &state.token {
         let given = req
             .headers()
@@ -292,7 +337,8 @@ impl RecordView {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// Bytes as lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
     bytes
         .iter()
@@ -476,12 +522,41 @@ async fn show(
     }
 }
 
-async fn release(State(state): State<AdminState>, path: RecordPath) -> Response {
-    let (scope, key) = match identify(path) {
-        Ok(id) => id,
+/// `?attempt=N`: act only if the record is still at the attempt the
+/// operator looked at.
+fn expected_attempt(query: &HashMap<String, String>) -> Result<Option<u32>, Problem> {
+    for name in query.keys() {
+        if name != "attempt" {
+            return Err(Problem::new(
+                ProblemKind::InvalidParameter,
+                format!("{name}: unknown parameter (attempt)"),
+            ));
+        }
+    }
+    query
+        .get("attempt")
+        .map(|v| {
+            v.parse::<u32>().ok().filter(|n| *n >= 1).ok_or_else(|| {
+                Problem::new(
+                    ProblemKind::InvalidParameter,
+                    format!("attempt: {v:?} is not an attempt number (1, 2, …)"),
+                )
+            })
+        })
+        .transpose()
+}
+
+async fn release(
+    State(state): State<AdminState>,
+    path: RecordPath,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let ids = identify(path).and_then(|id| Ok((id, expected_attempt(&query)?)));
+    let ((scope, key), attempt) = match ids {
+        Ok(ids) => ids,
         Err(p) => return p.to_response().into_response(),
     };
-    match operator::release(&state.store, &scope, &key).await {
+    match operator::release(&state.store, &scope, &key, attempt).await {
         Ok(record) => {
             tracing::warn!(reason = "idempotency_operator_release", tenant = scope.tenant(), operation = scope.operation(), %key, attempt = record.lease.attempt, "record released by an operator");
             json(
@@ -504,9 +579,13 @@ pub struct ResolveRequest {
     /// Headers to replay.
     #[serde(default)]
     pub headers: std::collections::BTreeMap<String, String>,
-    /// The body to replay.
+    /// The body to replay, as text.
     #[serde(default)]
-    pub body: String,
+    pub body: Option<String>,
+    /// The body to replay, hex-encoded (for bytes that are not UTF-8; as
+    /// `show` prints them).
+    #[serde(default)]
+    pub body_hex: Option<String>,
     /// What the operation created.
     pub resource_id: Option<String>,
     /// Machine-readable reason (failures).
@@ -528,7 +607,15 @@ impl ResolveRequest {
             None if self.status < 400 => Verdict::Completed,
             None => Verdict::Failed,
         };
-        let mut response = StoredResponse::new(self.status, self.body.clone().into_bytes());
+        let body = match (&self.body, &self.body_hex) {
+            (Some(_), Some(_)) => return Err("body, body_hex: give one or the other".to_owned()),
+            (Some(text), None) => text.clone().into_bytes(),
+            (None, Some(hex)) => {
+                unhex(hex).ok_or_else(|| "body_hex: not an even number of hex digits".to_owned())?
+            }
+            (None, None) => Vec::new(),
+        };
+        let mut response = StoredResponse::new(self.status, body);
         for (name, value) in &self.headers {
             header::HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| format!("headers: {name:?} is not a header name"))?;
@@ -556,11 +643,13 @@ impl ResolveRequest {
 async fn resolve(
     State(state): State<AdminState>,
     path: RecordPath,
+    Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let (scope, key) = match identify(path) {
-        Ok(id) => id,
+    let ids = identify(path).and_then(|id| Ok((id, expected_attempt(&query)?)));
+    let ((scope, key), attempt) = match ids {
+        Ok(ids) => ids,
         Err(p) => return p.to_response().into_response(),
     };
     let is_json = headers
@@ -580,7 +669,7 @@ async fn resolve(
         Ok(o) => o,
         Err(why) => return problem(ProblemKind::InvalidParameter, why),
     };
-    match operator::resolve(&state.store, &scope, &key, &outcome).await {
+    match operator::resolve(&state.store, &scope, &key, &outcome, attempt).await {
         Ok(record) => {
             tracing::warn!(reason = "idempotency_operator_resolve", tenant = scope.tenant(), operation = scope.operation(), %key, state = %record.state, status = outcome.response.status, "record resolved by an operator");
             json(StatusCode::OK, &RecordView::new(&record, false))
@@ -685,6 +774,29 @@ mod tests {
         ] {
             let err = parse(text).expect_err(text);
             assert!(err.contains(needle), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn loopback_hosts() {
+        for host in [
+            "localhost",
+            "LOCALHOST:9090",
+            "127.0.0.1",
+            "127.0.0.1:9090",
+            "[::1]:9090",
+            "::1",
+        ] {
+            assert!(is_loopback_host(host), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "evil.example:9090",
+            "10.0.0.1:9090",
+            "localhost.evil.example",
+            "",
+        ] {
+            assert!(!is_loopback_host(host), "{host}");
         }
     }
 

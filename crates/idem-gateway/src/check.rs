@@ -197,7 +197,9 @@ pub struct Target {
 }
 
 /// Refuses arguments that cannot work, with a message naming the flag.
-pub fn validate(target: &Target, probes: &[Probe]) -> Result<(), String> {
+/// Probes named explicitly (`explicit`) must be runnable; with `all`, the
+/// ones missing their arguments are reported as skipped instead.
+pub fn validate(target: &Target, probes: &[Probe], explicit: bool) -> Result<(), String> {
     match target.url.scheme_str() {
         Some("http") => {}
         Some("https") => {
@@ -222,6 +224,14 @@ pub fn validate(target: &Target, probes: &[Probe]) -> Result<(), String> {
         }
     }
     let needed: u32 = probes.iter().map(|p| p.budget(target.concurrency)).sum();
+    if explicit && probes.contains(&Probe::Reuse) && target.vary_field.is_none() {
+        return Err(
+            "--probes reuse needs --vary-field FIELD (a top-level JSON field to change)".to_owned(),
+        );
+    }
+    if explicit && probes.contains(&Probe::Tenants) && target.second_auth.is_none() {
+        return Err("--probes tenants needs --auth2 (a second credential)".to_owned());
+    }
     if needed > target.max_requests {
         return Err(format!(
             "the selected probes need {needed} requests but --max-requests is {}; raise it or select fewer probes",
@@ -373,17 +383,7 @@ impl Sender {
 
 /// A transport error as one clear line.
 fn transport_error(err: &(dyn std::error::Error + 'static), url: &Uri) -> String {
-    let mut chain = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        let s = e.to_string();
-        if !chain.contains(&s) {
-            chain.push_str(": ");
-            chain.push_str(&s);
-        }
-        cur = e.source();
-    }
-    format!("cannot reach {url}: {chain}")
+    format!("cannot reach {url}: {}", crate::server::error_chain(err))
 }
 
 /// Runs the probes in order and returns their outcomes.
@@ -447,6 +447,22 @@ fn unreachable(outcomes: &[Outcome]) -> Option<String> {
 
 type Judged = (Verdict, String, Vec<Exchange>);
 
+/// A probe judged on answers that are not successes would prove nothing
+/// (two identical 401s look idempotent): the request itself must work.
+fn failed_baseline(evidence: Vec<Exchange>) -> Judged {
+    let first = evidence
+        .iter()
+        .find(|e| !e.success())
+        .map_or(0, |e| e.status);
+    (
+        Verdict::Error,
+        format!(
+            "the request was answered {first}, not a success: fix the request (URL, credentials, body) before judging idempotency"
+        ),
+        evidence,
+    )
+}
+
 fn same_answer(a: &Exchange, b: &Exchange) -> bool {
     a.status == b.status && a.full_body == b.full_body
 }
@@ -459,6 +475,9 @@ async fn probe_once(s: &Sender, probe: Probe) -> Judged {
     match probe {
         Probe::Retry => {
             let first = s.send(keyed(0)).await;
+            if !first.success() {
+                return failed_baseline(vec![first]);
+            }
             let second = s.send(keyed(0)).await;
             let marker = if second.replayed() {
                 "the retry is marked Idempotent-Replayed: true"
@@ -525,7 +544,10 @@ async fn probe_once(s: &Sender, probe: Probe) -> Judged {
                 answers.len(),
                 resources.len()
             );
-            let verdict = if successes == 0 {
+            let verdict = if successes == 0 && conflicts == 0 {
+                answers.sort_by_key(|e| e.millis);
+                return failed_baseline(answers);
+            } else if successes == 0 {
                 (Verdict::Fail, format!("no copy succeeded; {summary}"))
             } else if resources.len() > 1 {
                 (
@@ -572,6 +594,9 @@ async fn probe_once(s: &Sender, probe: Probe) -> Judged {
                 );
             };
             let first = s.send(keyed(0)).await;
+            if !first.success() {
+                return failed_baseline(vec![first]);
+            }
             let varied = vary(&s.target.body, field);
             let second = s
                 .send(Variant {
@@ -602,6 +627,9 @@ async fn probe_once(s: &Sender, probe: Probe) -> Judged {
                 return (Verdict::Skip, "the body is not JSON".to_owned(), Vec::new());
             };
             let first = s.send(keyed(0)).await;
+            if !first.success() {
+                return failed_baseline(vec![first]);
+            }
             let second = s
                 .send(Variant {
                     body: Some(reformat(&json)),
@@ -635,6 +663,9 @@ async fn probe_once(s: &Sender, probe: Probe) -> Judged {
         }
         Probe::DistinctKeys => {
             let a = s.send(keyed(0)).await;
+            if !a.success() {
+                return failed_baseline(vec![a]);
+            }
             let b = s.send(keyed(1)).await;
             let (ra, rb) = (s.resource(&a), s.resource(&b));
             let verdict = match (&ra, &rb) {
@@ -726,6 +757,9 @@ async fn probe_once(s: &Sender, probe: Probe) -> Judged {
                 );
             };
             let a = s.send(keyed(0)).await;
+            if !a.success() {
+                return failed_baseline(vec![a]);
+            }
             let b = s
                 .send(Variant {
                     auth: Some(second),

@@ -12,9 +12,12 @@ use crate::admin::{RecordView, ResolveRequest, encode_cursor};
 use crate::server::error_chain;
 use crate::store::StoreUrl;
 
-/// Opens a store for a one-off command: unreachable is an error at once.
+/// Opens a store for a one-off command: unreachable is an error at once,
+/// and nothing is created or migrated (a mistyped SQLite path is an error,
+/// not a new empty database; a PostgreSQL schema is left for
+/// `idem migrate`).
 pub async fn open(url: &str) -> Result<DynStore, String> {
-    StoreUrl::parse(url)?.connect().await
+    StoreUrl::parse(url)?.existing()?.connect().await
 }
 
 /// Which record a command acts on.
@@ -27,6 +30,11 @@ pub struct RecordId {
     pub operation: String,
     /// The Idempotency-Key.
     pub key: String,
+    /// Act only if the record is still at this attempt (the one you
+    /// looked at with `show`); another attempt that took over since is
+    /// left alone.
+    #[arg(long)]
+    pub attempt: Option<u32>,
 }
 
 impl RecordId {
@@ -86,10 +94,16 @@ pub struct ResolveArgs {
 
 impl ResolveArgs {
     fn request(&self) -> Result<ResolveRequest, String> {
-        let body = match self.body.strip_prefix('@') {
-            Some(path) => std::fs::read_to_string(path)
-                .map_err(|e| format!("--body @{path}: cannot read it: {e}"))?,
-            None => self.body.clone(),
+        let bytes = match self.body.strip_prefix('@') {
+            Some(path) => {
+                std::fs::read(path).map_err(|e| format!("--body @{path}: cannot read it: {e}"))?
+            }
+            None => self.body.clone().into_bytes(),
+        };
+        // Text stays text; other bytes travel hex-encoded.
+        let (body, body_hex) = match String::from_utf8(bytes) {
+            Ok(text) => (Some(text), None),
+            Err(e) => (None, Some(crate::admin::hex(e.as_bytes()))),
         };
         let headers = self
             .headers
@@ -105,6 +119,7 @@ impl ResolveArgs {
             status: self.status,
             headers,
             body,
+            body_hex,
             resource_id: self.resource_id.clone(),
             error_code: self.error_code.clone(),
             retention: Some(self.retention.clone()),
@@ -212,7 +227,7 @@ pub async fn show(store: &DynStore, id: &RecordId, body: bool) -> Result<(), Str
 /// `idem records release`.
 pub async fn release(store: &DynStore, id: &RecordId) -> Result<(), String> {
     let (scope, key) = id.parse()?;
-    let record = operator::release(store, &scope, &key)
+    let record = operator::release(store, &scope, &key, id.attempt)
         .await
         .map_err(|e| operator_error(&e))?;
     println!(
@@ -231,7 +246,7 @@ pub async fn release(store: &DynStore, id: &RecordId) -> Result<(), String> {
 pub async fn resolve(store: &DynStore, id: &RecordId, args: &ResolveArgs) -> Result<(), String> {
     let (scope, key) = id.parse()?;
     let outcome = args.request()?.outcome(Duration::from_secs(86_400))?;
-    let record = operator::resolve(store, &scope, &key, &outcome)
+    let record = operator::resolve(store, &scope, &key, &outcome, id.attempt)
         .await
         .map_err(|e| operator_error(&e))?;
     println!(
@@ -266,8 +281,13 @@ fn operator_error(err: &operator::OperatorError) -> String {
 /// `idem cleanup`: batched deletion of expired records with a progress
 /// line on a terminal and a summary always. Stops cleanly on SIGINT or
 /// SIGTERM after the batch in hand (each batch is its own transaction, so
-/// nothing is half done) and says so.
-pub async fn cleanup(store: &DynStore, batch: usize, max: Option<Duration>) -> Result<(), String> {
+/// nothing is half done) and says so. Returns whether it ran to the end
+/// (false: interrupted).
+pub async fn cleanup(
+    store: &DynStore,
+    batch: usize,
+    max: Option<Duration>,
+) -> Result<bool, String> {
     let started = Instant::now();
     let tty = std::io::stderr().is_terminal();
     let done = std::cell::Cell::new(0u64);
@@ -304,5 +324,5 @@ pub async fn cleanup(store: &DynStore, batch: usize, max: Option<Duration>) -> R
             }
         );
     }
-    Ok(())
+    Ok(!interrupted)
 }

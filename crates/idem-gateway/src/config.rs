@@ -64,6 +64,7 @@ struct CleanupConfig {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct MonitorConfig {
+    enabled: Option<bool>,
     interval: Option<Spanned<String>>,
     stuck_after_leases: Option<Spanned<i64>>,
 }
@@ -152,6 +153,9 @@ pub struct CleanupSettings {
 /// `[monitor]`, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MonitorSettings {
+    /// Whether the monitor runs (default: yes, except on a plain Redis
+    /// store, where listing scans every key).
+    pub enabled: bool,
     /// Pause between censuses of processing records.
     pub interval: Duration,
     /// A processing record without a live lease older than this is stuck
@@ -162,6 +166,7 @@ pub struct MonitorSettings {
 impl Default for MonitorSettings {
     fn default() -> Self {
         Self {
+            enabled: true,
             interval: Duration::from_secs(30),
             stuck_after: Duration::from_secs(90),
         }
@@ -319,7 +324,15 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         .map(|p| p.engine.lease)
         .max()
         .unwrap_or(Duration::from_secs(30));
-    let (cleanup, monitor) = jobs(src, &file.cleanup, &file.monitor, longest_lease)?;
+    let (cleanup, mut monitor) = jobs(src, &file.cleanup, &file.monitor, longest_lease)?;
+    // Listing processing records on plain Redis scans every key: off
+    // unless asked for.
+    let redis = store.starts_with("redis://") || store.starts_with("rediss://");
+    monitor.enabled = file
+        .monitor
+        .as_ref()
+        .and_then(|m| m.enabled)
+        .unwrap_or(!redis);
     Ok(Settings {
         listen,
         upstream,
@@ -373,6 +386,7 @@ fn jobs(
         3,
     )?;
     let monitor = MonitorSettings {
+        enabled: true,
         interval: every("monitor.interval", &m.and_then(|m| m.interval.clone()), 30)?,
         stuck_after: longest_lease.saturating_mul(u32::try_from(leases).unwrap_or(u32::MAX)),
     };

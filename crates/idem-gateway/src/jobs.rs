@@ -25,7 +25,9 @@ pub fn spawn(
     if let Some(settings) = cleanup {
         jobs.spawn(cleanup_loop(store.clone(), settings));
     }
-    jobs.spawn(monitor_loop(store.clone(), monitor));
+    if monitor.enabled {
+        jobs.spawn(monitor_loop(store.clone(), monitor));
+    }
     jobs
 }
 

@@ -233,17 +233,23 @@ async fn main() -> ExitCode {
             .map(|done| println!("idem: {done}")),
         Command::Records(command) => records(command).await,
         Command::Check(args) => return check(args).await,
-        Command::Cleanup(args) => match cli::open(&args.store.store).await {
-            Ok(store) => {
+        Command::Cleanup(args) => {
+            let run = async {
+                let store = cli::open(&args.store.store).await?;
                 cli::cleanup(
                     &store,
                     args.batch as usize,
                     args.max_seconds.map(std::time::Duration::from_secs),
                 )
                 .await
+            };
+            match run.await {
+                // Interrupted: the conventional SIGINT status, so cron and
+                // scripts can tell it did not finish.
+                Ok(false) => return ExitCode::from(130),
+                other => other.map(|_| ()),
             }
-            Err(err) => Err(err),
-        },
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -335,7 +341,8 @@ async fn check(args: CheckArgs) -> ExitCode {
         timeout: args.timeout,
         max_requests: args.max_requests,
     };
-    if let Err(msg) = check::validate(&target, &probes) {
+    let explicit = args.probes.trim() != "all";
+    if let Err(msg) = check::validate(&target, &probes, explicit) {
         return fail(msg);
     }
     let outcomes = check::run(target, &probes).await;

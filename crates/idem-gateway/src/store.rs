@@ -87,6 +87,30 @@ impl StoreUrl {
         }
     }
 
+    /// The same store, opened only if it already exists: an SQLite file
+    /// that is not there is an error (instead of a new empty database), and
+    /// a PostgreSQL schema is not migrated. For operator commands.
+    pub fn existing(self) -> Result<Self, String> {
+        Ok(match self {
+            Self::Sqlite(url) => {
+                let opts =
+                    idem_sqlite::SqliteOptions::from_url(&url).map_err(|e| error_chain(&e))?;
+                if !opts.path.is_file() {
+                    return Err(format!(
+                        "{url}: no database file at {} (idem serve creates it; check the path)",
+                        opts.path.display()
+                    ));
+                }
+                Self::Sqlite(url)
+            }
+            Self::Postgres(o) => Self::Postgres(Box::new((*o).with_migrate(false))),
+            Self::Tiered(fast, durable) => {
+                Self::Tiered(fast, Box::new((*durable).with_migrate(false)))
+            }
+            other => other,
+        })
+    }
+
     /// Whether the store is a server that may come and go (retried), as
     /// opposed to a file or memory (opened once, fatal on error).
     pub fn is_remote(&self) -> bool {
@@ -232,11 +256,17 @@ impl GatewayStore {
 
 impl Store for GatewayStore {
     async fn reserve(&self, req: ReserveRequest<'_>) -> Result<Reservation, StoreError> {
-        timed(self.kind, "reserve", self.store()?.reserve(req)).await
+        timed(self.kind, "reserve", async {
+            self.store()?.reserve(req).await
+        })
+        .await
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
-        timed(self.kind, "get", self.store()?.get(scope, key)).await
+        timed(self.kind, "get", async {
+            self.store()?.get(scope, key).await
+        })
+        .await
     }
 
     async fn resolve(
@@ -246,11 +276,9 @@ impl Store for GatewayStore {
         lease: &Lease,
         outcome: &FinalOutcome,
     ) -> Result<(), StoreError> {
-        timed(
-            self.kind,
-            "resolve",
-            self.store()?.resolve(scope, key, lease, outcome),
-        )
+        timed(self.kind, "resolve", async {
+            self.store()?.resolve(scope, key, lease, outcome).await
+        })
         .await
     }
 
@@ -260,11 +288,9 @@ impl Store for GatewayStore {
         key: &IdempotencyKey,
         lease: &Lease,
     ) -> Result<(), StoreError> {
-        timed(
-            self.kind,
-            "release",
-            self.store()?.release(scope, key, lease),
-        )
+        timed(self.kind, "release", async {
+            self.store()?.release(scope, key, lease).await
+        })
         .await
     }
 
@@ -275,11 +301,9 @@ impl Store for GatewayStore {
         lease: &Lease,
         reason: &str,
     ) -> Result<(), StoreError> {
-        timed(
-            self.kind,
-            "mark_unknown",
-            self.store()?.mark_unknown(scope, key, lease, reason),
-        )
+        timed(self.kind, "mark_unknown", async {
+            self.store()?.mark_unknown(scope, key, lease, reason).await
+        })
         .await
     }
 
@@ -290,28 +314,35 @@ impl Store for GatewayStore {
         lease: &Lease,
         duration: Duration,
     ) -> Result<Timestamp, StoreError> {
-        timed(
-            self.kind,
-            "renew",
-            self.store()?.renew(scope, key, lease, duration),
-        )
+        timed(self.kind, "renew", async {
+            self.store()?.renew(scope, key, lease, duration).await
+        })
         .await
     }
 }
 
 impl ListRecords for GatewayStore {
     async fn list(&self, filter: &ListFilter) -> Result<Page, StoreError> {
-        timed(self.kind, "list", self.store()?.list(filter)).await
+        timed(self.kind, "list", async {
+            self.store()?.list(filter).await
+        })
+        .await
     }
 }
 
 impl Purge for GatewayStore {
     async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
-        timed(self.kind, "purge", self.store()?.purge_expired(batch)).await
+        timed(self.kind, "purge", async {
+            self.store()?.purge_expired(batch).await
+        })
+        .await
     }
 
     async fn delete(&self, scope: &Scope, key: &IdempotencyKey) -> Result<bool, StoreError> {
-        timed(self.kind, "delete", self.store()?.delete(scope, key)).await
+        timed(self.kind, "delete", async {
+            self.store()?.delete(scope, key).await
+        })
+        .await
     }
 }
 

@@ -20,7 +20,7 @@ const OP: &str = "POST%20%2Fv1%2Fpayments";
 const CONFIG: &str = r#"
 [defaults]
 lease = "1s"
-upstream_timeout = "1s"
+upstream_timeout = "3s"
 
 [[route]]
 method = "POST"
@@ -220,6 +220,7 @@ async fn metrics_and_records_follow_real_traffic() {
         "no body unless asked"
     );
     let tenant = records[0]["tenant"].as_str().expect("tenant").to_owned();
+    assert!(!text.contains(&tenant), "no tenants as labels");
     let failed = json(&get(&gw, "/api/v1/records?state=failed").await);
     assert_eq!(failed["records"][0]["key"], "k2");
     let page1 = json(&get(&gw, "/api/v1/records?limit=1").await);
@@ -270,6 +271,37 @@ async fn metrics_and_records_follow_real_traffic() {
     assert_eq!(release.status, StatusCode::CONFLICT);
     assert_eq!(release.problem_type(), "record-state-conflict");
 
+    // Without a token only same-machine requests are served: no DNS
+    // rebinding (foreign Host), no cross-site action (foreign Origin).
+    let rebound = gw
+        .admin(Method::GET, &path, &[("host", "evil.example:9090")], "")
+        .await;
+    assert_eq!(rebound.status, StatusCode::FORBIDDEN);
+    assert_eq!(rebound.problem_type(), "admin-forbidden");
+    let cross_site = gw
+        .admin(
+            Method::DELETE,
+            &path,
+            &[("origin", "https://evil.example")],
+            "",
+        )
+        .await;
+    assert_eq!(cross_site.status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        get(&gw, &path).await.status,
+        StatusCode::OK,
+        "nothing deleted"
+    );
+    let same_site = gw
+        .admin(
+            Method::GET,
+            &path,
+            &[("origin", "http://127.0.0.1:9090")],
+            "",
+        )
+        .await;
+    assert_eq!(same_site.status, StatusCode::OK);
+
     // Delete: the key runs again.
     assert_eq!(
         gw.admin(Method::DELETE, &path, &[], "").await.status,
@@ -311,7 +343,7 @@ async fn operators_release_and_resolve_processing_records() {
                 JSON,
                 AUTH,
                 ("idempotency-key", "lost"),
-                ("x-delay-ms", "2500"),
+                ("x-delay-ms", "4000"),
             ],
             "{}",
         )
@@ -388,7 +420,7 @@ async fn operators_release_and_resolve_processing_records() {
                     JSON,
                     AUTH,
                     ("idempotency-key", "slow"),
-                    ("x-delay-ms", "800"),
+                    ("x-delay-ms", "2500"),
                 ],
                 "{}",
             )
@@ -410,8 +442,32 @@ async fn operators_release_and_resolve_processing_records() {
         .await;
     assert_eq!(early.status, StatusCode::CONFLICT);
     assert!(early.header("retry-after").is_some());
+    // A release aimed at another attempt than the one running is refused.
+    let stale = gw
+        .admin(
+            Method::POST,
+            &format!("{slow_path}/release?attempt=2"),
+            &[],
+            "",
+        )
+        .await;
+    assert_eq!(stale.status, StatusCode::CONFLICT);
+    let bad = gw
+        .admin(
+            Method::POST,
+            &format!("{slow_path}/release?attempt=zero"),
+            &[],
+            "",
+        )
+        .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
     let released = gw
-        .admin(Method::POST, &format!("{slow_path}/release"), &[], "")
+        .admin(
+            Method::POST,
+            &format!("{slow_path}/release?attempt=1"),
+            &[],
+            "",
+        )
         .await;
     assert_eq!(released.status, StatusCode::OK);
     assert_eq!(json(&released)["released"], true);
@@ -470,7 +526,7 @@ async fn records_and_cleanup_commands() {
                 JSON,
                 AUTH,
                 ("idempotency-key", "cli-1"),
-                ("x-delay-ms", "2500"),
+                ("x-delay-ms", "4000"),
             ],
             "{}",
         )
@@ -528,7 +584,7 @@ async fn records_and_cleanup_commands() {
                 "--body",
                 "{\"id\":\"pay_cli\"}",
                 "--retention",
-                "1s",
+                "5s",
             ],
         ]
         .concat(),
@@ -543,7 +599,7 @@ async fn records_and_cleanup_commands() {
     assert_eq!(code, Some(1));
     assert!(err.contains("not processing"), "{err}");
 
-    tokio::time::sleep(Duration::from_millis(1100)).await; // the answer expires
+    tokio::time::sleep(Duration::from_millis(5100)).await; // the answer expires
     let (code, out, _) = idem(&["cleanup", "--batch", "1"]);
     assert_eq!(code, Some(0));
     assert!(
@@ -715,16 +771,41 @@ async fn interrupted_cleanup_loses_nothing_and_resumes() {
             .status()
             .expect("kill");
     };
+    // Rows in the file, expired or not (read-only, beside the cleaner).
+    let db = dir.path().join("idem.db");
+    let rows = || -> i64 {
+        let conn = idem_sqlite::rusqlite::Connection::open_with_flags(
+            &db,
+            idem_sqlite::rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )
+        .expect("open read-only");
+        conn.busy_timeout(Duration::from_secs(5))
+            .expect("busy timeout");
+        conn.query_row("SELECT count(*) FROM idem_records", [], |r| r.get(0))
+            .expect("count")
+    };
+    let total = rows();
+    // Interrupt each run once it has visibly started deleting.
+    let started_deleting = async |below: i64| {
+        for _ in 0..200 {
+            if rows() < below {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("cleanup did not start deleting within 4 s");
+    };
     let child = run();
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    started_deleting(total).await;
     signal(&child, "-INT");
     let out = child.wait_with_output().expect("wait");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
+    assert_eq!(out.status.code(), Some(130), "interrupted: {text}");
     assert!(text.contains("interrupted after"), "{text}");
 
+    let left = rows();
     let child = run();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    started_deleting(left).await;
     signal(&child, "-KILL");
     let _ = child.wait_with_output();
 

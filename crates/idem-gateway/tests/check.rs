@@ -188,6 +188,25 @@ async fn bad_input_gets_a_clear_message_and_sends_nothing_it_should_not() {
     );
     assert!(out.contains("not run: cannot reach"), "{out}");
 
+    // A request that does not succeed proves nothing: an error, not a pass.
+    let (code, out, _) = check(
+        &url,
+        &[
+            "--header",
+            "x-status: 401",
+            "--probes",
+            "retry,equivalent-json",
+        ],
+    );
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("was answered 401, not a success"), "{out}");
+    // Probes named explicitly must be runnable.
+    for (probes, needle) in [("reuse", "--vary-field"), ("tenants", "--auth2")] {
+        let (code, _, err) = check(&url, &["--probes", probes]);
+        assert_eq!(code, Some(2));
+        assert!(err.contains(needle), "{err}");
+    }
+
     // Rate limited: reported as such, not as an idempotency failure.
     let (code, out, _) = check(&url, &["--header", "x-status: 429", "--probes", "retry"]);
     assert_eq!(code, Some(2), "{out}");

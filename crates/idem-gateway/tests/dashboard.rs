@@ -91,6 +91,16 @@ impl Browser {
             .unwrap_or(0.0)
     }
 
+    async fn click(&self, id: &str) {
+        self.client
+            .find(Locator::Id(id))
+            .await
+            .unwrap_or_else(|e| panic!("#{id}: {e}"))
+            .click()
+            .await
+            .unwrap_or_else(|e| panic!("click #{id}: {e}"));
+    }
+
     /// Polls `script` (a boolean expression) for up to 20 s.
     async fn until(&self, what: &str, script: &str) {
         for _ in 0..200 {
@@ -282,14 +292,7 @@ async fn dashboard_loads_updates_under_traffic_and_inspects_records() {
             .await
             .expect("type");
     }
-    browser
-        .client
-        .find(Locator::Id("inspect-go"))
-        .await
-        .expect("inspect button")
-        .click()
-        .await
-        .expect("click");
+    browser.click("inspect-go").await;
     let key = record["key"].as_str().expect("key");
     browser
         .until(
@@ -307,14 +310,7 @@ async fn dashboard_loads_updates_under_traffic_and_inspects_records() {
         .expect("key input");
     input.clear().await.expect("clear");
     input.send_keys("no-such-key").await.expect("type");
-    browser
-        .client
-        .find(Locator::Id("inspect-go"))
-        .await
-        .expect("inspect button")
-        .click()
-        .await
-        .expect("click");
+    browser.click("inspect-go").await;
     browser
         .until(
             "the inspector to report a missing record",

@@ -54,6 +54,9 @@ pub enum ProblemKind {
     ResponseNotRetained,
     /// Admin API: no or a wrong bearer token (401).
     AdminUnauthorized,
+    /// Admin API: a cross-site or non-loopback request to an admin listener
+    /// without a token (403).
+    AdminForbidden,
     /// Admin API: no such record (404).
     RecordNotFound,
     /// Admin API: the record's state forbids the action (409).
@@ -83,6 +86,7 @@ impl ProblemKind {
             Self::UpstreamBroken => "upstream-response-broken",
             Self::ResponseNotRetained => "idempotency-response-not-retained",
             Self::AdminUnauthorized => "admin-unauthorized",
+            Self::AdminForbidden => "admin-forbidden",
             Self::RecordNotFound => "record-not-found",
             Self::RecordConflict => "record-state-conflict",
             Self::InvalidParameter => "invalid-parameter",
@@ -113,6 +117,7 @@ impl ProblemKind {
             Self::UpstreamBroken => "Upstream response broke off",
             Self::ResponseNotRetained => "Original response body not retained",
             Self::AdminUnauthorized => "Admin token required",
+            Self::AdminForbidden => "Admin request refused",
             Self::RecordNotFound => "No such idempotency record",
             Self::RecordConflict => "The record's state does not allow this action",
             Self::InvalidParameter => "Invalid parameter",
@@ -131,6 +136,7 @@ impl ProblemKind {
             | Self::TenantInvalid
             | Self::InvalidParameter => StatusCode::BAD_REQUEST,
             Self::AdminUnauthorized => StatusCode::UNAUTHORIZED,
+            Self::AdminForbidden => StatusCode::FORBIDDEN,
             Self::RecordNotFound | Self::NotFound => StatusCode::NOT_FOUND,
             Self::RecordConflict => StatusCode::CONFLICT,
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
@@ -283,6 +289,7 @@ mod tests {
             UpstreamBroken,
             ResponseNotRetained,
             AdminUnauthorized,
+            AdminForbidden,
             RecordNotFound,
             RecordConflict,
             InvalidParameter,

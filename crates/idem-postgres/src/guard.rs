@@ -36,15 +36,19 @@ pub enum Order {
 pub struct OrderingGuard;
 
 impl OrderingGuard {
-    /// Decides about `version` of `aggregate_id` for `consumer`, and on
-    /// [`Order::Apply`] records it in `tx`.
+    /// Decides about `version` of the aggregate `(aggregate_type,
+    /// aggregate_id)` for `consumer`, and on [`Order::Apply`] records it in
+    /// `tx`. (The relay publishes both as headers, with the outbox sequence
+    /// as the version.)
     pub async fn check(
         tx: &mut Transaction<'_, Postgres>,
         consumer: &str,
+        aggregate_type: &str,
         aggregate_id: &str,
         version: i64,
     ) -> Result<Order, MessagingError> {
         check_id("consumer", consumer)?;
+        check_id("aggregate_type", aggregate_type)?;
         check_id("aggregate_id", aggregate_id)?;
         if version < 1 {
             return Err(MessagingError::invalid(
@@ -55,18 +59,20 @@ impl OrderingGuard {
         // Make sure the row exists, then lock it: two first deliveries of a
         // new aggregate cannot both see "nothing yet".
         sqlx::query(
-            "INSERT INTO idem_aggregate_versions (consumer, aggregate_id, version) \
-             VALUES ($1, $2, 0) ON CONFLICT (consumer, aggregate_id) DO NOTHING",
+            "INSERT INTO idem_aggregate_versions (consumer, aggregate_type, aggregate_id, version) \
+             VALUES ($1, $2, $3, 0) ON CONFLICT (consumer, aggregate_type, aggregate_id) DO NOTHING",
         )
         .bind(consumer)
+        .bind(aggregate_type)
         .bind(aggregate_id)
         .execute(&mut **tx)
         .await?;
         let last: i64 = sqlx::query(
             "SELECT version FROM idem_aggregate_versions \
-             WHERE consumer = $1 AND aggregate_id = $2 FOR UPDATE",
+             WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 FOR UPDATE",
         )
         .bind(consumer)
+        .bind(aggregate_type)
         .bind(aggregate_id)
         .fetch_one(&mut **tx)
         .await?
@@ -78,10 +84,11 @@ impl OrderingGuard {
             return Ok(Order::Gap { expected: last + 1 });
         }
         sqlx::query(
-            "UPDATE idem_aggregate_versions SET version = $3, updated_at = clock_timestamp() \
-             WHERE consumer = $1 AND aggregate_id = $2",
+            "UPDATE idem_aggregate_versions SET version = $4, updated_at = clock_timestamp() \
+             WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3",
         )
         .bind(consumer)
+        .bind(aggregate_type)
         .bind(aggregate_id)
         .bind(version)
         .execute(&mut **tx)

@@ -11,6 +11,12 @@
 //! can neither reorder an aggregate's events nor skip one that commits
 //! late.
 //!
+//! Because that counter row stays locked until commit, two transactions
+//! that each enqueue for the same two aggregates in opposite orders can
+//! deadlock (PostgreSQL then aborts one; retry it). Enqueue in a stable
+//! order (e.g. by aggregate id) when one transaction announces several
+//! aggregates.
+//!
 //! ```no_run
 //! # async fn pay(pool: sqlx::PgPool) -> Result<(), idem_postgres::MessagingError> {
 //! use idem_postgres::outbox::{Outbox, OutboxMessage};

@@ -26,6 +26,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "inbox, outbox and aggregate versions",
         include_str!("../migrations/0002_messaging.sql"),
     ),
+    (
+        "aggregate versions per aggregate type",
+        include_str!("../migrations/0003_versions_by_type.sql"),
+    ),
 ];
 
 /// The schema version this build writes.

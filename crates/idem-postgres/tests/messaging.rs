@@ -300,7 +300,7 @@ async fn out_of_order_versions_are_applied_in_order() {
         let pool = pool.clone();
         async move {
             let mut tx = pool.begin().await.expect("begin");
-            let order = OrderingGuard::check(&mut tx, "orders", "o-1", version)
+            let order = OrderingGuard::check(&mut tx, "orders", "order", "o-1", version)
                 .await
                 .expect("guard");
             if order == Order::Apply {
@@ -349,8 +349,18 @@ async fn out_of_order_versions_are_applied_in_order() {
         .expect("applied");
     assert_eq!(applied, (1..=30).collect::<Vec<i64>>());
 
+    // Another aggregate type with the same id is another aggregate.
     let mut tx = pool.begin().await.expect("begin");
-    let err = OrderingGuard::check(&mut tx, "orders", "o-1", 0)
+    assert_eq!(
+        OrderingGuard::check(&mut tx, "orders", "payment", "o-1", 1)
+            .await
+            .expect("guard"),
+        Order::Apply
+    );
+    tx.commit().await.expect("commit");
+
+    let mut tx = pool.begin().await.expect("begin");
+    let err = OrderingGuard::check(&mut tx, "orders", "order", "o-1", 0)
         .await
         .expect_err("version 0");
     assert!(

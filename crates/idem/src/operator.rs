@@ -26,7 +26,7 @@
 //! let scope = Scope::new("acme", "POST /v1/payments")?;
 //! let key = "pay-1".parse()?;
 //! // No such record: the operator is told so.
-//! let err = operator::release(&store, &scope, &key).await.unwrap_err();
+//! let err = operator::release(&store, &scope, &key, None).await.unwrap_err();
 //! assert!(matches!(err, OperatorError::NotFound));
 //! # Ok(())
 //! # }
@@ -76,10 +76,33 @@ pub enum OperatorError {
 /// whose work is known not to have happened. Returns the record as it was.
 /// Works whether or not its lease is live: an owner still running is fenced
 /// out when it tries to record its answer.
+///
+/// `expected_attempt` is the attempt the operator looked at (`None`: any).
+/// If another attempt took the record over since — a client's retry that
+/// may be running the work right now — nothing is released and the answer
+/// is [`OperatorError::Changed`]: a verdict about one attempt must never
+/// free the key under the next one.
 pub async fn release<S: Store>(
     store: &S,
     scope: &Scope,
     key: &IdempotencyKey,
+    expected_attempt: Option<u32>,
+) -> Result<Record, OperatorError> {
+    let record = processing_record(store, scope, key, expected_attempt).await?;
+    match store.release(scope, key, &record.lease).await {
+        Ok(()) => Ok(record),
+        Err(StoreError::Fenced) => Err(OperatorError::Changed),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// The record, if it exists, is processing, and (when given) is still at
+/// the expected attempt.
+async fn processing_record<S: Store>(
+    store: &S,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    expected_attempt: Option<u32>,
 ) -> Result<Record, OperatorError> {
     let record = store
         .get(scope, key)
@@ -88,11 +111,10 @@ pub async fn release<S: Store>(
     if record.state.is_final() {
         return Err(OperatorError::NotProcessing(record.state));
     }
-    match store.release(scope, key, &record.lease).await {
-        Ok(()) => Ok(record),
-        Err(StoreError::Fenced) => Err(OperatorError::Changed),
-        Err(err) => Err(err.into()),
+    if expected_attempt.is_some_and(|a| a != record.lease.attempt) {
+        return Err(OperatorError::Changed);
     }
+    Ok(record)
 }
 
 /// How long an operator's takeover holds the record while it records the
@@ -106,19 +128,15 @@ const OPERATOR_LEASE: Duration = Duration::from_secs(30);
 /// The record must not be held by a live lease ([`OperatorError::LeaseLive`]
 /// otherwise): the operator takes it over as the next attempt, which fences
 /// the previous owner out, and records the answer under that new lease.
+/// `expected_attempt` works as for [`release`].
 pub async fn resolve<S: Store>(
     store: &S,
     scope: &Scope,
     key: &IdempotencyKey,
     outcome: &FinalOutcome,
+    expected_attempt: Option<u32>,
 ) -> Result<Record, OperatorError> {
-    let record = store
-        .get(scope, key)
-        .await?
-        .ok_or(OperatorError::NotFound)?;
-    if record.state.is_final() {
-        return Err(OperatorError::NotProcessing(record.state));
-    }
+    let record = processing_record(store, scope, key, expected_attempt).await?;
     let reservation = store
         .reserve(ReserveRequest {
             scope,
@@ -131,12 +149,17 @@ pub async fn resolve<S: Store>(
         })
         .await?;
     let lease = match reservation {
-        Reservation::Acquired(lease) if lease.attempt > record.lease.attempt => lease,
+        // Taken over from exactly the attempt examined: nobody slipped in.
+        Reservation::Acquired(lease) if lease.attempt == record.lease.attempt + 1 => lease,
         Reservation::Acquired(lease) => {
             // The record vanished in between and this created a fresh one:
             // undo that, there is nothing to resolve.
             store.release(scope, key, &lease).await?;
-            return Err(OperatorError::NotFound);
+            return Err(if lease.attempt == 1 {
+                OperatorError::NotFound
+            } else {
+                OperatorError::Changed
+            });
         }
         Reservation::InProgress { retry_after, .. } => {
             return Err(OperatorError::LeaseLive { retry_after });
@@ -304,44 +327,55 @@ where
     R: Reconciler,
 {
     let now = Timestamp::now();
-    let page = store
-        .list(&ListFilter {
-            state: Some(RecordState::Processing),
-            older_than: Some(stuck_after),
-            limit: cap.max(1),
-            ..ListFilter::default()
-        })
-        .await?;
     let mut report = ReconcileReport::default();
-    for record in page
-        .records
-        .iter()
-        .filter(|r| is_stuck(r, stuck_after, now))
-    {
-        report.examined += 1;
-        let applied = match reconciler.reconcile(record).await {
-            Ok(Reconciled::Done(outcome)) => resolve(store, &record.scope, &record.key, &outcome)
-                .await
-                .map(|_| &mut report.resolved),
-            Ok(Reconciled::NotDone) => release(store, &record.scope, &record.key)
-                .await
-                .map(|_| &mut report.released),
-            Ok(Reconciled::Unknown) => Ok(&mut report.left),
-            Err(err) => {
-                tracing::warn!(reason = "idempotency_reconcile_failed", tenant = record.scope.tenant(), operation = record.scope.operation(), key = %record.key, %err);
-                Ok(&mut report.left)
+    let mut filter = ListFilter {
+        state: Some(RecordState::Processing),
+        older_than: Some(stuck_after),
+        limit: cap.clamp(1, 1000),
+        ..ListFilter::default()
+    };
+    loop {
+        let page = store.list(&filter).await?;
+        for record in page
+            .records
+            .iter()
+            .filter(|r| is_stuck(r, stuck_after, now))
+        {
+            if report.examined as usize >= cap {
+                return Ok(report);
             }
-        };
-        match applied {
-            Ok(counter) => *counter += 1,
-            Err(OperatorError::Store(err)) => return Err(err),
-            Err(err) => {
-                tracing::info!(reason = "idempotency_reconcile_skipped", tenant = record.scope.tenant(), operation = record.scope.operation(), key = %record.key, %err);
-                report.left += 1;
+            report.examined += 1;
+            // Act only on the attempt the reconciler was asked about.
+            let attempt = Some(record.lease.attempt);
+            let applied = match reconciler.reconcile(record).await {
+                Ok(Reconciled::Done(outcome)) => {
+                    resolve(store, &record.scope, &record.key, &outcome, attempt)
+                        .await
+                        .map(|_| &mut report.resolved)
+                }
+                Ok(Reconciled::NotDone) => release(store, &record.scope, &record.key, attempt)
+                    .await
+                    .map(|_| &mut report.released),
+                Ok(Reconciled::Unknown) => Ok(&mut report.left),
+                Err(err) => {
+                    tracing::warn!(reason = "idempotency_reconcile_failed", tenant = record.scope.tenant(), operation = record.scope.operation(), key = %record.key, %err);
+                    Ok(&mut report.left)
+                }
+            };
+            match applied {
+                Ok(counter) => *counter += 1,
+                Err(OperatorError::Store(err)) => return Err(err),
+                Err(err) => {
+                    tracing::info!(reason = "idempotency_reconcile_skipped", tenant = record.scope.tenant(), operation = record.scope.operation(), key = %record.key, %err);
+                    report.left += 1;
+                }
             }
         }
+        match page.next {
+            Some(next) => filter.after = Some(next),
+            None => return Ok(report),
+        }
     }
-    Ok(report)
 }
 
 #[cfg(test)]
@@ -394,7 +428,9 @@ mod tests {
     async fn release_only_processing_records() {
         let store = MemoryStore::new();
         let lease = reserve(&store, "a", Duration::from_secs(30)).await;
-        let released = release(&store, &scope(), &key("a")).await.expect("release");
+        let released = release(&store, &scope(), &key("a"), None)
+            .await
+            .expect("release");
         assert_eq!(released.lease, lease);
         assert_eq!(store.get(&scope(), &key("a")).await.expect("get"), None);
         // The owner that was running is fenced out.
@@ -411,11 +447,11 @@ mod tests {
             .await
             .expect("resolve");
         assert!(matches!(
-            release(&store, &scope(), &key("b")).await,
+            release(&store, &scope(), &key("b"), None).await,
             Err(OperatorError::NotProcessing(RecordState::Completed))
         ));
         assert!(matches!(
-            release(&store, &scope(), &key("none")).await,
+            release(&store, &scope(), &key("none"), None).await,
             Err(OperatorError::NotFound)
         ));
     }
@@ -423,13 +459,13 @@ mod tests {
     #[tokio::test]
     async fn resolve_waits_for_the_lease_and_fences_the_owner() {
         let store = MemoryStore::new();
-        let lease = reserve(&store, "a", Duration::from_millis(150)).await;
+        let lease = reserve(&store, "a", Duration::from_millis(1000)).await;
         assert!(matches!(
-            resolve(&store, &scope(), &key("a"), &answer(201)).await,
+            resolve(&store, &scope(), &key("a"), &answer(201), None).await,
             Err(OperatorError::LeaseLive { .. })
         ));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let record = resolve(&store, &scope(), &key("a"), &answer(201))
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let record = resolve(&store, &scope(), &key("a"), &answer(201), Some(1))
             .await
             .expect("resolve");
         assert_eq!(record.state, RecordState::Completed);
@@ -443,9 +479,57 @@ mod tests {
             Err(StoreError::Fenced)
         ));
         assert!(matches!(
-            resolve(&store, &scope(), &key("a"), &answer(201)).await,
+            resolve(&store, &scope(), &key("a"), &answer(201), None).await,
             Err(OperatorError::NotProcessing(RecordState::Completed))
         ));
+    }
+
+    /// A verdict about attempt 1 must not touch attempt 2, which a client's
+    /// retry started meanwhile and which may be running the work.
+    #[tokio::test]
+    async fn actions_on_an_examined_attempt_never_touch_the_next() {
+        let store = MemoryStore::new();
+        reserve(&store, "a", Duration::from_millis(1)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        // The retry takes the lapsed record over as attempt 2.
+        let retry = match store
+            .reserve(ReserveRequest {
+                scope: &scope(),
+                key: &key("a"),
+                fingerprint: fp(),
+                owner: OwnerToken::random(),
+                lease: Duration::from_millis(1),
+                retention: Duration::from_secs(60),
+                on_lease_expiry: LeaseExpiry::Retry,
+            })
+            .await
+            .expect("reserve")
+        {
+            Reservation::Acquired(lease) => lease,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(retry.attempt, 2);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(matches!(
+            release(&store, &scope(), &key("a"), Some(1)).await,
+            Err(OperatorError::Changed)
+        ));
+        assert!(matches!(
+            resolve(&store, &scope(), &key("a"), &answer(201), Some(1)).await,
+            Err(OperatorError::Changed)
+        ));
+        let kept = store
+            .get(&scope(), &key("a"))
+            .await
+            .expect("get")
+            .expect("kept");
+        assert_eq!(
+            (kept.state, kept.lease.attempt),
+            (RecordState::Processing, 2)
+        );
+        release(&store, &scope(), &key("a"), Some(2))
+            .await
+            .expect("the examined attempt");
     }
 
     #[tokio::test]

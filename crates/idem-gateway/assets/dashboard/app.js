@@ -565,7 +565,7 @@ function renderRecord(r) {
     rows.push(['response headers', cell('pre', headers || '–')]);
     rows.push(['body bytes', String(resp.body_bytes ?? '–')]);
     if ('body' in resp) rows.push(['body', cell('pre', resp.body)]);
-    if ('body_base64' in resp) rows.push(['body (base64)', cell('pre', resp.body_base64)]);
+    if ('body_hex' in resp) rows.push(['body (hex)', cell('pre', resp.body_hex)]);
   }
   return fieldTable(rows);
 }
