@@ -10,5 +10,6 @@ pub mod demo;
 pub mod jobs;
 pub mod metrics;
 pub mod proxy;
+pub mod relay;
 pub mod server;
 pub mod store;

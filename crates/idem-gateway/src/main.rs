@@ -48,6 +48,9 @@ enum Command {
     /// Delete expired completed and failed records in batches (never
     /// processing ones); safe to interrupt and run again.
     Cleanup(CleanupArgs),
+    /// Publish the PostgreSQL outbox to NATS JetStream, in order per
+    /// aggregate; run several for availability.
+    Relay(idem_gateway::relay::RelayArgs),
     /// Probe any HTTP endpoint from the outside: is it really idempotent?
     /// Exit 0 when every selected probe passes, 1 when one fails, 2 when
     /// the check cannot run.
@@ -232,6 +235,7 @@ async fn main() -> ExitCode {
             .await
             .map(|done| println!("idem: {done}")),
         Command::Records(command) => records(command).await,
+        Command::Relay(args) => idem_gateway::relay::run(args).await,
         Command::Check(args) => return check(args).await,
         Command::Cleanup(args) => {
             let run = async {

@@ -43,12 +43,20 @@ use tokio::task::JoinSet;
 
 use crate::publisher::{Outgoing, Publisher};
 
-/// The first key of the relay's advisory locks ("idem" in ASCII); the
-/// second is the partition number.
-const LOCK_CLASS: i32 = 0x6964_656d;
-/// The `application_name` of a relay's lock session (relays count each
-/// other by it to share the partitions).
+/// The `application_name` prefix of a relay's lock session (relays of one
+/// outbox count each other by it to share the partitions).
 pub const RELAY_APPLICATION: &str = "idem-relay";
+
+/// The first key of the advisory locks of the relays of the outbox in
+/// `namespace` (its schema): a stable hash, so relays of other outboxes in
+/// the same database never contend; the second key is the partition.
+fn lock_class(namespace: &str) -> i32 {
+    // FNV-1a, 32 bits.
+    let hash = namespace.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    i32::from_ne_bytes(hash.to_ne_bytes())
+}
 
 /// What a `dead` row does to the rows after it in its aggregate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -157,6 +165,8 @@ struct Row_ {
 pub struct Relay<P> {
     pool: PgPool,
     lock_options: PgConnectOptions,
+    lock_class: i32,
+    application: String,
     publisher: Arc<P>,
     options: RelayOptions,
     lock: Option<PgConnection>,
@@ -166,17 +176,23 @@ pub struct Relay<P> {
 }
 
 impl<P: Publisher> Relay<P> {
-    /// A relay over the outbox in `pool`'s database; `lock_options` open its
-    /// dedicated lock session (usually the pool's own options).
+    /// A relay over the outbox that `pool` sees; `lock_options` open its
+    /// dedicated lock session (usually the pool's own options) and
+    /// `namespace` names that outbox among others in the database (its
+    /// schema, e.g. `public`).
     pub fn new(
         pool: PgPool,
         lock_options: PgConnectOptions,
+        namespace: &str,
         publisher: P,
         options: RelayOptions,
     ) -> Self {
+        let application = format!("{RELAY_APPLICATION}:{namespace}");
         Self {
             pool,
-            lock_options: lock_options.application_name(RELAY_APPLICATION),
+            lock_options: lock_options.application_name(&application),
+            lock_class: lock_class(namespace),
+            application,
             publisher: Arc::new(publisher),
             options,
             lock: None,
@@ -287,7 +303,7 @@ impl<P: Publisher> Relay<P> {
         let relays: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()",
         )
-        .bind(RELAY_APPLICATION)
+        .bind(&self.application)
         .fetch_one(&mut *conn)
         .await?;
         let partitions = i32::from(self.options.partitions);
@@ -296,7 +312,7 @@ impl<P: Publisher> Relay<P> {
         while self.owned.len() > share {
             if let Some(p) = self.owned.pop() {
                 sqlx::query("SELECT pg_advisory_unlock($1, $2)")
-                    .bind(LOCK_CLASS)
+                    .bind(self.lock_class)
                     .bind(p)
                     .execute(&mut *conn)
                     .await?;
@@ -314,7 +330,7 @@ impl<P: Publisher> Relay<P> {
                 continue;
             }
             let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2)")
-                .bind(LOCK_CLASS)
+                .bind(self.lock_class)
                 .bind(p)
                 .fetch_one(&mut *conn)
                 .await?;
@@ -517,6 +533,12 @@ mod tests {
                 "{attempt}: {d:?}"
             );
         }
+    }
+
+    #[test]
+    fn lock_classes_differ_per_namespace_and_are_stable() {
+        assert_eq!(lock_class("public"), lock_class("public"));
+        assert_ne!(lock_class("public"), lock_class("billing"));
     }
 
     #[test]
