@@ -119,6 +119,9 @@ fn same_secret(given: &[u8], expected: &[u8]) -> bool {
 /// this machine's loopback.
 fn is_loopback_host(host: &str) -> bool {
     let host = host.trim();
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return ip.is_loopback();
+    }
     let name = if let Some(rest) = host.strip_prefix('[') {
         rest.split(']').next().unwrap_or("")
     } else {
