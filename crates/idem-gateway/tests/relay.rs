@@ -25,12 +25,25 @@ struct RelayProcess {
 }
 
 async fn start_relay(store: &str, broker: &str, stream: &str, prefix: &str) -> RelayProcess {
+    start_relay_with(store, broker, stream, prefix, &[], Stdio::inherit()).await
+}
+
+async fn start_relay_with(
+    store: &str,
+    broker: &str,
+    stream: &str,
+    prefix: &str,
+    extra: &[&str],
+    stderr: Stdio,
+) -> RelayProcess {
     let mut child = Command::new(IDEM)
         .args([
             "--log", "warn", "relay", "--store", store, "--broker", broker,
         ])
         .args(["--stream", stream, "--prefix", prefix, "--create-stream"])
+        .args(extra)
         .stdout(Stdio::piped())
+        .stderr(stderr)
         .kill_on_drop(true)
         .spawn()
         .expect("spawn idem relay");
@@ -53,6 +66,10 @@ fn kill(p: &RelayProcess, signal: &str) {
         .args([signal, &pid])
         .status()
         .expect("kill");
+}
+
+async fn published_count(store: &PgStore) -> i64 {
+    published(store).await
 }
 
 async fn published(store: &PgStore) -> i64 {
@@ -181,6 +198,145 @@ async fn three_relays_one_killed_every_row_once_in_order() {
     assert_eq!(next.len(), AGGREGATES);
     assert!(next.values().all(|n| *n == PER_AGGREGATE as i64 + 1));
 
+    js.delete_stream(&stream).await.expect("delete stream");
+    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(store.pool())
+        .await
+        .expect("drop schema");
+}
+
+/// A schema and stream of their own, and the store URL to reach them.
+async fn isolated(pg: &str, label: &str) -> (PgStore, String, String, String, String) {
+    let tag = format!("{label}{:08x}", idem::OwnerToken::random().as_u128() as u32);
+    let schema = format!("idem_relay_{tag}");
+    let store_url = format!(
+        "{pg}{}schema={schema}&max_connections=4",
+        if pg.contains('?') { '&' } else { '?' }
+    );
+    let store = PgStore::connect_with(PgOptions::from_url(&store_url).expect("url"))
+        .await
+        .expect("connect");
+    (
+        store,
+        store_url,
+        schema,
+        format!("IDEMTEST_{tag}"),
+        format!("idemtest{tag}"),
+    )
+}
+
+async fn enqueue(store: &PgStore, aggregates: usize, per_aggregate: usize) {
+    for i in 0..per_aggregate {
+        let mut tx = store.pool().begin().await.expect("begin");
+        for a in 0..aggregates {
+            let msg = OutboxMessage::new(
+                "order",
+                &format!("o-{a}"),
+                "OrderNoted",
+                &format!(r#"{{"n":{i}}}"#),
+            )
+            .expect("valid");
+            Outbox::enqueue(&mut tx, &msg).await.expect("enqueue");
+        }
+        tx.commit().await.expect("commit");
+    }
+}
+
+/// The broker goes away: rows stay pending, no attempt is spent, nothing
+/// is marked published; when it is back, everything goes out in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broker_outage_leaves_rows_pending_and_spends_no_attempts() {
+    let Some(pg) = services::postgres() else {
+        return;
+    };
+    let Some(nats) = services::nats() else {
+        return;
+    };
+    let (store, store_url, schema, stream, prefix) = isolated(&pg, "down").await;
+    let nats_addr: std::net::SocketAddr = nats
+        .trim_start_matches("nats://")
+        .parse()
+        .expect("nats host:port");
+    let proxy = idem_testkit::fault::FaultProxy::start(nats_addr).await;
+    let via_proxy = format!("nats://{}", proxy.addr());
+    let mut relay = start_relay(&store_url, &via_proxy, &stream, &prefix).await;
+
+    proxy.cut();
+    enqueue(&store, 5, 10).await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let (published, attempts, dead): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE state = 'published'), COALESCE(sum(attempts), 0), \
+         count(*) FILTER (WHERE state = 'dead') FROM idem_outbox",
+    )
+    .fetch_one(store.pool())
+    .await
+    .expect("counts");
+    assert_eq!(
+        (published, attempts, dead),
+        (0, 0, 0),
+        "nothing published, spent or dead while the broker is away"
+    );
+
+    proxy.restore();
+    for _ in 0..600 {
+        if published_count(&store).await == 50 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        published_count(&store).await,
+        50,
+        "everything went out once the broker was back"
+    );
+    kill(&relay, "-TERM");
+    let _ = tokio::time::timeout(Duration::from_secs(20), relay.child.wait()).await;
+    let _ = relay.stdout.next_line().await;
+
+    let client = async_nats::connect(&nats).await.expect("nats");
+    let js = async_nats::jetstream::new(client);
+    let mut s = js.get_stream(&stream).await.expect("stream");
+    assert_eq!(s.info().await.expect("info").state.messages, 50);
+    js.delete_stream(&stream).await.expect("delete stream");
+    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(store.pool())
+        .await
+        .expect("drop schema");
+}
+
+/// A stream whose duplicate window is shorter than the relay's worst
+/// re-publish delay gets a loud warning at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_duplicate_window_is_reported_at_start() {
+    let Some(pg) = services::postgres() else {
+        return;
+    };
+    let Some(nats) = services::nats() else {
+        return;
+    };
+    let (store, store_url, schema, stream, prefix) = isolated(&pg, "window").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("relay.err");
+    let relay = start_relay_with(
+        &store_url,
+        &nats,
+        &stream,
+        &prefix,
+        &["--duplicate-window", "5s"],
+        Stdio::from(std::fs::File::create(&log).expect("log file")),
+    )
+    .await;
+    kill(&relay, "-TERM");
+    let mut relay = relay;
+    let _ = tokio::time::timeout(Duration::from_secs(20), relay.child.wait()).await;
+    let err = std::fs::read_to_string(&log).expect("stderr");
+    assert!(
+        err.contains("WARNING") && err.contains("duplicate window (5s)"),
+        "{err}"
+    );
+
+    let client = async_nats::connect(&nats).await.expect("nats");
+    let js = async_nats::jetstream::new(client);
     js.delete_stream(&stream).await.expect("delete stream");
     sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
         .execute(store.pool())

@@ -26,11 +26,36 @@ pub struct Published {
     pub duplicate: bool,
 }
 
-/// Why a publish failed. Every failure leaves the row pending: the relay
-/// tries again later with backoff.
+/// Why a publish failed. Every failure leaves the row pending.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct PublishError(pub String);
+#[error("{message}")]
+pub struct PublishError {
+    /// What happened, in one line.
+    pub message: String,
+    /// The broker could not be reached or did not answer: nothing is wrong
+    /// with the message, so the attempt does not count towards `dead`;
+    /// the relay waits for the broker.
+    pub broker_down: bool,
+}
+
+impl PublishError {
+    /// The broker is unreachable or did not answer in time.
+    pub fn broker_down(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            broker_down: true,
+        }
+    }
+
+    /// The broker answered and refused this message (no stream for its
+    /// subject, too large…): the attempt counts.
+    pub fn refused(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            broker_down: false,
+        }
+    }
+}
 
 /// A broker with publish acknowledgements and id-based de-duplication.
 pub trait Publisher: Send + Sync + 'static {
@@ -68,7 +93,9 @@ impl NatsPublisher {
             .retry_on_initial_connect()
             .connect(url)
             .await
-            .map_err(|e| PublishError(format!("cannot connect to NATS at {url}: {e}")))?;
+            .map_err(|e| {
+                PublishError::broker_down(format!("cannot connect to NATS at {url}: {e}"))
+            })?;
         let jetstream = async_nats::jetstream::new(client.clone());
         Ok(Self {
             client,
@@ -93,7 +120,9 @@ impl NatsPublisher {
                 ..Default::default()
             })
             .await
-            .map_err(|e| PublishError(format!("cannot create stream {}: {e}", self.stream)))?;
+            .map_err(|e| {
+                PublishError::refused(format!("cannot create stream {}: {e}", self.stream))
+            })?;
         Ok(())
     }
 
@@ -105,6 +134,9 @@ impl NatsPublisher {
 
 impl Publisher for NatsPublisher {
     async fn publish(&self, msg: &Outgoing) -> Result<Published, PublishError> {
+        if !self.is_connected() {
+            return Err(PublishError::broker_down("NATS is not connected"));
+        }
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(async_nats::header::NATS_MESSAGE_ID, msg.id.as_str());
         for (name, value) in &msg.headers {
@@ -114,16 +146,25 @@ impl Publisher for NatsPublisher {
             .jetstream
             .publish_with_headers(msg.subject.clone(), headers, msg.payload.clone())
             .await
-            .map_err(|e| PublishError(format!("publish to {}: {e}", msg.subject)))?;
+            .map_err(|e| PublishError::broker_down(format!("publish to {}: {e}", msg.subject)))?;
         let ack = tokio::time::timeout(self.ack_timeout, ack)
             .await
             .map_err(|_| {
-                PublishError(format!(
+                PublishError::broker_down(format!(
                     "no acknowledgement for {} within {:?}",
                     msg.subject, self.ack_timeout
                 ))
             })?
-            .map_err(|e| PublishError(format!("publish to {}: {e}", msg.subject)))?;
+            .map_err(|e| {
+                use async_nats::jetstream::context::PublishErrorKind;
+                let message = format!("publish to {}: {e}", msg.subject);
+                match e.kind() {
+                    PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => {
+                        PublishError::broker_down(message)
+                    }
+                    _ => PublishError::refused(message),
+                }
+            })?;
         Ok(Published {
             duplicate: ack.duplicate,
         })
@@ -134,11 +175,11 @@ impl Publisher for NatsPublisher {
             .jetstream
             .get_stream(&self.stream)
             .await
-            .map_err(|e| PublishError(format!("stream {}: {e}", self.stream)))?;
+            .map_err(|e| PublishError::refused(format!("stream {}: {e}", self.stream)))?;
         let info = stream
             .info()
             .await
-            .map_err(|e| PublishError(format!("stream {}: {e}", self.stream)))?;
+            .map_err(|e| PublishError::refused(format!("stream {}: {e}", self.stream)))?;
         Ok(Some(info.config.duplicate_window))
     }
 

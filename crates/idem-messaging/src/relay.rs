@@ -173,6 +173,8 @@ pub struct Relay<P> {
     owned: Vec<i32>,
     stats: RelayStats,
     ready: Arc<AtomicBool>,
+    /// Whether the current broker outage was logged (once per outage).
+    outage_logged: bool,
 }
 
 impl<P: Publisher> Relay<P> {
@@ -199,6 +201,7 @@ impl<P: Publisher> Relay<P> {
             owned: Vec::new(),
             stats: RelayStats::default(),
             ready: Arc::new(AtomicBool::new(false)),
+            outage_logged: false,
         }
     }
 
@@ -409,21 +412,26 @@ impl<P: Publisher> Relay<P> {
                         Ok(p) => published.push((row.id, p.duplicate)),
                         // Stop this aggregate at its first failure: the
                         // rows after it must wait for it.
-                        Err(err) => return (published, Some((row, err.to_string()))),
+                        Err(err) => return (published, Some((row, err))),
                     }
                 }
                 (published, None)
             });
         }
         let mut done = Vec::new();
+        let mut broker_down = None;
         while let Some(joined) = tasks.join_next().await {
             let Ok((published, failure)) = joined else {
                 continue;
             };
             self.stats.duplicates += published.iter().filter(|(_, dup)| *dup).count() as u64;
             done.extend(published.into_iter().map(|(id, _)| id));
-            if let Some((row, err)) = failure {
-                self.record_failure(&row, &err).await?;
+            match failure {
+                // An unreachable broker is nobody's fault: no attempt is
+                // counted, the row stays pending as it was.
+                Some((_, err)) if err.broker_down => broker_down = Some(err.message),
+                Some((row, err)) => self.record_failure(&row, &err.message).await?,
+                None => {}
             }
         }
         if !done.is_empty() {
@@ -437,6 +445,21 @@ impl<P: Publisher> Relay<P> {
             .await?;
             self.stats.published += done.len() as u64;
             metrics::counter!("idem_outbox_published_total").increment(done.len() as u64);
+        }
+        if let Some(why) = broker_down {
+            self.ready.store(false, Ordering::Relaxed);
+            if !self.outage_logged {
+                self.outage_logged = true;
+                tracing::warn!(reason = "relay_broker_down", err = %why, "broker unreachable; rows stay pending until it is back");
+            }
+            return Ok(0);
+        }
+        if self.outage_logged && !done.is_empty() {
+            self.outage_logged = false;
+            tracing::info!(
+                reason = "relay_broker_back",
+                "broker reachable again; publishing"
+            );
         }
         Ok(done.len())
     }
