@@ -103,7 +103,7 @@ impl Default for RelayOptions {
         Self {
             prefix: "idem".to_owned(),
             partitions: 16,
-            batch: 1000,
+            batch: 5000,
             per_aggregate: 100,
             concurrency: 64,
             max_attempts: 10,
@@ -367,7 +367,7 @@ impl<P: Publisher> Relay<P> {
              ) \
              SELECT id, aggregate_type, aggregate_id, sequence, message_type, payload, headers, attempts \
              FROM candidates WHERE NOT held AND rn <= $3 \
-             ORDER BY aggregate_type, aggregate_id, sequence LIMIT $4"
+             ORDER BY rn, aggregate_type, aggregate_id LIMIT $4"
         );
         let rows = sqlx::query(&sql)
             .bind(i32::from(self.options.partitions))
@@ -376,6 +376,9 @@ impl<P: Publisher> Relay<P> {
             .bind(i64::try_from(self.options.batch).unwrap_or(i64::MAX))
             .fetch_all(&self.pool)
             .await?;
+        // Rows come heads first (every aggregate's first row, then every
+        // second row…), so a round spreads over as many aggregates as it
+        // can; within an aggregate they are in sequence order.
         let mut by_aggregate: BTreeMap<(String, String), Vec<Row_>> = BTreeMap::new();
         for r in rows {
             let row = Row_ {

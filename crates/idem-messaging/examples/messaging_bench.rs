@@ -1,0 +1,189 @@
+//! Messaging benchmark: the relay against the broker's raw
+//! publish-with-ack rate, and inbox-wrapped transactions against the same
+//! transactions without the inbox, measured in the same run.
+//!
+//! ```text
+//! cargo run --release -p idem-messaging --example messaging_bench
+//! ```
+//! Uses `IDEM_TEST_PG_URL` (default `postgres://postgres@127.0.0.1:5432/test`)
+//! and `IDEM_TEST_NATS_URL` (default `nats://127.0.0.1:4222`); everything
+//! lives in a schema and a stream of its own, dropped at the end.
+
+use std::time::{Duration, Instant};
+
+use idem_messaging::{NatsPublisher, Outgoing, Publisher, Relay, RelayOptions};
+use idem_postgres::inbox::Inbox;
+use idem_postgres::outbox::{Outbox, OutboxMessage};
+use idem_postgres::sqlx;
+use idem_postgres::{PgOptions, PgStore};
+use tokio::task::JoinSet;
+
+const ROWS: usize = 20_000;
+const AGGREGATES: usize = 100;
+const CONCURRENCY: usize = 64;
+const TRANSACTIONS: usize = 5_000;
+
+fn env(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let pg = env(
+        "IDEM_TEST_PG_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    );
+    let nats = env("IDEM_TEST_NATS_URL", "nats://127.0.0.1:4222");
+    let tag = format!("{:08x}", idem::OwnerToken::random().as_u128() as u32);
+    let schema = format!("idem_bench_{tag}");
+    let sep = if pg.contains('?') { '&' } else { '?' };
+    let opts = PgOptions::from_url(&format!("{pg}{sep}schema={schema}&max_connections=16"))?;
+    let lock_options = opts.connect.clone();
+    let store = PgStore::connect_with(opts).await?;
+    let pool = store.pool().clone();
+    let (stream, prefix) = (format!("IDEMBENCH_{tag}"), format!("idembench{tag}"));
+    let publisher = NatsPublisher::connect(&nats, &stream).await?;
+    publisher
+        .create_stream(vec![format!("{prefix}.>")], Duration::from_secs(120))
+        .await?;
+    println!(
+        "machine: {} cpus; rows {ROWS} over {AGGREGATES} aggregates; {CONCURRENCY} in flight",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+
+    // 1. Raw publish-with-ack, CONCURRENCY publishers each awaiting its ack.
+    let raw = {
+        let started = Instant::now();
+        let mut tasks = JoinSet::new();
+        for w in 0..CONCURRENCY {
+            let (p, prefix) = (publisher.clone(), prefix.clone());
+            tasks.spawn(async move {
+                for i in (w..ROWS).step_by(CONCURRENCY) {
+                    let msg = Outgoing {
+                        subject: format!("{prefix}.raw.Noted"),
+                        id: format!("raw-{i}"),
+                        payload: bytes::Bytes::from(format!(r#"{{"n":{i}}}"#)),
+                        headers: Vec::new(),
+                    };
+                    p.publish(&msg).await.expect("publish");
+                }
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done?;
+        }
+        ROWS as f64 / started.elapsed().as_secs_f64()
+    };
+    println!("raw JetStream publish-with-ack ({CONCURRENCY} concurrent): {raw:.0} msg/s");
+
+    // 2. The relay: ROWS outbox rows over AGGREGATES aggregates, one relay.
+    let mut writers = JoinSet::new();
+    for w in 0..8 {
+        let pool = pool.clone();
+        writers.spawn(async move {
+            for chunk in (w..ROWS).step_by(8).collect::<Vec<_>>().chunks(50) {
+                let mut tx = pool.begin().await.expect("begin");
+                let mut rows: Vec<usize> = chunk.to_vec();
+                rows.sort_by_key(|i| i % AGGREGATES); // stable aggregate order
+                for i in rows {
+                    let msg = OutboxMessage::new(
+                        "order",
+                        &format!("o-{}", i % AGGREGATES),
+                        "Noted",
+                        &format!(r#"{{"n":{i}}}"#),
+                    )
+                    .expect("valid");
+                    Outbox::enqueue(&mut tx, &msg).await.expect("enqueue");
+                }
+                tx.commit().await.expect("commit");
+            }
+        });
+    }
+    while let Some(done) = writers.join_next().await {
+        done?;
+    }
+    let relay = Relay::new(
+        pool.clone(),
+        lock_options,
+        &schema,
+        publisher.clone(),
+        RelayOptions {
+            prefix: prefix.clone(),
+            concurrency: CONCURRENCY,
+            ..RelayOptions::default()
+        },
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let started = Instant::now();
+    let running = tokio::spawn(relay.run(async {
+        let _ = stopped.await;
+    }));
+    loop {
+        let pending: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM idem_outbox WHERE state = 'pending'")
+                .fetch_one(&pool)
+                .await?;
+        if pending == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let relayed = ROWS as f64 / started.elapsed().as_secs_f64();
+    let _ = stop.send(());
+    let stats = running.await?;
+    println!(
+        "relay (1 process, {} partitions): {relayed:.0} msg/s ({} published) = {:.2}x raw",
+        RelayOptions::default().partitions,
+        stats.published,
+        relayed / raw
+    );
+
+    // 3. Inbox overhead: the same business transaction with and without
+    //    the inbox row, CONCURRENCY/4 at a time.
+    sqlx::query("CREATE TABLE bench_orders (id int PRIMARY KEY, n bigint NOT NULL)")
+        .execute(&pool)
+        .await?;
+    sqlx::query("INSERT INTO bench_orders SELECT g, 0 FROM generate_series(0, 999) g")
+        .execute(&pool)
+        .await?;
+    let mut rates = Vec::new();
+    for with_inbox in [false, true] {
+        let started = Instant::now();
+        let mut tasks = JoinSet::new();
+        for w in 0..16 {
+            let pool = pool.clone();
+            tasks.spawn(async move {
+                for i in (w..TRANSACTIONS).step_by(16) {
+                    let mut tx = pool.begin().await.expect("begin");
+                    if with_inbox {
+                        Inbox::process(&mut tx, "bench", &format!("m-{i}"), None)
+                            .await
+                            .expect("inbox");
+                    }
+                    sqlx::query("UPDATE bench_orders SET n = n + 1 WHERE id = $1")
+                        .bind((i % 1000) as i32)
+                        .execute(&mut *tx)
+                        .await
+                        .expect("update");
+                    tx.commit().await.expect("commit");
+                }
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done?;
+        }
+        rates.push(TRANSACTIONS as f64 / started.elapsed().as_secs_f64());
+    }
+    println!(
+        "business transaction without inbox: {:.0} tx/s; with inbox: {:.0} tx/s; overhead {:.1}%",
+        rates[0],
+        rates[1],
+        (1.0 - rates[1] / rates[0]) * 100.0
+    );
+
+    publisher.jetstream().delete_stream(&stream).await?;
+    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(&pool)
+        .await?;
+    Ok(())
+}
