@@ -51,6 +51,9 @@ enum Command {
     /// Publish the PostgreSQL outbox to NATS JetStream, in order per
     /// aggregate; run several for availability.
     Relay(idem_gateway::relay::RelayArgs),
+    /// Inspect the outbox; replay or discard dead rows.
+    #[command(subcommand)]
+    Outbox(idem_gateway::relay::OutboxCommand),
     /// Probe any HTTP endpoint from the outside: is it really idempotent?
     /// Exit 0 when every selected probe passes, 1 when one fails, 2 when
     /// the check cannot run.
@@ -236,6 +239,7 @@ async fn main() -> ExitCode {
             .map(|done| println!("idem: {done}")),
         Command::Records(command) => records(command).await,
         Command::Relay(args) => idem_gateway::relay::run(args).await,
+        Command::Outbox(command) => idem_gateway::relay::outbox(command).await,
         Command::Check(args) => return check(args).await,
         Command::Cleanup(args) => {
             let run = async {

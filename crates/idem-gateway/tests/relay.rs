@@ -297,6 +297,49 @@ async fn a_broker_outage_leaves_rows_pending_and_spends_no_attempts() {
     let js = async_nats::jetstream::new(client);
     let mut s = js.get_stream(&stream).await.expect("stream");
     assert_eq!(s.info().await.expect("info").state.messages, 50);
+
+    // The operator path: list, replay and discard dead rows by id.
+    let idem = |args: &[&str]| {
+        let out = std::process::Command::new(IDEM)
+            .arg("outbox")
+            .args(args)
+            .args(["--store", &store_url])
+            .output()
+            .expect("idem outbox");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, _) = idem(&["list", "--state", "published", "--limit", "1000"]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("50 row(s)"), "{out}");
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM idem_outbox ORDER BY id LIMIT 2")
+        .fetch_all(store.pool())
+        .await
+        .expect("ids");
+    sqlx::query("UPDATE idem_outbox SET state = 'dead', last_error = 'refused' WHERE id = ANY($1)")
+        .bind(&ids)
+        .execute(store.pool())
+        .await
+        .expect("kill rows");
+    let (code, out, _) = idem(&["list", "--state", "dead", "--json"]);
+    assert_eq!(code, Some(0));
+    let dead: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(dead.as_array().map(Vec::len), Some(2), "{out}");
+    let (first, second) = (ids[0].to_string(), ids[1].to_string());
+    let (code, out, _) = idem(&["replay", &first]);
+    assert_eq!(code, Some(0), "{out}");
+    let (code, _, err) = idem(&["replay", &first]);
+    assert_eq!(code, Some(1), "no longer dead");
+    assert!(err.contains("not dead"), "{err}");
+    let (code, out, _) = idem(&["discard", &second]);
+    assert_eq!(code, Some(0), "{out}");
+    let (code, _, err) = idem(&["list", "--state", "lost"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("expected pending, published or dead"), "{err}");
+
     js.delete_stream(&stream).await.expect("delete stream");
     sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
         .execute(store.pool())

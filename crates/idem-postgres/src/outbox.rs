@@ -173,6 +173,29 @@ impl OutboxMessage {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Outbox;
 
+/// One outbox row as operators see it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct OutboxRow {
+    /// Row id (the broker's de-duplication id).
+    pub id: i64,
+    /// Aggregate type.
+    pub aggregate_type: String,
+    /// Aggregate id.
+    pub aggregate_id: String,
+    /// Number in the aggregate's sequence.
+    pub sequence: i64,
+    /// Event type.
+    pub message_type: String,
+    /// `pending`, `published` or `dead`.
+    pub state: String,
+    /// Publish attempts so far.
+    pub attempts: i32,
+    /// The last failure, if any.
+    pub last_error: Option<String>,
+    /// When it was enqueued (RFC 3339).
+    pub created_at: String,
+}
+
 impl Outbox {
     /// Writes `msg` in `tx` as the next event of its aggregate.
     pub async fn enqueue(
@@ -202,6 +225,79 @@ impl Outbox {
             id: row.try_get("id")?,
             sequence: row.try_get("sequence")?,
         })
+    }
+}
+
+impl Outbox {
+    /// Rows in `state` (all states if `None`), oldest first, at most `limit`.
+    pub async fn list<'e>(
+        executor: impl sqlx::Executor<'e, Database = Postgres>,
+        state: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<OutboxRow>, MessagingError> {
+        if let Some(state) = state
+            && !matches!(state, "pending" | "published" | "dead")
+        {
+            return Err(MessagingError::invalid(
+                "state",
+                format!("{state:?}: expected pending, published or dead"),
+            ));
+        }
+        let rows = sqlx::query(
+            "SELECT id, aggregate_type, aggregate_id, sequence, message_type, state, attempts, last_error, \
+             to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') AS created_at \
+             FROM idem_outbox WHERE ($1::text IS NULL OR state = $1) ORDER BY id LIMIT $2",
+        )
+        .bind(state)
+        .bind(limit.max(1))
+        .fetch_all(executor)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(OutboxRow {
+                    id: r.try_get("id")?,
+                    aggregate_type: r.try_get("aggregate_type")?,
+                    aggregate_id: r.try_get("aggregate_id")?,
+                    sequence: r.try_get("sequence")?,
+                    message_type: r.try_get("message_type")?,
+                    state: r.try_get("state")?,
+                    attempts: r.try_get("attempts")?,
+                    last_error: r.try_get("last_error")?,
+                    created_at: r.try_get("created_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Puts dead rows back in line: pending, attempts reset, available
+    /// now. Returns the ids that were dead (others are left alone).
+    pub async fn replay_dead<'e>(
+        executor: impl sqlx::Executor<'e, Database = Postgres>,
+        ids: &[i64],
+    ) -> Result<Vec<i64>, MessagingError> {
+        Ok(sqlx::query_scalar(
+            "UPDATE idem_outbox SET state = 'pending', attempts = 0, available_at = clock_timestamp() \
+             WHERE id = ANY($1) AND state = 'dead' RETURNING id",
+        )
+        .bind(ids)
+        .fetch_all(executor)
+        .await?)
+    }
+
+    /// Deletes dead rows for good: their events are never delivered, and
+    /// consumers that check versions see a gap at their sequence numbers
+    /// (prefer [`replay_dead`](Self::replay_dead)). Returns the ids that
+    /// were dead.
+    pub async fn discard_dead<'e>(
+        executor: impl sqlx::Executor<'e, Database = Postgres>,
+        ids: &[i64],
+    ) -> Result<Vec<i64>, MessagingError> {
+        Ok(sqlx::query_scalar(
+            "DELETE FROM idem_outbox WHERE id = ANY($1) AND state = 'dead' RETURNING id",
+        )
+        .bind(ids)
+        .fetch_all(executor)
+        .await?)
     }
 }
 

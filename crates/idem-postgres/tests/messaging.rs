@@ -282,6 +282,40 @@ async fn outbox_rows_commit_with_their_change_in_sequence() {
     )
     .await;
     assert_eq!(out_of_order, 0);
+
+    // The operator path for dead rows: list, replay, discard.
+    exec(&pool, &format!("UPDATE idem_outbox SET state = 'dead', attempts = 10, last_error = 'boom' WHERE id IN ({}, {})", a1.id, b1.id)).await;
+    let dead = Outbox::list(&pool, Some("dead"), 10).await.expect("list");
+    assert_eq!(
+        dead.iter().map(|r| r.id).collect::<Vec<_>>(),
+        [a1.id, b1.id]
+    );
+    assert_eq!(dead[0].last_error.as_deref(), Some("boom"));
+    assert!(Outbox::list(&pool, Some("lost"), 10).await.is_err());
+    assert_eq!(
+        Outbox::replay_dead(&pool, &[a1.id, a2.id])
+            .await
+            .expect("replay"),
+        [a1.id]
+    );
+    assert_eq!(
+        count(&pool, &format!("SELECT count(*) FROM idem_outbox WHERE id = {} AND state = 'pending' AND attempts = 0", a1.id)).await,
+        1
+    );
+    assert_eq!(
+        Outbox::discard_dead(&pool, &[b1.id, a1.id])
+            .await
+            .expect("discard"),
+        [b1.id]
+    );
+    assert_eq!(
+        count(
+            &pool,
+            &format!("SELECT count(*) FROM idem_outbox WHERE id = {}", b1.id)
+        )
+        .await,
+        0
+    );
     t.drop_schema().await;
 }
 
