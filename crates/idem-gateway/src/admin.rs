@@ -69,8 +69,8 @@ pub fn router(state: AdminState) -> Router {
         .route(records, get(show).delete(delete))
         .route(&format!("{records}/release"), axum::routing::post(release))
         .route(&format!("{records}/resolve"), axum::routing::post(resolve))
-        .fallback(not_found)
-        .layer(middleware::from_fn_with_state(state.clone(), require_token));
+        .fallback(not_found);
+    let protected = guarded(protected, state.token.clone());
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/dashboard", get(|| async { redirect("/dashboard/") }))
@@ -139,8 +139,21 @@ fn is_loopback_host(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
-    if state.token.is_none() {
+/// Puts `routes` behind the admin rules: the bearer `token` when there is
+/// one, same-machine Host and Origin when there is none.
+pub fn guarded<S: Clone + Send + Sync + 'static>(
+    routes: Router<S>,
+    token: Option<Arc<str>>,
+) -> Router<S> {
+    routes.layer(middleware::from_fn_with_state(token, require_token))
+}
+
+async fn require_token(
+    State(token): State<Option<Arc<str>>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if token.is_none() {
         // No token (a loopback listener): a web page in the operator's
         // browser must not reach the API through DNS rebinding (a foreign
         // Host) nor make it act cross-site (a foreign Origin).
@@ -164,7 +177,7 @@ async fn require_token(State(state): State<AdminState>, req: Request, next: Next
             );
         }
     }
-    if let Some(token) = &state.token {
+    if let Some(token) = &token {
         let given = req
             .headers()
             .get(header::AUTHORIZATION)
@@ -199,7 +212,8 @@ async fn readyz(State(state): State<AdminState>) -> Response {
     }
 }
 
-async fn metrics() -> Response {
+/// `GET /metrics`: the Prometheus text of this process.
+pub async fn metrics() -> Response {
     (
         [(
             header::CONTENT_TYPE,

@@ -2,8 +2,12 @@
 //! JetStream), with as many relays running at once as wanted; see
 //! [`idem_messaging::relay`] for the guarantees.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use axum::http::StatusCode;
+use axum::routing::get;
 use idem_messaging::{NatsPublisher, Relay, RelayOptions};
 use idem_postgres::{PgOptions, PgStore};
 
@@ -37,10 +41,63 @@ pub struct RelayArgs {
     /// Attempts before a row becomes dead.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i32).range(1..=1000))]
     pub max_attempts: i32,
+    /// Admin listener: /healthz, /readyz (database and broker), /metrics.
+    #[arg(
+        long,
+        env = "IDEM_RELAY_ADMIN_LISTEN",
+        default_value = "127.0.0.1:9091"
+    )]
+    pub admin_listen: std::net::SocketAddr,
+    /// Bearer token for /readyz and /metrics (required on a non-loopback address).
+    #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+}
+
+/// The relay's admin routes: `/healthz`, and behind the admin rules
+/// `/readyz` (the last round reached the database and the broker) and
+/// `/metrics`.
+fn admin_router(ready: Arc<AtomicBool>, token: Option<Arc<str>>) -> axum::Router {
+    let protected = axum::Router::new()
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = ready.load(Ordering::Relaxed);
+                async move {
+                    if ready {
+                        (StatusCode::OK, "ready\n")
+                    } else {
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "not ready: the database or the broker is unreachable\n",
+                        )
+                    }
+                }
+            }),
+        )
+        .route("/metrics", get(crate::admin::metrics));
+    axum::Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .merge(crate::admin::guarded(protected, token))
 }
 
 /// Runs the relay until SIGINT or SIGTERM.
 pub async fn run(args: RelayArgs) -> Result<(), String> {
+    let token: Option<Arc<str>> = args
+        .admin_token
+        .as_deref()
+        .filter(|t| !t.is_empty())
+        .map(Arc::from);
+    if token.is_none() && !args.admin_listen.ip().is_loopback() {
+        return Err(format!(
+            "--admin-listen {} is not a loopback address: set an admin token (--admin-token or IDEM_ADMIN_TOKEN) first",
+            args.admin_listen
+        ));
+    }
+    let admin = tokio::net::TcpListener::bind(args.admin_listen)
+        .await
+        .map_err(|e| format!("cannot listen on {} (admin): {e}", args.admin_listen))?;
+    let admin_addr = admin.local_addr().map_err(|e| e.to_string())?;
+    crate::metrics::install();
     let opts = PgOptions::from_url(&args.store).map_err(|e| error_chain(&e))?;
     if !args.broker.starts_with("nats://") {
         return Err(format!(
@@ -81,11 +138,17 @@ pub async fn run(args: RelayArgs) -> Result<(), String> {
         publisher,
         options,
     );
+    let router = admin_router(relay.readiness(), token);
+    tokio::spawn(async move {
+        if let Err(err) = axum::serve(admin, router).await {
+            tracing::error!(%err, "relay admin listener failed");
+        }
+    });
     if let Some(warning) = relay.check_duplicate_window().await {
         eprintln!("idem relay: WARNING: {warning}");
     }
     println!(
-        "idem relay: publishing the outbox of {} to {} stream {} (subjects {}.>)",
+        "idem relay: publishing the outbox of {} to {} stream {} (subjects {}.>), admin {admin_addr}",
         idem::store::redact_url(&args.store),
         args.broker,
         args.stream,

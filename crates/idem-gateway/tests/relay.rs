@@ -20,6 +20,7 @@ const AGGREGATES: usize = 100;
 const PER_AGGREGATE: usize = 100;
 
 struct RelayProcess {
+    admin: std::net::SocketAddr,
     child: Child,
     stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
 }
@@ -41,6 +42,7 @@ async fn start_relay_with(
             "--log", "warn", "relay", "--store", store, "--broker", broker,
         ])
         .args(["--stream", stream, "--prefix", prefix, "--create-stream"])
+        .args(["--admin-listen", "127.0.0.1:0"])
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(stderr)
@@ -54,7 +56,12 @@ async fn start_relay_with(
         .expect("stdout")
         .expect("a start line");
     assert!(line.starts_with("idem relay: publishing"), "{line}");
+    let admin = line
+        .rsplit_once("admin ")
+        .and_then(|(_, a)| a.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no admin address in {line:?}"));
     RelayProcess {
+        admin,
         child,
         stdout: lines,
     }
@@ -264,6 +271,18 @@ async fn a_broker_outage_leaves_rows_pending_and_spends_no_attempts() {
     proxy.cut();
     enqueue(&store, 5, 10).await;
     tokio::time::sleep(Duration::from_secs(8)).await;
+    // Not ready while the broker is away; the backlog is exported.
+    let ready =
+        idem_testkit::client::send(relay.admin, http::Method::GET, "/readyz", &[], "").await;
+    assert_eq!(ready.status, http::StatusCode::SERVICE_UNAVAILABLE);
+    let metrics =
+        idem_testkit::client::send(relay.admin, http::Method::GET, "/metrics", &[], "").await;
+    let metrics = String::from_utf8_lossy(&metrics.body).into_owned();
+    assert!(
+        metrics.lines().any(|l| l == "idem_outbox_pending 50"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("idem_outbox_lag_seconds"), "{metrics}");
     let (published, attempts, dead): (i64, i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE state = 'published'), COALESCE(sum(attempts), 0), \
          count(*) FILTER (WHERE state = 'dead') FROM idem_outbox",

@@ -247,7 +247,14 @@ impl<P: Publisher> Relay<P> {
         let mut stop = std::pin::pin!(stop);
         let mut last_rebalance: Option<Instant> = None;
         let mut last_cleanup = Instant::now();
+        let mut last_gauges: Option<Instant> = None;
         loop {
+            if last_gauges.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
+                last_gauges = Some(Instant::now());
+                if let Err(err) = self.export_backlog().await {
+                    tracing::debug!(%err, "cannot read the outbox backlog");
+                }
+            }
             if last_rebalance.is_none_or(|t| t.elapsed() >= self.options.rebalance) {
                 if let Err(err) = self.rebalance().await {
                     tracing::warn!(reason = "relay_rebalance_failed", %err, "cannot hold partitions; retrying");
@@ -491,6 +498,23 @@ impl<P: Publisher> Relay<P> {
         } else {
             tracing::warn!(reason = "relay_publish_failed", id = row.id, aggregate_type = %row.aggregate_type, aggregate_id = %row.aggregate_id, attempt, retry_in_ms = delay.as_millis() as u64, %err);
         }
+        Ok(())
+    }
+
+    /// Sets `idem_outbox_pending` (rows waiting) and
+    /// `idem_outbox_lag_seconds` (age of the oldest one).
+    async fn export_backlog(&self) -> Result<(), sqlx::Error> {
+        let row = sqlx::query(
+            "SELECT count(*) AS pending, \
+             COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(created_at)), 0)::float8 AS lag \
+             FROM idem_outbox WHERE state = 'pending'",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let pending: i64 = row.try_get("pending")?;
+        let lag: f64 = row.try_get("lag")?;
+        metrics::gauge!("idem_outbox_pending").set(pending as f64);
+        metrics::gauge!("idem_outbox_lag_seconds").set(lag);
         Ok(())
     }
 
