@@ -26,6 +26,7 @@
 //! ```
 
 mod error;
+pub mod inbox;
 mod schema;
 mod writer;
 

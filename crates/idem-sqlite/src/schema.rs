@@ -9,7 +9,10 @@ use rusqlite::{Connection, Row, TransactionBehavior};
 use crate::SqliteError;
 
 /// Migrations in order; migration `i` brings the schema to version `i + 1`.
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_records.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/0001_records.sql"),
+    include_str!("../migrations/0002_inbox.sql"),
+];
 
 /// The schema version this build writes.
 pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
