@@ -324,15 +324,10 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         .map(|p| p.engine.lease)
         .max()
         .unwrap_or(Duration::from_secs(30));
-    let (cleanup, mut monitor) = jobs(src, &file.cleanup, &file.monitor, longest_lease)?;
-    // Listing processing records on plain Redis scans every key: off
-    // unless asked for.
+    // Listing processing records on plain Redis scans every key: the
+    // monitor is off there unless asked for.
     let redis = store.starts_with("redis://") || store.starts_with("rediss://");
-    monitor.enabled = file
-        .monitor
-        .as_ref()
-        .and_then(|m| m.enabled)
-        .unwrap_or(!redis);
+    let (cleanup, monitor) = jobs(src, &file.cleanup, &file.monitor, longest_lease, !redis)?;
     Ok(Settings {
         listen,
         upstream,
@@ -353,6 +348,7 @@ fn jobs(
     cleanup: &Option<CleanupConfig>,
     monitor: &Option<MonitorConfig>,
     longest_lease: Duration,
+    monitor_by_default: bool,
 ) -> Result<(Option<CleanupSettings>, MonitorSettings), ConfigError> {
     let count = |key: &str, v: &Option<Spanned<i64>>, default: i64| -> Result<usize, ConfigError> {
         match v {
@@ -386,7 +382,7 @@ fn jobs(
         3,
     )?;
     let monitor = MonitorSettings {
-        enabled: true,
+        enabled: m.and_then(|m| m.enabled).unwrap_or(monitor_by_default),
         interval: every("monitor.interval", &m.and_then(|m| m.interval.clone()), 30)?,
         stuck_after: longest_lease.saturating_mul(u32::try_from(leases).unwrap_or(u32::MAX)),
     };

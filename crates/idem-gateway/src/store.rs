@@ -27,7 +27,7 @@ use idem_sqlite::SqliteStore;
 
 use idem::store::redact_url as redact;
 
-use crate::metrics::timed;
+use crate::metrics::{StoreOp, StoreOpMetrics};
 use crate::server::error_chain;
 
 /// A store URL, understood but not yet connected.
@@ -189,6 +189,7 @@ pub struct GatewayStore {
     ready: Arc<OnceLock<DynStore>>,
     last_error: Arc<Mutex<String>>,
     kind: &'static str,
+    ops: StoreOpMetrics,
 }
 
 impl GatewayStore {
@@ -201,6 +202,7 @@ impl GatewayStore {
             ready: Arc::new(OnceLock::new()),
             last_error: Arc::new(Mutex::new(String::new())),
             kind: parsed.kind(),
+            ops: StoreOpMetrics::new(parsed.kind()),
         };
         match parsed.connect().await {
             Ok(s) => {
@@ -256,17 +258,15 @@ impl GatewayStore {
 
 impl Store for GatewayStore {
     async fn reserve(&self, req: ReserveRequest<'_>) -> Result<Reservation, StoreError> {
-        timed(self.kind, "reserve", async {
-            self.store()?.reserve(req).await
-        })
-        .await
+        self.ops
+            .timed(StoreOp::Reserve, async { self.store()?.reserve(req).await })
+            .await
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
-        timed(self.kind, "get", async {
-            self.store()?.get(scope, key).await
-        })
-        .await
+        self.ops
+            .timed(StoreOp::Get, async { self.store()?.get(scope, key).await })
+            .await
     }
 
     async fn resolve(
@@ -276,10 +276,11 @@ impl Store for GatewayStore {
         lease: &Lease,
         outcome: &FinalOutcome,
     ) -> Result<(), StoreError> {
-        timed(self.kind, "resolve", async {
-            self.store()?.resolve(scope, key, lease, outcome).await
-        })
-        .await
+        self.ops
+            .timed(StoreOp::Resolve, async {
+                self.store()?.resolve(scope, key, lease, outcome).await
+            })
+            .await
     }
 
     async fn release(
@@ -288,10 +289,11 @@ impl Store for GatewayStore {
         key: &IdempotencyKey,
         lease: &Lease,
     ) -> Result<(), StoreError> {
-        timed(self.kind, "release", async {
-            self.store()?.release(scope, key, lease).await
-        })
-        .await
+        self.ops
+            .timed(StoreOp::Release, async {
+                self.store()?.release(scope, key, lease).await
+            })
+            .await
     }
 
     async fn mark_unknown(
@@ -301,10 +303,11 @@ impl Store for GatewayStore {
         lease: &Lease,
         reason: &str,
     ) -> Result<(), StoreError> {
-        timed(self.kind, "mark_unknown", async {
-            self.store()?.mark_unknown(scope, key, lease, reason).await
-        })
-        .await
+        self.ops
+            .timed(StoreOp::MarkUnknown, async {
+                self.store()?.mark_unknown(scope, key, lease, reason).await
+            })
+            .await
     }
 
     async fn renew(
@@ -314,35 +317,37 @@ impl Store for GatewayStore {
         lease: &Lease,
         duration: Duration,
     ) -> Result<Timestamp, StoreError> {
-        timed(self.kind, "renew", async {
-            self.store()?.renew(scope, key, lease, duration).await
-        })
-        .await
+        self.ops
+            .timed(StoreOp::Renew, async {
+                self.store()?.renew(scope, key, lease, duration).await
+            })
+            .await
     }
 }
 
 impl ListRecords for GatewayStore {
     async fn list(&self, filter: &ListFilter) -> Result<Page, StoreError> {
-        timed(self.kind, "list", async {
-            self.store()?.list(filter).await
-        })
-        .await
+        self.ops
+            .timed(StoreOp::List, async { self.store()?.list(filter).await })
+            .await
     }
 }
 
 impl Purge for GatewayStore {
     async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
-        timed(self.kind, "purge", async {
-            self.store()?.purge_expired(batch).await
-        })
-        .await
+        self.ops
+            .timed(StoreOp::Purge, async {
+                self.store()?.purge_expired(batch).await
+            })
+            .await
     }
 
     async fn delete(&self, scope: &Scope, key: &IdempotencyKey) -> Result<bool, StoreError> {
-        timed(self.kind, "delete", async {
-            self.store()?.delete(scope, key).await
-        })
-        .await
+        self.ops
+            .timed(StoreOp::Delete, async {
+                self.store()?.delete(scope, key).await
+            })
+            .await
     }
 }
 
