@@ -1,5 +1,5 @@
 //! `idem relay`: publishes the PostgreSQL outbox to a broker (NATS
-//! JetStream), with as many relays running at once as wanted; see
+//! JetStream or RabbitMQ), with as many relays running at once as wanted; see
 //! [`idem_messaging::relay`] for the guarantees.
 
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use axum::routing::get;
-use idem_messaging::{NatsPublisher, Relay, RelayOptions};
+use idem_messaging::{NatsPublisher, Publisher, RabbitPublisher, Relay, RelayOptions};
 use idem_postgres::{PgOptions, PgStore};
 
 use crate::server::error_chain;
@@ -19,10 +19,15 @@ pub struct RelayArgs {
     /// The PostgreSQL database holding the outbox (`postgres://…`).
     #[arg(long, env = "IDEM_STORE")]
     pub store: String,
-    /// The broker (`nats://host:port`).
+    /// The broker: `nats://host:port` (JetStream) or
+    /// `amqp://user:password@host:port/vhost` (RabbitMQ).
     #[arg(long, env = "IDEM_BROKER")]
     pub broker: String,
-    /// The JetStream stream that captures the subjects.
+    /// RabbitMQ: the durable topic exchange published to (declared if
+    /// missing); the routing key is the subject.
+    #[arg(long, env = "IDEM_EXCHANGE", default_value = "idem")]
+    pub exchange: String,
+    /// NATS: the JetStream stream that captures the subjects.
     #[arg(long, env = "IDEM_STREAM", default_value = "IDEM")]
     pub stream: String,
     /// Subject prefix: `<prefix>.<aggregate_type>.<message_type>`.
@@ -96,16 +101,16 @@ pub async fn run(args: RelayArgs) -> Result<(), String> {
     let admin = tokio::net::TcpListener::bind(args.admin_listen)
         .await
         .map_err(|e| format!("cannot listen on {} (admin): {e}", args.admin_listen))?;
-    let admin_addr = admin.local_addr().map_err(|e| e.to_string())?;
     crate::metrics::install();
     let opts = PgOptions::from_url(&args.store).map_err(|e| error_chain(&e))?;
-    if !args.broker.starts_with("nats://") {
+    let nats = args.broker.starts_with("nats://");
+    if !nats && !args.broker.starts_with("amqp://") {
         return Err(format!(
-            "--broker {}: only nats:// brokers are supported by this build",
+            "--broker {}: use nats://host:port (JetStream) or amqp://user:password@host:port/vhost (RabbitMQ)",
             idem::store::redact_url(&args.broker)
         ));
     }
-    if args.prefix.is_empty() || args.prefix.contains(['*', '>', ' ']) {
+    if args.prefix.is_empty() || args.prefix.contains(['*', '>', '#', ' ']) {
         return Err(format!(
             "--prefix {:?}: must be a non-empty subject prefix without wildcards or spaces",
             args.prefix
@@ -116,50 +121,106 @@ pub async fn run(args: RelayArgs) -> Result<(), String> {
     let store = PgStore::connect_with(opts)
         .await
         .map_err(|e| error_chain(&e))?;
-    let publisher = NatsPublisher::connect(&args.broker, &args.stream)
-        .await
-        .map_err(|e| e.to_string())?;
-    if args.create_stream {
-        publisher
-            .create_stream(vec![format!("{}.>", args.prefix)], args.duplicate_window)
-            .await
-            .map_err(|e| e.to_string())?;
-    }
     let options = RelayOptions {
         prefix: args.prefix.clone(),
         partitions: args.partitions,
         max_attempts: args.max_attempts,
         ..RelayOptions::default()
     };
-    let relay = Relay::new(
-        store.pool().clone(),
+    let setup = Setup {
+        store,
         lock_options,
-        &namespace,
-        publisher,
+        namespace,
         options,
-    );
-    let router = admin_router(relay.readiness(), token);
-    tokio::spawn(async move {
-        if let Err(err) = axum::serve(admin, router).await {
-            tracing::error!(%err, "relay admin listener failed");
+        admin,
+        token,
+        store_url: args.store.clone(),
+    };
+    if nats {
+        let publisher = NatsPublisher::connect(&args.broker, &args.stream)
+            .await
+            .map_err(|e| e.to_string())?;
+        if args.create_stream {
+            publisher
+                .create_stream(vec![format!("{}.>", args.prefix)], args.duplicate_window)
+                .await
+                .map_err(|e| e.to_string())?;
         }
-    });
-    if let Some(warning) = relay.check_duplicate_window().await {
-        eprintln!("idem relay: WARNING: {warning}");
+        let target = format!(
+            "{} stream {} (subjects {}.>)",
+            args.broker, args.stream, args.prefix
+        );
+        setup.drive(publisher, &target).await
+    } else {
+        let publisher = RabbitPublisher::connect(&args.broker, &args.exchange)
+            .await
+            .map_err(|e| e.to_string())?;
+        eprintln!(
+            "idem relay: note: RabbitMQ does not de-duplicate; a row re-published after a relay crash reaches the queues twice with the same message_id, and consumers drop it with the inbox"
+        );
+        let target = format!(
+            "{} exchange {} (routing keys {}.<aggregate_type>.<message_type>)",
+            idem::store::redact_url(&args.broker),
+            args.exchange,
+            args.prefix
+        );
+        setup.drive(publisher, &target).await
     }
-    println!(
-        "idem relay: publishing the outbox of {} to {} stream {} (subjects {}.>), admin {admin_addr}",
-        idem::store::redact_url(&args.store),
-        args.broker,
-        args.stream,
-        args.prefix
-    );
-    let stats = relay.run(crate::server::shutdown_signal()).await;
-    println!(
-        "idem relay: stopped after publishing {} row(s) ({} already in the stream), {} failed attempt(s), {} dead",
-        stats.published, stats.duplicates, stats.failures, stats.dead
-    );
-    Ok(())
+}
+
+/// Everything a relay needs but its publisher.
+struct Setup {
+    store: PgStore,
+    lock_options: idem_postgres::sqlx::postgres::PgConnectOptions,
+    namespace: String,
+    options: RelayOptions,
+    admin: tokio::net::TcpListener,
+    token: Option<Arc<str>>,
+    store_url: String,
+}
+
+impl Setup {
+    /// Serves the admin listener and runs the relay through `publisher`
+    /// until SIGINT or SIGTERM.
+    async fn drive<P: Publisher>(self, publisher: P, target: &str) -> Result<(), String> {
+        let Self {
+            store,
+            lock_options,
+            namespace,
+            options,
+            admin,
+            token,
+            store_url,
+        } = self;
+        let relay = Relay::new(
+            store.pool().clone(),
+            lock_options,
+            &namespace,
+            publisher,
+            options,
+        );
+        let store = store_url.as_str();
+        let admin_addr = admin.local_addr().map_err(|e| e.to_string())?;
+        let router = admin_router(relay.readiness(), token);
+        tokio::spawn(async move {
+            if let Err(err) = axum::serve(admin, router).await {
+                tracing::error!(%err, "relay admin listener failed");
+            }
+        });
+        if let Some(warning) = relay.check_duplicate_window().await {
+            eprintln!("idem relay: WARNING: {warning}");
+        }
+        println!(
+            "idem relay: publishing the outbox of {} to {target}, admin {admin_addr}",
+            idem::store::redact_url(store),
+        );
+        let stats = relay.run(crate::server::shutdown_signal()).await;
+        println!(
+            "idem relay: stopped after publishing {} row(s) ({} already in the stream), {} failed attempt(s), {} dead",
+            stats.published, stats.duplicates, stats.failures, stats.dead
+        );
+        Ok(())
+    }
 }
 
 /// `idem outbox …`: the operator path for outbox rows.

@@ -1,17 +1,58 @@
-//! # idem-messaging — the outbox relay
+//! # idem-messaging — the outbox relay and the consumer runner
 //!
 //! Events written with `idem_postgres::outbox::Outbox::enqueue` in the
 //! same transaction as the change they announce are published by a
-//! [`Relay`] to a broker that acknowledges and de-duplicates
-//! ([`NatsPublisher`] for NATS JetStream): in order per aggregate, with
-//! several relays running at once, each row reaching the stream once
-//! within the broker's duplicate window. See [`relay`] for how.
+//! [`Relay`] to a broker that acknowledges each message
+//! ([`NatsPublisher`] for NATS JetStream, [`RabbitPublisher`] for
+//! RabbitMQ): in order per aggregate, with several relays running at once.
+//! See [`relay`] for how.
 //!
-//! The consumer side (inbox, ordering guard) lives in `idem-postgres`
-//! because it runs inside the consumer's own database transaction.
+//! On the receiving side, a [`Consumer`] takes deliveries from a
+//! [`JetStreamSource`] or a [`RabbitSource`] and handles each one once:
+//! inbox check, ordering guard and handler in one PostgreSQL transaction,
+//! acknowledged after the commit. See [`consumer`].
 
+pub mod consumer;
+pub mod nats;
 pub mod publisher;
+pub mod rabbitmq;
 pub mod relay;
 
-pub use publisher::{NatsPublisher, Outgoing, PublishError, Published, Publisher};
+pub use consumer::{
+    Consumer, ConsumerOptions, ConsumerStats, Delivery, Handler, HandlerError, Message, Outcome,
+    SettleError, Source,
+};
+pub use nats::{JetStreamDelivery, JetStreamSource, JetStreamSourceOptions, NatsPublisher};
+pub use publisher::{Outgoing, PublishError, Published, Publisher};
+pub use rabbitmq::{RabbitDelivery, RabbitPublisher, RabbitSource, RabbitSourceOptions};
 pub use relay::{OnDead, Relay, RelayError, RelayOptions, RelayStats};
+
+use std::time::Duration;
+
+/// Header names the relay writes and the runner reads.
+pub mod headers {
+    /// The aggregate type of an outbox event.
+    pub const AGGREGATE_TYPE: &str = "Idem-Aggregate-Type";
+    /// The aggregate id of an outbox event.
+    pub const AGGREGATE_ID: &str = "Idem-Aggregate-Id";
+    /// The event's number in its aggregate's sequence (1, 2, 3…): the
+    /// version the ordering guard checks.
+    pub const SEQUENCE: &str = "Idem-Sequence";
+    /// On a parked message: why it was parked.
+    pub const PARKED_REASON: &str = "Idem-Parked-Reason";
+    /// On a parked or delayed message: the subject or routing key it came
+    /// on.
+    pub const ORIGINAL_SUBJECT: &str = "Idem-Original-Subject";
+    /// On a RabbitMQ message sent back through the retry queue: the
+    /// deliveries so far.
+    pub const DELIVERIES: &str = "Idem-Deliveries";
+}
+
+/// Exponential backoff from `base` (doubled per attempt, capped at `max`)
+/// with up to 50 % jitter below it.
+pub(crate) fn backoff(base: Duration, max: Duration, attempt: u32) -> Duration {
+    let exp = base.saturating_mul(1u32 << attempt.min(20));
+    let capped = exp.min(max);
+    let jitter = (idem::OwnerToken::random().as_u128() % 1000) as u32;
+    capped.mul_f64(0.5 + f64::from(jitter) / 2000.0)
+}

@@ -41,6 +41,7 @@ use idem_postgres::sqlx::postgres::PgConnectOptions;
 use idem_postgres::sqlx::{self, ConnectOptions, Connection, PgConnection, PgPool, Row};
 use tokio::task::JoinSet;
 
+use crate::headers;
 use crate::publisher::{Outgoing, Publisher};
 
 /// The `application_name` prefix of a relay's lock session (relays of one
@@ -478,7 +479,11 @@ impl<P: Publisher> Relay<P> {
         self.stats.failures += 1;
         let attempt = row.attempts + 1;
         let dead = attempt >= self.options.max_attempts;
-        let delay = backoff(self.options.backoff, self.options.max_backoff, attempt);
+        let delay = crate::backoff(
+            self.options.backoff,
+            self.options.max_backoff,
+            attempt.unsigned_abs(),
+        );
         sqlx::query(
             "UPDATE idem_outbox SET attempts = attempts + 1, last_error = $2, \
              available_at = clock_timestamp() + $3::bigint * interval '1 millisecond', \
@@ -542,28 +547,23 @@ async fn futures_ready(
     }
 }
 
-/// Exponential backoff with up to 50% jitter.
-fn backoff(base: Duration, max: Duration, attempt: i32) -> Duration {
-    let exp = base.saturating_mul(1u32 << attempt.clamp(0, 20).unsigned_abs().min(20));
-    let capped = exp.min(max);
-    let jitter = (idem::OwnerToken::random().as_u128() % 1000) as u32;
-    capped.mul_f64(0.5 + f64::from(jitter) / 2000.0)
-}
-
 fn outgoing(prefix: &str, row: &Row_) -> Outgoing {
-    let mut headers: Vec<(String, String)> =
+    let mut list: Vec<(String, String)> =
         serde_json::from_str::<BTreeMap<String, String>>(&row.headers)
             .unwrap_or_default()
             .into_iter()
             .collect();
-    headers.push(("Idem-Aggregate-Type".to_owned(), row.aggregate_type.clone()));
-    headers.push(("Idem-Aggregate-Id".to_owned(), row.aggregate_id.clone()));
-    headers.push(("Idem-Sequence".to_owned(), row.sequence.to_string()));
+    list.push((
+        headers::AGGREGATE_TYPE.to_owned(),
+        row.aggregate_type.clone(),
+    ));
+    list.push((headers::AGGREGATE_ID.to_owned(), row.aggregate_id.clone()));
+    list.push((headers::SEQUENCE.to_owned(), row.sequence.to_string()));
     Outgoing {
         subject: format!("{prefix}.{}.{}", row.aggregate_type, row.message_type),
         id: row.id.to_string(),
         payload: Bytes::from(row.payload.clone()),
-        headers,
+        headers: list,
     }
 }
 
@@ -576,7 +576,7 @@ mod tests {
         let base = Duration::from_millis(100);
         let max = Duration::from_secs(5);
         for attempt in 1..30 {
-            let d = backoff(base, max, attempt);
+            let d = crate::backoff(base, max, attempt);
             assert!(d <= max, "{attempt}: {d:?}");
             assert!(
                 d >= base.saturating_mul(1 << attempt.min(20)).min(max) / 2,

@@ -1,0 +1,554 @@
+//! The consumer runner: effectively-once handling of at-least-once
+//! deliveries.
+//!
+//! For every message a [`Source`] delivers, [`Consumer::run`]:
+//!
+//! 1. refuses a message without an id (it parks it: without an id it could
+//!    never be recognised when it comes again, so it is never handled
+//!    unprotected);
+//! 2. begins a PostgreSQL transaction and records the id in the inbox
+//!    (`idem_postgres::inbox`); a message already recorded is a duplicate:
+//!    acknowledged, the handler is not called;
+//! 3. when the message carries the relay's `Idem-Aggregate-Type`,
+//!    `Idem-Aggregate-Id` and `Idem-Sequence` headers, asks the ordering
+//!    guard (`idem_postgres::guard`): an event already applied is dropped
+//!    (acknowledged), an event that arrives before its predecessor is
+//!    redelivered after [`ConsumerOptions::gap_delay`];
+//! 4. runs the [`Handler`] in the same transaction, commits, and only then
+//!    acknowledges. A crash after the commit and before the acknowledgement
+//!    makes the broker deliver the message again; the inbox row committed
+//!    with the change turns that delivery into a duplicate.
+//!
+//! A handler that fails has its transaction rolled back (nothing of it, not
+//! even the inbox row, remains) and the message is redelivered after an
+//! exponential backoff with jitter; after [`ConsumerOptions::max_deliveries`]
+//! deliveries, or at once for [`HandlerError::Permanent`], it is *parked*:
+//! moved to the source's dead-letter subject or queue, with the reason, for
+//! an operator to look at. Stopping the runner finishes the messages in
+//! hand and takes no new ones; messages it fetched but did not start are
+//! redelivered by the broker.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem_postgres::MessagingError;
+use idem_postgres::guard::{Order, OrderingGuard};
+use idem_postgres::inbox::{Inbox, InboxOutcome};
+use idem_postgres::sqlx::{self, PgPool, Postgres, Transaction};
+use tokio::task::JoinSet;
+
+use crate::headers;
+
+/// A message as the handler sees it, whatever the broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// The message id (NATS `Nats-Msg-Id`, AMQP `message_id`); for events
+    /// from the relay, the outbox row id. Empty when the message had none.
+    pub id: String,
+    /// The subject (NATS) or original routing key (RabbitMQ).
+    pub subject: String,
+    /// The headers, in the order they came.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub payload: Bytes,
+    /// How many times the broker has delivered it, this time included (1 on
+    /// the first delivery).
+    pub deliveries: u32,
+}
+
+impl Message {
+    /// The first header called `name` (ASCII case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The payload parsed as JSON; a payload that is not (or not of this
+    /// shape) is a [`HandlerError::Permanent`]: it will never parse.
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, HandlerError> {
+        serde_json::from_slice(&self.payload)
+            .map_err(|e| HandlerError::permanent(format!("payload is not the expected JSON: {e}")))
+    }
+
+    /// The relay's ordering headers: aggregate type, aggregate id and its
+    /// sequence number. `Ok(None)` when the message has none of them; an
+    /// error when they are incomplete or the sequence is not a number.
+    pub fn aggregate(&self) -> Result<Option<(&str, &str, i64)>, HandlerError> {
+        let kind = self.header(headers::AGGREGATE_TYPE);
+        let id = self.header(headers::AGGREGATE_ID);
+        let sequence = self.header(headers::SEQUENCE);
+        match (kind, id, sequence) {
+            (None, None, None) => Ok(None),
+            (Some(kind), Some(id), Some(sequence)) => {
+                let sequence = sequence.parse::<i64>().map_err(|_| {
+                    HandlerError::permanent(format!(
+                        "header {}: {sequence:?} is not a number",
+                        headers::SEQUENCE
+                    ))
+                })?;
+                Ok(Some((kind, id, sequence)))
+            }
+            _ => Err(HandlerError::permanent(format!(
+                "incomplete ordering headers: {}, {} and {} go together",
+                headers::AGGREGATE_TYPE,
+                headers::AGGREGATE_ID,
+                headers::SEQUENCE
+            ))),
+        }
+    }
+}
+
+/// Why a handler did not apply a message.
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerError {
+    /// Something that may pass later (a lock timeout, a service down):
+    /// the message is redelivered after a backoff.
+    #[error("{0}")]
+    Retry(String),
+    /// The message can never be applied (malformed, refers to nothing):
+    /// it is parked at once.
+    #[error("{0}")]
+    Permanent(String),
+}
+
+impl HandlerError {
+    /// A failure worth retrying.
+    pub fn retry(why: impl Into<String>) -> Self {
+        Self::Retry(why.into())
+    }
+
+    /// A failure no retry will fix.
+    pub fn permanent(why: impl Into<String>) -> Self {
+        Self::Permanent(why.into())
+    }
+}
+
+impl From<sqlx::Error> for HandlerError {
+    fn from(err: sqlx::Error) -> Self {
+        Self::Retry(format!("database: {err}"))
+    }
+}
+
+impl From<MessagingError> for HandlerError {
+    fn from(err: MessagingError) -> Self {
+        match err {
+            MessagingError::InvalidMessage { .. } => Self::Permanent(err.to_string()),
+            _ => Self::Retry(err.to_string()),
+        }
+    }
+}
+
+/// The business change for one message, made inside the runner's
+/// transaction (which already holds the message's inbox row). Return
+/// `Ok(())` to commit; an error rolls everything back.
+pub trait Handler: Send + Sync + 'static {
+    /// Applies `msg` using `tx`; do not commit or roll back `tx`.
+    fn handle(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        msg: &Message,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send;
+}
+
+/// Why settling a delivery with the broker failed (the broker will
+/// redeliver the message after its acknowledgement timeout).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct SettleError(pub String);
+
+/// One delivery, and how to settle it with its broker.
+pub trait Delivery: Send + 'static {
+    /// The message.
+    fn message(&self) -> &Message;
+
+    /// Done with it: the broker may forget it.
+    fn ack(self) -> impl Future<Output = Result<(), SettleError>> + Send;
+
+    /// Deliver it again after `delay`.
+    fn retry(self, delay: Duration) -> impl Future<Output = Result<(), SettleError>> + Send;
+
+    /// Move it to the dead-letter subject or queue, with `reason`, and
+    /// stop delivering it.
+    fn park(self, reason: &str) -> impl Future<Output = Result<(), SettleError>> + Send;
+}
+
+/// Where deliveries come from: a JetStream pull consumer
+/// ([`crate::nats::JetStreamSource`]), a RabbitMQ queue
+/// ([`crate::rabbitmq::RabbitSource`]).
+pub trait Source: Send + 'static {
+    /// The source's deliveries.
+    type Delivery: Delivery;
+
+    /// The next delivery; `None` when the source is closed for good. A
+    /// transient failure (the broker restarting) is an `Err`: the runner
+    /// logs it, waits a little and asks again.
+    fn next(&mut self) -> impl Future<Output = Option<Result<Self::Delivery, SettleError>>> + Send;
+
+    /// Lets go of the broker once the runner is done, so messages it
+    /// received but did not start go back to other consumers at once.
+    fn close(self) -> impl Future<Output = ()> + Send
+    where
+        Self: Sized,
+    {
+        async {}
+    }
+}
+
+/// How the runner works.
+#[derive(Debug, Clone)]
+pub struct ConsumerOptions {
+    /// The consumer's name in the inbox and the ordering guard: one per
+    /// logical consumer (several replicas share it).
+    pub consumer: String,
+    /// Messages handled at once.
+    pub concurrency: usize,
+    /// Deliveries before a failing message is parked.
+    pub max_deliveries: u32,
+    /// First retry delay after a handler failure (doubled per delivery,
+    /// with jitter).
+    pub backoff: Duration,
+    /// Longest retry delay.
+    pub max_backoff: Duration,
+    /// Redelivery delay of an event whose predecessor has not been applied
+    /// yet.
+    pub gap_delay: Duration,
+    /// Apply the ordering guard to messages with the relay's ordering
+    /// headers.
+    pub ordering: bool,
+}
+
+impl ConsumerOptions {
+    /// Defaults for the consumer called `consumer`: 16 at once, parked
+    /// after 10 deliveries, backoff 200 ms to 30 s, gaps retried after
+    /// 200 ms, ordering on.
+    pub fn new(consumer: impl Into<String>) -> Self {
+        Self {
+            consumer: consumer.into(),
+            concurrency: 16,
+            max_deliveries: 10,
+            backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(30),
+            gap_delay: Duration::from_millis(200),
+            ordering: true,
+        }
+    }
+}
+
+/// What became of one delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Handled and committed, then acknowledged.
+    Applied,
+    /// Seen before (inbox): acknowledged, not handled.
+    Duplicate,
+    /// An event older than the aggregate's applied version: acknowledged,
+    /// not handled.
+    Stale,
+    /// An event ahead of its predecessor: redelivered later.
+    Gap,
+    /// The handler failed: redelivered after a backoff.
+    Retried,
+    /// Moved to the dead-letter subject or queue.
+    Parked,
+}
+
+impl Outcome {
+    /// Every outcome, for metrics.
+    pub const ALL: [Self; 6] = [
+        Self::Applied,
+        Self::Duplicate,
+        Self::Stale,
+        Self::Gap,
+        Self::Retried,
+        Self::Parked,
+    ];
+
+    /// Its label in `idem_consumer_messages_total{outcome}`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Applied => "applied",
+            Self::Duplicate => "duplicate",
+            Self::Stale => "stale",
+            Self::Gap => "gap",
+            Self::Retried => "retried",
+            Self::Parked => "parked",
+        }
+    }
+}
+
+/// Counts of outcomes since the runner started.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ConsumerStats {
+    /// Handled and committed.
+    pub applied: u64,
+    /// Duplicates acknowledged.
+    pub duplicates: u64,
+    /// Stale events dropped.
+    pub stale: u64,
+    /// Events redelivered for a gap.
+    pub gaps: u64,
+    /// Failures redelivered.
+    pub retried: u64,
+    /// Messages parked.
+    pub parked: u64,
+    /// Settlements the broker did not take (the message comes again).
+    pub settle_failures: u64,
+}
+
+impl ConsumerStats {
+    fn count(&mut self, outcome: Outcome) {
+        let slot = match outcome {
+            Outcome::Applied => &mut self.applied,
+            Outcome::Duplicate => &mut self.duplicates,
+            Outcome::Stale => &mut self.stale,
+            Outcome::Gap => &mut self.gaps,
+            Outcome::Retried => &mut self.retried,
+            Outcome::Parked => &mut self.parked,
+        };
+        *slot += 1;
+    }
+}
+
+/// The runner; see the [module docs](self).
+#[derive(Debug)]
+pub struct Consumer<H> {
+    pool: PgPool,
+    handler: Arc<H>,
+    options: Arc<ConsumerOptions>,
+}
+
+/// What the transaction decided, before the delivery is settled.
+enum Verdict {
+    Ack(Outcome),
+    Gap,
+}
+
+impl<H: Handler> Consumer<H> {
+    /// A runner handling messages with `handler` in transactions on `pool`
+    /// (whose database holds the inbox: `idem migrate` or
+    /// `PgStore::connect` creates it).
+    pub fn new(pool: PgPool, handler: H, options: ConsumerOptions) -> Self {
+        Self {
+            pool,
+            handler: Arc::new(handler),
+            options: Arc::new(options),
+        }
+    }
+
+    /// Handles deliveries from `source` until `stop` completes (then
+    /// finishes the messages in hand) or the source closes.
+    pub async fn run<S: Source>(
+        &self,
+        mut source: S,
+        stop: impl Future<Output = ()> + Send,
+    ) -> ConsumerStats {
+        let mut stats = ConsumerStats::default();
+        let limit = Arc::new(tokio::sync::Semaphore::new(self.options.concurrency.max(1)));
+        let mut tasks: JoinSet<(Outcome, bool)> = JoinSet::new();
+        tokio::pin!(stop);
+        loop {
+            // Take a slot first, so a delivery is only pulled when it can
+            // start at once (what is not pulled is not held).
+            let permit = tokio::select! {
+                biased;
+                () = &mut stop => break,
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                    record(&mut stats, done);
+                    continue;
+                }
+                permit = Arc::clone(&limit).acquire_owned() => permit,
+            };
+            let Ok(permit) = permit else { break };
+            let next = tokio::select! {
+                biased;
+                () = &mut stop => break,
+                next = source.next() => next,
+            };
+            match next {
+                None => break,
+                Some(Err(err)) => {
+                    tracing::warn!(reason = "consumer_source_failed", consumer = %self.options.consumer, %err, "retrying in 1 s");
+                    tokio::select! {
+                        () = &mut stop => break,
+                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+                Some(Ok(delivery)) => {
+                    let (pool, handler, options) = (
+                        self.pool.clone(),
+                        Arc::clone(&self.handler),
+                        Arc::clone(&self.options),
+                    );
+                    tasks.spawn(async move {
+                        let _permit = permit;
+                        handle_one(&pool, &*handler, &options, delivery).await
+                    });
+                }
+            }
+        }
+        // Finish what is in hand.
+        while let Some(done) = tasks.join_next().await {
+            record(&mut stats, done);
+        }
+        source.close().await;
+        stats
+    }
+}
+
+fn record(stats: &mut ConsumerStats, done: Result<(Outcome, bool), tokio::task::JoinError>) {
+    match done {
+        Ok((outcome, settled)) => {
+            stats.count(outcome);
+            if !settled {
+                stats.settle_failures += 1;
+            }
+            metrics::counter!("idem_consumer_messages_total", "outcome" => outcome.as_str())
+                .increment(1);
+        }
+        Err(err) => tracing::error!(reason = "consumer_task_failed", %err),
+    }
+}
+
+/// Handles one delivery and settles it; returns its outcome and whether
+/// the broker took the settlement.
+async fn handle_one<H: Handler, D: Delivery>(
+    pool: &PgPool,
+    handler: &H,
+    options: &ConsumerOptions,
+    delivery: D,
+) -> (Outcome, bool) {
+    let msg = delivery.message();
+    let (id, deliveries, subject) = (msg.id.clone(), msg.deliveries, msg.subject.clone());
+    let consumer = options.consumer.as_str();
+    let (outcome, settled) = if id.is_empty() {
+        tracing::error!(reason = "consumer_message_without_id", consumer, %subject, "parking a message without an id: it cannot be de-duplicated");
+        let settled = delivery
+            .park("the message has no id, so a redelivery could not be recognised")
+            .await;
+        (Outcome::Parked, settled)
+    } else {
+        match transact(pool, handler, options, msg).await {
+            Ok(Verdict::Ack(outcome)) => (outcome, delivery.ack().await),
+            Ok(Verdict::Gap) => (Outcome::Gap, delivery.retry(options.gap_delay).await),
+            Err(HandlerError::Permanent(why)) => {
+                tracing::error!(reason = "consumer_message_parked", consumer, %id, %subject, deliveries, %why, "parking a message that cannot be applied");
+                (Outcome::Parked, delivery.park(&why).await)
+            }
+            Err(HandlerError::Retry(why)) if deliveries >= options.max_deliveries => {
+                let why = format!("failed {deliveries} deliveries; last error: {why}");
+                tracing::error!(reason = "consumer_message_parked", consumer, %id, %subject, deliveries, %why, "parking a message that keeps failing");
+                (Outcome::Parked, delivery.park(&why).await)
+            }
+            Err(HandlerError::Retry(why)) => {
+                let delay = crate::backoff(options.backoff, options.max_backoff, deliveries);
+                tracing::warn!(reason = "consumer_message_retried", consumer, %id, %subject, deliveries, retry_in_ms = delay.as_millis() as u64, %why);
+                (Outcome::Retried, delivery.retry(delay).await)
+            }
+        }
+    };
+    let settled = match settled {
+        Ok(()) => true,
+        Err(err) => {
+            tracing::warn!(reason = "consumer_settle_failed", consumer, %id, outcome = outcome.as_str(), %err, "the broker will deliver the message again");
+            false
+        }
+    };
+    (outcome, settled)
+}
+
+/// The transaction: inbox, ordering guard, handler, commit.
+async fn transact<H: Handler>(
+    pool: &PgPool,
+    handler: &H,
+    options: &ConsumerOptions,
+    msg: &Message,
+) -> Result<Verdict, HandlerError> {
+    let aggregate = if options.ordering {
+        msg.aggregate()?
+    } else {
+        None
+    };
+    let mut tx = pool.begin().await?;
+    let aggregate_id = aggregate
+        .map(|(_, id, _)| id)
+        .or_else(|| msg.header(headers::AGGREGATE_ID));
+    if Inbox::process(&mut tx, &options.consumer, &msg.id, aggregate_id).await?
+        == InboxOutcome::Duplicate
+    {
+        return Ok(Verdict::Ack(Outcome::Duplicate));
+    }
+    if let Some((kind, id, sequence)) = aggregate {
+        match OrderingGuard::check(&mut tx, &options.consumer, kind, id, sequence).await? {
+            Order::Apply => {}
+            Order::Stale { .. } => {
+                // Keep the inbox row: the next copy is a plain duplicate.
+                tx.commit().await?;
+                return Ok(Verdict::Ack(Outcome::Stale));
+            }
+            Order::Gap { .. } => return Ok(Verdict::Gap),
+        }
+    }
+    handler.handle(&mut tx, msg).await?;
+    tx.commit().await?;
+    Ok(Verdict::Ack(Outcome::Applied))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(headers: &[(&str, &str)]) -> Message {
+        Message {
+            id: "1".into(),
+            subject: "idem.order.OrderPaid".into(),
+            headers: headers
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect(),
+            payload: Bytes::from_static(br#"{"order_id":"o1"}"#),
+            deliveries: 1,
+        }
+    }
+
+    #[test]
+    fn ordering_headers_are_all_or_nothing() {
+        assert_eq!(message(&[]).aggregate().ok(), Some(None));
+        let full = message(&[
+            ("idem-aggregate-type", "order"),
+            ("Idem-Aggregate-Id", "o1"),
+            ("Idem-Sequence", "7"),
+        ]);
+        assert_eq!(full.aggregate().ok(), Some(Some(("order", "o1", 7))));
+        let partial = message(&[("Idem-Aggregate-Id", "o1")]);
+        assert!(matches!(
+            partial.aggregate(),
+            Err(HandlerError::Permanent(_))
+        ));
+        let bad = message(&[
+            ("Idem-Aggregate-Type", "order"),
+            ("Idem-Aggregate-Id", "o1"),
+            ("Idem-Sequence", "seven"),
+        ]);
+        assert!(matches!(bad.aggregate(), Err(HandlerError::Permanent(_))));
+    }
+
+    #[test]
+    fn payloads_that_do_not_parse_are_permanent() {
+        #[derive(serde::Deserialize)]
+        struct Paid {
+            order_id: String,
+        }
+        let ok: Paid = message(&[]).json().expect("parses");
+        assert_eq!(ok.order_id, "o1");
+        let mut bad = message(&[]);
+        bad.payload = Bytes::from_static(b"not json");
+        assert!(matches!(
+            bad.json::<Paid>(),
+            Err(HandlerError::Permanent(_))
+        ));
+    }
+}
