@@ -30,14 +30,37 @@
 //! Rows that fail `max_attempts` times become `dead`: counted, logged, and
 //! (by default) holding back the rest of their aggregate until an operator
 //! replays or discards them.
+//!
+//! ## What a round costs
+//!
+//! A round reads what it will publish, not the backlog: it walks the
+//! aggregates that have pending rows on the pending-rows index (one probe
+//! per aggregate, at most `batch` of them, resuming where the last walk
+//! stopped so no aggregate starves) and reads each one's first rows by
+//! index. Rounds overlap: while a round publishes, the next one is read
+//! (starting after the rows in flight; an aggregate that fails in the
+//! current round is dropped from it), and acknowledged rows are marked
+//! published by a background task in one `UPDATE` per batch. Until marked,
+//! an aggregate's acknowledged rows count as gone for reads.
+//!
+//! ## Waking up
+//!
+//! An idle relay `LISTEN`s on [`NOTIFY_CHANNEL`] after registering in
+//! `idem_outbox_listeners`; a statement-level trigger on the outbox sends
+//! one notification per inserting statement, and only while a registration
+//! is live. Busy relays hold no registration, so under load business
+//! commits never take PostgreSQL's notification lock (a `NOTIFY` per row or
+//! per commit would serialise them there). A row whose inserting statement
+//! ran just before the registration and committed after the relay's last
+//! read sends nothing; the fallback poll (`notify_fallback`, 1 s) finds it.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use idem_postgres::sqlx::postgres::PgConnectOptions;
+use idem_postgres::sqlx::postgres::{PgConnectOptions, PgListener};
 use idem_postgres::sqlx::{self, ConnectOptions, Connection, PgConnection, PgPool, Row};
 use tokio::task::JoinSet;
 
@@ -81,7 +104,8 @@ pub struct RelayOptions {
     pub batch: usize,
     /// Rows per aggregate per round.
     pub per_aggregate: usize,
-    /// Aggregates published at once.
+    /// Publishes in flight at once (over all aggregates; one per
+    /// aggregate at a time).
     pub concurrency: usize,
     /// Attempts before a row becomes `dead`.
     pub max_attempts: i32,
@@ -89,8 +113,15 @@ pub struct RelayOptions {
     pub backoff: Duration,
     /// Longest retry delay.
     pub max_backoff: Duration,
-    /// Pause when a round found nothing.
+    /// Pause when a round found nothing and the relay cannot `LISTEN`
+    /// (or `listen` is off).
     pub idle_poll: Duration,
+    /// Wait for a notification when idle (migration 4's trigger sends one
+    /// per inserting statement while some relay waits).
+    pub listen: bool,
+    /// While listening, how often to look anyway (what a notification can
+    /// miss is found by then).
+    pub notify_fallback: Duration,
     /// How often partitions are re-balanced between relays.
     pub rebalance: Duration,
     /// What a dead row does to its aggregate.
@@ -111,6 +142,8 @@ impl Default for RelayOptions {
             backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(30),
             idle_poll: Duration::from_millis(100),
+            listen: true,
+            notify_fallback: Duration::from_secs(1),
             rebalance: Duration::from_secs(1),
             on_dead: OnDead::Block,
             retention: Duration::from_secs(7 * 24 * 3600),
@@ -138,7 +171,8 @@ pub enum RelayError {
 /// Counts since start (also exported as metrics).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct RelayStats {
-    /// Rows published (acknowledged and marked).
+    /// Rows published (acknowledged by the broker; marked in the table
+    /// right after).
     pub published: u64,
     /// Of those, ids the broker already had (re-publishes it dropped).
     pub duplicates: u64,
@@ -161,6 +195,209 @@ struct Row_ {
     attempts: i32,
 }
 
+/// One round: per aggregate, its rows in sequence order.
+type Batch = Vec<Vec<Row_>>;
+
+/// An aggregate: its type and id.
+type AggregateKey = (String, String);
+
+/// Marks acknowledged rows published in the background, one `UPDATE` for
+/// whatever piled up meanwhile, so publishing never waits for it. Until
+/// they are marked, an aggregate's acknowledged rows (always the first of
+/// its pending rows) count as gone: reads start after the highest
+/// acknowledged sequence of each aggregate.
+struct Marker {
+    tx: tokio::sync::mpsc::UnboundedSender<Vec<(i64, AggregateKey, i64)>>,
+    through: Arc<Mutex<HashMap<AggregateKey, i64>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Marker {
+    fn start(pool: PgPool) -> Self {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<(i64, AggregateKey, i64)>>();
+        let through = Arc::new(Mutex::new(HashMap::new()));
+        let shared = Arc::clone(&through);
+        let task = tokio::spawn(async move {
+            while let Some(mut rows) = rx.recv().await {
+                while let Ok(more) = rx.try_recv() {
+                    rows.extend(more);
+                }
+                let ids: Vec<i64> = rows.iter().map(|(id, _, _)| *id).collect();
+                let mut tries = 0;
+                loop {
+                    tries += 1;
+                    let marked = sqlx::query(
+                        "UPDATE idem_outbox SET state = 'published', published_at = clock_timestamp(), \
+                         attempts = attempts + 1, last_error = NULL \
+                         WHERE id = ANY($1) AND state = 'pending'",
+                    )
+                    .bind(&ids)
+                    .execute(&pool)
+                    .await;
+                    match marked {
+                        Ok(_) => break,
+                        Err(err) if tries >= 3 => {
+                            // Left pending: read again and re-published
+                            // with the same ids, which the broker drops.
+                            tracing::warn!(reason = "relay_mark_failed", rows = ids.len(), %err, "acknowledged rows stay pending and will be published again");
+                            break;
+                        }
+                        Err(_) => tokio::time::sleep(Duration::from_millis(100 * tries)).await,
+                    }
+                }
+                let mut map = shared.lock().unwrap_or_else(|p| p.into_inner());
+                for (_, key, sequence) in rows {
+                    // Unless a later mark of the aggregate is still on
+                    // its way, reads see the table again.
+                    if map.get(&key) == Some(&sequence) {
+                        map.remove(&key);
+                    }
+                }
+            }
+        });
+        Self { tx, through, task }
+    }
+
+    /// Per aggregate, the highest sequence acknowledged and not yet marked.
+    fn through(&self) -> HashMap<AggregateKey, i64> {
+        self.through
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn mark(&self, rows: Vec<(i64, AggregateKey, i64)>) {
+        {
+            let mut map = self.through.lock().unwrap_or_else(|p| p.into_inner());
+            for (_, key, sequence) in &rows {
+                let entry = map.entry(key.clone()).or_insert(*sequence);
+                *entry = (*entry).max(*sequence);
+            }
+        }
+        let _ = self.tx.send(rows);
+    }
+
+    /// Marks what is left, then stops.
+    async fn finish(self) {
+        drop(self.tx);
+        let _ = self.task.await;
+    }
+}
+
+/// How an idle relay learns of new rows: a `LISTEN` on `idem_outbox`, with
+/// a registration in `idem_outbox_listeners` that makes inserting
+/// statements notify while it lasts (see migration 4), and a fallback poll
+/// for what a notification can miss (a row whose inserting statement ran
+/// just before the registration and committed just after the last read).
+/// Without a listener, it polls every `idle_poll`.
+struct Wake {
+    listener: Option<PgListener>,
+    id: String,
+    registered: Option<Instant>,
+    idle_poll: Duration,
+    fallback: Duration,
+}
+
+impl Wake {
+    async fn new(pool: &PgPool, options: &RelayOptions) -> Self {
+        let listener = if options.listen {
+            let listening = async {
+                let mut listener = PgListener::connect_with(pool).await?;
+                listener.listen(NOTIFY_CHANNEL).await?;
+                Ok::<_, sqlx::Error>(listener)
+            };
+            match listening.await {
+                Ok(listener) => Some(listener),
+                Err(err) => {
+                    tracing::warn!(reason = "relay_listen_failed", %err, "cannot LISTEN; polling instead");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        Self {
+            listener,
+            id: format!("{}", idem::OwnerToken::random()),
+            registered: None,
+            idle_poll: options.idle_poll,
+            fallback: options.notify_fallback,
+        }
+    }
+
+    /// Work was found: inserts need not notify for this relay any more.
+    async fn busy(&mut self, pool: &PgPool) {
+        if self.registered.take().is_some() {
+            let _ = sqlx::query("DELETE FROM idem_outbox_listeners WHERE relay = $1")
+                .bind(&self.id)
+                .execute(pool)
+                .await;
+        }
+    }
+
+    /// Nothing to publish: waits for a notification, the fallback poll or
+    /// `stop`; returns whether `stop` completed.
+    async fn idle(
+        &mut self,
+        pool: &PgPool,
+        stop: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    ) -> bool {
+        let poll = if self.listener.is_some() {
+            self.fallback
+        } else {
+            self.idle_poll
+        };
+        if let Some(listener) = self.listener.as_mut() {
+            if self.registered.is_none_or(|t| t.elapsed() >= self.fallback) {
+                let first = self.registered.is_none();
+                let registered = sqlx::query(
+                    "INSERT INTO idem_outbox_listeners (relay, until) \
+                     VALUES ($1, clock_timestamp() + $2::bigint * interval '1 millisecond') \
+                     ON CONFLICT (relay) DO UPDATE SET until = EXCLUDED.until",
+                )
+                .bind(&self.id)
+                .bind(
+                    i64::try_from(self.fallback.as_millis().saturating_mul(3)).unwrap_or(i64::MAX),
+                )
+                .execute(pool)
+                .await;
+                if registered.is_ok() {
+                    self.registered = Some(Instant::now());
+                    if first {
+                        // Read once more: a row committed before the
+                        // registration sent no notification.
+                        return false;
+                    }
+                }
+            }
+            if self.registered.is_some() {
+                return tokio::select! {
+                    biased;
+                    () = stop.as_mut() => true,
+                    got = listener.recv() => {
+                        if let Err(err) = got {
+                            tracing::debug!(%err, "LISTEN connection lost; it reconnects");
+                            tokio::select! {
+                                () = stop.as_mut() => return true,
+                                () = tokio::time::sleep(self.idle_poll) => {}
+                            }
+                        }
+                        false
+                    }
+                    () = tokio::time::sleep(poll) => false,
+                };
+            }
+        }
+        tokio::select! {
+            () = stop.as_mut() => true,
+            () = tokio::time::sleep(self.idle_poll) => false,
+        }
+    }
+}
+
+/// The channel inserting statements notify while a relay waits.
+pub const NOTIFY_CHANNEL: &str = "idem_outbox";
+
 /// The relay; see the [module docs](self).
 #[derive(Debug)]
 pub struct Relay<P> {
@@ -176,6 +413,8 @@ pub struct Relay<P> {
     ready: Arc<AtomicBool>,
     /// Whether the current broker outage was logged (once per outage).
     outage_logged: bool,
+    /// The aggregate the last read's walk stopped at.
+    cursor: Mutex<Option<(String, String)>>,
 }
 
 impl<P: Publisher> Relay<P> {
@@ -203,6 +442,7 @@ impl<P: Publisher> Relay<P> {
             stats: RelayStats::default(),
             ready: Arc::new(AtomicBool::new(false)),
             outage_logged: false,
+            cursor: Mutex::new(None),
         }
     }
 
@@ -244,11 +484,20 @@ impl<P: Publisher> Relay<P> {
 
     /// Runs until `stop` completes; returns the counts. Database and
     /// broker failures are retried (the relay reports not ready meanwhile).
+    ///
+    /// Rounds overlap: while one round's rows are being published, the
+    /// next round is read (without the rows in flight, and without the
+    /// aggregates of the round that failed), and acknowledged rows are
+    /// marked published by a background task. Partitions are re-balanced
+    /// only between rounds, with nothing in flight.
     pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) -> RelayStats {
         let mut stop = std::pin::pin!(stop);
+        let marker = Marker::start(self.pool.clone());
+        let mut wake = Wake::new(&self.pool, &self.options).await;
         let mut last_rebalance: Option<Instant> = None;
         let mut last_cleanup = Instant::now();
         let mut last_gauges: Option<Instant> = None;
+        let mut prefetched: Option<Batch> = None;
         loop {
             if last_gauges.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
                 last_gauges = Some(Instant::now());
@@ -257,18 +506,40 @@ impl<P: Publisher> Relay<P> {
                 }
             }
             if last_rebalance.is_none_or(|t| t.elapsed() >= self.options.rebalance) {
+                let before = self.owned.clone();
                 if let Err(err) = self.rebalance().await {
                     tracing::warn!(reason = "relay_rebalance_failed", %err, "cannot hold partitions; retrying");
                     self.drop_lock_session().await;
                 }
+                if self.owned != before {
+                    // Read ahead for partitions that may not be ours now.
+                    prefetched = None;
+                }
                 last_rebalance = Some(Instant::now());
             }
-            let worked = match self.round().await {
-                Ok(n) => {
+            let batch = match prefetched.take() {
+                Some(batch) => Ok(batch),
+                None => self.read(&marker.through()).await,
+            };
+            let worked = match batch {
+                Ok(batch) if batch.is_empty() => {
                     self.ready
                         .store(self.publisher.is_connected(), Ordering::Relaxed);
-                    n > 0
+                    false
                 }
+                Ok(batch) => match self.publish_round(batch, &marker).await {
+                    Ok((n, next)) => {
+                        prefetched = next;
+                        self.ready
+                            .store(self.publisher.is_connected(), Ordering::Relaxed);
+                        n > 0
+                    }
+                    Err(err) => {
+                        self.ready.store(false, Ordering::Relaxed);
+                        tracing::warn!(reason = "relay_round_failed", %err, "retrying");
+                        false
+                    }
+                },
                 Err(err) => {
                     self.ready.store(false, Ordering::Relaxed);
                     tracing::warn!(reason = "relay_round_failed", %err, "retrying");
@@ -281,15 +552,17 @@ impl<P: Publisher> Relay<P> {
                     tracing::warn!(reason = "relay_retention_failed", %err);
                 }
             }
-            if !worked {
-                tokio::select! {
-                    () = &mut stop => break,
-                    () = tokio::time::sleep(self.options.idle_poll) => {}
+            if worked {
+                wake.busy(&self.pool).await;
+                if futures_ready(&mut stop).await {
+                    break;
                 }
-            } else if futures_ready(&mut stop).await {
+            } else if wake.idle(&self.pool, &mut stop).await {
                 break;
             }
         }
+        wake.busy(&self.pool).await;
+        marker.finish().await;
         self.drop_lock_session().await;
         self.stats
     }
@@ -353,44 +626,93 @@ impl<P: Publisher> Relay<P> {
         Ok(())
     }
 
-    /// One round over the held partitions; returns the rows published.
-    async fn round(&mut self) -> Result<usize, sqlx::Error> {
-        if self.owned.is_empty() {
-            return Ok(0);
-        }
-        let dead_filter = match self.options.on_dead {
-            OnDead::Block => "state IN ('pending', 'dead')",
-            OnDead::Skip => "state = 'pending'",
-        };
-        let sql = format!(
-            "WITH candidates AS ( \
-               SELECT id, aggregate_type, aggregate_id, sequence, message_type, \
-                      payload::text AS payload, headers::text AS headers, attempts, \
-                      row_number() OVER w AS rn, \
-                      bool_or(state = 'dead' OR available_at > clock_timestamp()) OVER w AS held \
-               FROM idem_outbox \
-               WHERE {dead_filter} \
-                 AND ((hashtext(aggregate_type || '/' || aggregate_id) & 2147483647) % $1) = ANY($2) \
-               WINDOW w AS (PARTITION BY aggregate_type, aggregate_id ORDER BY sequence) \
+    /// Reads the next round: per aggregate of the held partitions, its
+    /// pending rows from the head on (after the sequence given in `after`
+    /// for aggregates with rows acknowledged or in flight), cut before the
+    /// first row that is
+    /// not due yet; at most `batch` rows, heads of every aggregate first.
+    ///
+    /// The read costs what it returns, not the backlog: the aggregates with
+    /// pending rows are walked on the pending index (one probe each, at
+    /// most `batch` aggregates, continuing from the last round's position
+    /// so none starves), and each one's first rows are read by index.
+    async fn read(&self, after: &HashMap<AggregateKey, i64>) -> Result<Batch, sqlx::Error> {
+        const SQL: &str = "WITH RECURSIVE aggs(aggregate_type, aggregate_id, n) AS ( \
+               (SELECT aggregate_type, aggregate_id, 1 FROM idem_outbox \
+                WHERE state = 'pending' \
+                  AND (aggregate_type, aggregate_id) > ($8::text, $9::text) \
+                ORDER BY aggregate_type, aggregate_id LIMIT 1) \
+               UNION ALL \
+               SELECT nxt.aggregate_type, nxt.aggregate_id, a.n + 1 FROM aggs a CROSS JOIN LATERAL ( \
+                 SELECT o.aggregate_type, o.aggregate_id FROM idem_outbox o \
+                 WHERE o.state = 'pending' \
+                   AND (o.aggregate_type, o.aggregate_id) > (a.aggregate_type, a.aggregate_id) \
+                 ORDER BY o.aggregate_type, o.aggregate_id LIMIT 1) nxt \
+               WHERE a.n < $4 \
              ) \
-             SELECT id, aggregate_type, aggregate_id, sequence, message_type, payload, headers, attempts \
-             FROM candidates WHERE NOT held AND rn <= $3 \
-             ORDER BY rn, aggregate_type, aggregate_id LIMIT $4"
-        );
-        let rows = sqlx::query(&sql)
+             SELECT a.aggregate_type, a.aggregate_id, a.n, r.id, r.sequence, r.message_type, \
+                    r.payload, r.headers, r.attempts, r.later \
+             FROM aggs a \
+             LEFT JOIN unnest($5::text[], $6::text[], $7::bigint[]) AS f(t, id, s) \
+               ON f.t = a.aggregate_type AND f.id = a.aggregate_id \
+             LEFT JOIN LATERAL ( \
+               SELECT o.id, o.sequence, o.message_type, o.payload::text AS payload, \
+                      o.headers::text AS headers, o.attempts, o.available_at > clock_timestamp() AS later \
+               FROM idem_outbox o \
+               WHERE o.state = 'pending' \
+                 AND o.aggregate_type = a.aggregate_type AND o.aggregate_id = a.aggregate_id \
+                 AND o.sequence > COALESCE(f.s, 0) \
+                 AND ((hashtext(a.aggregate_type || '/' || a.aggregate_id) & 2147483647) % $1) = ANY($2) \
+                 AND NOT ($10 AND EXISTS (SELECT 1 FROM idem_outbox d WHERE d.state = 'dead' \
+                      AND d.aggregate_type = a.aggregate_type AND d.aggregate_id = a.aggregate_id)) \
+               ORDER BY o.sequence LIMIT $3) r ON true \
+             ORDER BY a.n, r.sequence";
+        if self.owned.is_empty() {
+            return Ok(Vec::new());
+        }
+        let cursor = self
+            .cursor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let max_aggregates = i64::try_from(self.options.batch).unwrap_or(i64::MAX);
+        let rows = sqlx::query(SQL)
             .bind(i32::from(self.options.partitions))
             .bind(&self.owned)
             .bind(i64::try_from(self.options.per_aggregate).unwrap_or(i64::MAX))
-            .bind(i64::try_from(self.options.batch).unwrap_or(i64::MAX))
+            .bind(max_aggregates)
+            .bind(after.keys().map(|(t, _)| t.as_str()).collect::<Vec<_>>())
+            .bind(after.keys().map(|(_, a)| a.as_str()).collect::<Vec<_>>())
+            .bind(after.values().copied().collect::<Vec<_>>())
+            // Aggregate types are never empty: ("", "") is before them all.
+            .bind(cursor.as_ref().map_or("", |(t, _)| t.as_str()))
+            .bind(cursor.as_ref().map_or("", |(_, a)| a.as_str()))
+            .bind(self.options.on_dead == OnDead::Block)
             .fetch_all(&self.pool)
             .await?;
-        // Rows come heads first (every aggregate's first row, then every
-        // second row…), so a round spreads over as many aggregates as it
-        // can; within an aggregate they are in sequence order.
-        let mut by_aggregate: BTreeMap<(String, String), Vec<Row_>> = BTreeMap::new();
+        // Per aggregate walked: its rows, and whether it stopped at a row
+        // that is not due yet (a retry backing off; the rows after it wait).
+        let mut walked: Vec<(Vec<Row_>, bool)> = Vec::new();
+        let mut last: Option<(i32, String, String)> = None;
         for r in rows {
-            let row = Row_ {
-                id: r.try_get("id")?,
+            let n: i32 = r.try_get("n")?;
+            if last.as_ref().is_none_or(|(m, _, _)| *m != n) {
+                last = Some((n, r.try_get("aggregate_type")?, r.try_get("aggregate_id")?));
+                walked.push((Vec::new(), false));
+            }
+            // No row: not ours, blocked by a dead row, or all in flight.
+            let Some(id) = r.try_get::<Option<i64>, _>("id")? else {
+                continue;
+            };
+            let Some((rows, stopped)) = walked.last_mut() else {
+                continue;
+            };
+            if *stopped || r.try_get::<bool, _>("later")? {
+                *stopped = true;
+                continue;
+            }
+            rows.push(Row_ {
+                id,
                 aggregate_type: r.try_get("aggregate_type")?,
                 aggregate_id: r.try_get("aggregate_id")?,
                 sequence: r.try_get("sequence")?,
@@ -398,64 +720,132 @@ impl<P: Publisher> Relay<P> {
                 payload: r.try_get("payload")?,
                 headers: r.try_get("headers")?,
                 attempts: r.try_get("attempts")?,
-            };
-            by_aggregate
-                .entry((row.aggregate_type.clone(), row.aggregate_id.clone()))
-                .or_default()
-                .push(row);
+            });
         }
-        if by_aggregate.is_empty() {
-            return Ok(0);
+        // Where the next read starts: after the last aggregate walked, or
+        // from the beginning when the walk reached the end.
+        *self.cursor.lock().unwrap_or_else(|p| p.into_inner()) = last
+            .filter(|(n, _, _)| i64::from(*n) >= max_aggregates)
+            .map(|(_, t, a)| (t, a));
+        let mut batch: Batch = walked
+            .into_iter()
+            .map(|(rows, _)| rows)
+            .filter(|rows| !rows.is_empty())
+            .collect();
+        // At most `batch` rows, heads first: the largest per-aggregate
+        // depth that fits.
+        let total: usize = batch.iter().map(Vec::len).sum();
+        if total > self.options.batch {
+            let mut depth = self.options.per_aggregate;
+            while depth > 1
+                && batch.iter().map(|r| r.len().min(depth)).sum::<usize>() > self.options.batch
+            {
+                depth -= 1;
+            }
+            let mut room = self.options.batch;
+            for rows in &mut batch {
+                let keep = rows.len().min(depth).min(room);
+                rows.truncate(keep);
+                room -= keep;
+            }
+            batch.retain(|rows| !rows.is_empty());
+        }
+        Ok(batch)
+    }
+
+    /// Publishes `batch` (one task per aggregate, each row after the
+    /// previous one's acknowledgement, stopping the aggregate at its first
+    /// failure) and, when the batch suggests more is waiting, reads the
+    /// next round meanwhile. Returns the rows acknowledged and the next
+    /// round, if read.
+    async fn publish_round(
+        &mut self,
+        batch: Batch,
+        marker: &Marker,
+    ) -> Result<(usize, Option<Batch>), sqlx::Error> {
+        let rows: usize = batch.iter().map(Vec::len).sum();
+        let more = rows >= self.options.batch
+            || batch.iter().any(|r| r.len() >= self.options.per_aggregate);
+        // The next read starts after this round's rows.
+        let mut after = marker.through();
+        for rows in &batch {
+            if let Some(last) = rows.last() {
+                after.insert(
+                    (last.aggregate_type.clone(), last.aggregate_id.clone()),
+                    last.sequence,
+                );
+            }
         }
         let limit = Arc::new(tokio::sync::Semaphore::new(self.options.concurrency.max(1)));
         let mut tasks = JoinSet::new();
-        for (_, rows) in by_aggregate {
+        for rows in batch {
             let (publisher, prefix, limit) = (
                 Arc::clone(&self.publisher),
                 self.options.prefix.clone(),
                 Arc::clone(&limit),
             );
+            let key: AggregateKey = rows
+                .first()
+                .map(|r| (r.aggregate_type.clone(), r.aggregate_id.clone()))
+                .unwrap_or_default();
             tasks.spawn(async move {
-                let _permit = limit.acquire_owned().await;
                 let mut published = Vec::new();
                 for row in rows {
+                    // A slot per publish, not per aggregate: every
+                    // aggregate of the round moves, `concurrency`
+                    // publishes in flight at most.
+                    let _slot = limit.acquire().await;
                     match publisher.publish(&outgoing(&prefix, &row)).await {
-                        Ok(p) => published.push((row.id, p.duplicate)),
+                        Ok(p) => published.push((row.id, row.sequence, p.duplicate)),
                         // Stop this aggregate at its first failure: the
                         // rows after it must wait for it.
-                        Err(err) => return (published, Some((row, err))),
+                        Err(err) => return (key, published, Some((row, err))),
                     }
                 }
-                (published, None)
+                (key, published, None)
             });
         }
+        let publishing = async {
+            let mut results = Vec::new();
+            while let Some(joined) = tasks.join_next().await {
+                if let Ok(result) = joined {
+                    results.push(result);
+                }
+            }
+            results
+        };
+        let (results, next) = if more {
+            let (results, next) = tokio::join!(publishing, self.read(&after));
+            (results, next.ok())
+        } else {
+            (publishing.await, None)
+        };
         let mut done = Vec::new();
+        let mut failed: Vec<(String, String)> = Vec::new();
         let mut broker_down = None;
-        while let Some(joined) = tasks.join_next().await {
-            let Ok((published, failure)) = joined else {
-                continue;
-            };
-            self.stats.duplicates += published.iter().filter(|(_, dup)| *dup).count() as u64;
-            done.extend(published.into_iter().map(|(id, _)| id));
-            match failure {
-                // An unreachable broker is nobody's fault: no attempt is
-                // counted, the row stays pending as it was.
-                Some((_, err)) if err.broker_down => broker_down = Some(err.message),
-                Some((row, err)) => self.record_failure(&row, &err.message).await?,
-                None => {}
+        for (key, published, failure) in results {
+            self.stats.duplicates += published.iter().filter(|(_, _, dup)| *dup).count() as u64;
+            done.extend(
+                published
+                    .into_iter()
+                    .map(|(id, sequence, _)| (id, key.clone(), sequence)),
+            );
+            if let Some((row, err)) = failure {
+                failed.push((row.aggregate_type.clone(), row.aggregate_id.clone()));
+                if err.broker_down {
+                    // An unreachable broker is nobody's fault: no attempt
+                    // is counted, the row stays pending as it was.
+                    broker_down = Some(err.message);
+                } else {
+                    self.record_failure(&row, &err.message).await?;
+                }
             }
         }
+        let published = done.len();
         if !done.is_empty() {
-            sqlx::query(
-                "UPDATE idem_outbox SET state = 'published', published_at = clock_timestamp(), \
-                 attempts = attempts + 1, last_error = NULL \
-                 WHERE id = ANY($1) AND state = 'pending'",
-            )
-            .bind(&done)
-            .execute(&self.pool)
-            .await?;
             self.stats.published += done.len() as u64;
             metrics::counter!("idem_outbox_published_total").increment(done.len() as u64);
+            marker.mark(done);
         }
         if let Some(why) = broker_down {
             self.ready.store(false, Ordering::Relaxed);
@@ -463,16 +853,28 @@ impl<P: Publisher> Relay<P> {
                 self.outage_logged = true;
                 tracing::warn!(reason = "relay_broker_down", err = %why, "broker unreachable; rows stay pending until it is back");
             }
-            return Ok(0);
+            return Ok((0, None));
         }
-        if self.outage_logged && !done.is_empty() {
+        if self.outage_logged && published > 0 {
             self.outage_logged = false;
             tracing::info!(
                 reason = "relay_broker_back",
                 "broker reachable again; publishing"
             );
         }
-        Ok(done.len())
+        // The next round was read before this one's failures: an aggregate
+        // that stopped at a failure must not go on past it.
+        let next = next.map(|mut next| {
+            next.retain(|rows| {
+                rows.first().is_none_or(|r| {
+                    !failed
+                        .iter()
+                        .any(|(t, a)| *t == r.aggregate_type && *a == r.aggregate_id)
+                })
+            });
+            next
+        });
+        Ok((published, next.filter(|n| !n.is_empty())))
     }
 
     async fn record_failure(&mut self, row: &Row_, err: &str) -> Result<(), sqlx::Error> {

@@ -6,6 +6,8 @@
 //! parked; stopping finishes the message in hand; and the relay feeds the
 //! runner through RabbitMQ, every event applied once, in order.
 
+mod common;
+
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,13 +18,15 @@ use idem_messaging::{
     Consumer, ConsumerOptions, ConsumerStats, Delivery, Handler, HandlerError, JetStreamSource,
     JetStreamSourceOptions, Message, RabbitSource, RabbitSourceOptions, SettleError, Source,
 };
+use idem_postgres::PgOptions;
 use idem_postgres::sqlx::{self, PgPool, Postgres, Transaction};
-use idem_postgres::{PgOptions, PgStore};
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions,
     QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
+
+use common::{Db, unique};
 
 /// Which broker a test runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -321,83 +325,6 @@ impl Delivery for AnyDelivery {
 /// Set in the child process: abort instead of acknowledging.
 const CRASH_ENV: &str = "IDEM_CONSUMER_CRASH_CHILD";
 
-/// A database schema of the test's own, with the idem tables and an
-/// `orders` table.
-struct Db {
-    store: PgStore,
-    schema: String,
-    url: String,
-}
-
-impl Db {
-    async fn new(label: &str) -> Option<Self> {
-        let base = idem_testkit::services::postgres()?;
-        let schema = format!(
-            "idem_test_{label}_{}",
-            &idem::OwnerToken::random().to_string()[..10]
-        );
-        let url = format!(
-            "{base}{}schema={schema}",
-            if base.contains('?') { "&" } else { "?" }
-        );
-        Self::open(&url, schema).await.map(Some).expect("database")
-    }
-
-    async fn open(url: &str, schema: String) -> Result<Self, String> {
-        let opts = PgOptions::from_url(url).map_err(|e| e.to_string())?;
-        let store = PgStore::connect_with(opts)
-            .await
-            .map_err(|e| e.to_string())?;
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY, paid_count int NOT NULL DEFAULT 0, \
-             applied text[] NOT NULL DEFAULT '{}')",
-        )
-        .execute(store.pool())
-        .await
-        .map_err(|e| e.to_string())?;
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS payments_applied (payment_id text PRIMARY KEY, order_id text NOT NULL)",
-        )
-        .execute(store.pool())
-        .await
-        .map_err(|e| e.to_string())?;
-        Ok(Self {
-            store,
-            schema,
-            url: url.to_owned(),
-        })
-    }
-
-    fn pool(&self) -> PgPool {
-        self.store.pool().clone()
-    }
-
-    async fn scalar(&self, sql: &str) -> i64 {
-        sqlx::query_scalar(sql)
-            .fetch_one(self.store.pool())
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"))
-    }
-
-    async fn applied(&self, order: &str) -> Vec<String> {
-        sqlx::query_scalar("SELECT applied FROM orders WHERE id = $1")
-            .bind(order)
-            .fetch_one(self.store.pool())
-            .await
-            .expect("applied")
-    }
-
-    async fn drop(self) {
-        let _ = sqlx::query(&format!(
-            "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
-            self.schema
-        ))
-        .execute(self.store.pool())
-        .await;
-        self.store.close().await;
-    }
-}
-
 /// The order service's handler for `PaymentAuthorized {order_id,
 /// payment_id}`: applies a payment once per *payment id* (the business
 /// identity, guarded by `payments_applied`'s primary key), whatever the
@@ -510,10 +437,6 @@ impl ConsumerProbe {
             .await
             .unwrap_or(-1)
     }
-}
-
-fn unique(label: &str) -> String {
-    format!("t{label}{}", &idem::OwnerToken::random().to_string()[..8])
 }
 
 /// The child half of `a_crash_after_commit_before_ack_is_a_duplicate_*`:

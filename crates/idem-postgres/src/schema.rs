@@ -30,6 +30,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "aggregate versions per aggregate type",
         include_str!("../migrations/0003_versions_by_type.sql"),
     ),
+    (
+        "outbox wake-ups for idle relays, index of dead rows",
+        include_str!("../migrations/0004_outbox_wakeups.sql"),
+    ),
 ];
 
 /// The schema version this build writes.

@@ -1,0 +1,88 @@
+//! Shared test helpers: a database schema of the test's own.
+
+#![allow(dead_code, unreachable_pub)]
+
+use idem_postgres::sqlx::{self, PgPool};
+use idem_postgres::{PgOptions, PgStore};
+
+/// A database schema of the test's own, with the idem tables and an
+/// `orders` table.
+pub struct Db {
+    pub store: PgStore,
+    pub schema: String,
+    pub url: String,
+}
+
+impl Db {
+    pub async fn new(label: &str) -> Option<Self> {
+        let base = idem_testkit::services::postgres()?;
+        let schema = format!(
+            "idem_test_{label}_{}",
+            &idem::OwnerToken::random().to_string()[..10]
+        );
+        let url = format!(
+            "{base}{}schema={schema}",
+            if base.contains('?') { "&" } else { "?" }
+        );
+        Self::open(&url, schema).await.map(Some).expect("database")
+    }
+
+    pub async fn open(url: &str, schema: String) -> Result<Self, String> {
+        let opts = PgOptions::from_url(url).map_err(|e| e.to_string())?;
+        let store = PgStore::connect_with(opts)
+            .await
+            .map_err(|e| e.to_string())?;
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY, paid_count int NOT NULL DEFAULT 0, \
+             applied text[] NOT NULL DEFAULT '{}')",
+        )
+        .execute(store.pool())
+        .await
+        .map_err(|e| e.to_string())?;
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS payments_applied (payment_id text PRIMARY KEY, order_id text NOT NULL)",
+        )
+        .execute(store.pool())
+        .await
+        .map_err(|e| e.to_string())?;
+        Ok(Self {
+            store,
+            schema,
+            url: url.to_owned(),
+        })
+    }
+
+    pub fn pool(&self) -> PgPool {
+        self.store.pool().clone()
+    }
+
+    pub async fn scalar(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(self.store.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    pub async fn applied(&self, order: &str) -> Vec<String> {
+        sqlx::query_scalar("SELECT applied FROM orders WHERE id = $1")
+            .bind(order)
+            .fetch_one(self.store.pool())
+            .await
+            .expect("applied")
+    }
+
+    pub async fn drop(self) {
+        let _ = sqlx::query(&format!(
+            "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+            self.schema
+        ))
+        .execute(self.store.pool())
+        .await;
+        self.store.close().await;
+    }
+}
+
+/// A name no other test run uses.
+pub fn unique(label: &str) -> String {
+    format!("t{label}{}", &idem::OwnerToken::random().to_string()[..8])
+}
