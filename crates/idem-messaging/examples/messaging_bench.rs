@@ -6,19 +6,23 @@
 //! cargo run --release -p idem-messaging --example messaging_bench
 //! ```
 //! Uses `IDEM_TEST_PG_URL` (default `postgres://postgres@127.0.0.1:5432/test`)
-//! and `IDEM_TEST_NATS_URL` (default `nats://127.0.0.1:4222`); everything
-//! lives in a schema and a stream of its own, dropped at the end.
+//! `IDEM_TEST_NATS_URL` (default `nats://127.0.0.1:4222`) and
+//! `IDEM_TEST_AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`); everything
+//! lives in a schema, a stream and an exchange of its own, dropped at the
+//! end.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_messaging::{NatsPublisher, Outgoing, Publisher, Relay, RelayOptions};
+use idem_messaging::{NatsPublisher, Outgoing, Publisher, RabbitPublisher, Relay, RelayOptions};
 use idem_postgres::inbox::Inbox;
 use idem_postgres::outbox::{Outbox, OutboxMessage};
 use idem_postgres::sqlx;
+use idem_postgres::sqlx::postgres::PgConnectOptions;
 use idem_postgres::{PgOptions, PgStore};
 use tokio::task::JoinSet;
 
-const ROWS: usize = 20_000;
+const ROWS: usize = 100_000;
 const AGGREGATES: usize = 100;
 const CONCURRENCY: usize = 64;
 const TRANSACTIONS: usize = 5_000;
@@ -51,92 +55,68 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
 
-    // 1. Raw publish-with-ack, CONCURRENCY publishers each awaiting its ack.
-    let raw = {
-        let started = Instant::now();
-        let mut tasks = JoinSet::new();
-        for w in 0..CONCURRENCY {
-            let (p, prefix) = (publisher.clone(), prefix.clone());
-            tasks.spawn(async move {
-                for i in (w..ROWS).step_by(CONCURRENCY) {
-                    let msg = Outgoing {
-                        subject: format!("{prefix}.raw.Noted"),
-                        id: format!("raw-{i}"),
-                        payload: bytes::Bytes::from(format!(r#"{{"n":{i}}}"#)),
-                        headers: Vec::new(),
-                    };
-                    p.publish(&msg).await.expect("publish");
-                }
-            });
-        }
-        while let Some(done) = tasks.join_next().await {
-            done?;
-        }
-        ROWS as f64 / started.elapsed().as_secs_f64()
-    };
-    println!("raw JetStream publish-with-ack ({CONCURRENCY} concurrent): {raw:.0} msg/s");
-
-    // 2. The relay: ROWS outbox rows over AGGREGATES aggregates, one relay.
-    let mut writers = JoinSet::new();
-    for w in 0..8 {
-        let pool = pool.clone();
-        writers.spawn(async move {
-            for chunk in (w..ROWS).step_by(8).collect::<Vec<_>>().chunks(50) {
-                let mut tx = pool.begin().await.expect("begin");
-                let mut rows: Vec<usize> = chunk.to_vec();
-                rows.sort_by_key(|i| i % AGGREGATES); // stable aggregate order
-                for i in rows {
-                    let msg = OutboxMessage::new(
-                        "order",
-                        &format!("o-{}", i % AGGREGATES),
-                        "Noted",
-                        &format!(r#"{{"n":{i}}}"#),
-                    )
-                    .expect("valid");
-                    Outbox::enqueue(&mut tx, &msg).await.expect("enqueue");
-                }
-                tx.commit().await.expect("commit");
-            }
-        });
-    }
-    while let Some(done) = writers.join_next().await {
-        done?;
-    }
-    let relay = Relay::new(
-        pool.clone(),
-        lock_options,
+    let nats_publisher = Arc::new(publisher.clone());
+    let (raw, relayed) = relay_against_raw(
+        &pool,
+        &lock_options,
         &schema,
-        publisher.clone(),
-        RelayOptions {
-            prefix: prefix.clone(),
-            concurrency: CONCURRENCY,
-            ..RelayOptions::default()
-        },
-    );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let started = Instant::now();
-    let running = tokio::spawn(relay.run(async {
-        let _ = stopped.await;
-    }));
-    loop {
-        let pending: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM idem_outbox WHERE state = 'pending'")
-                .fetch_one(&pool)
-                .await?;
-        if pending == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let relayed = ROWS as f64 / started.elapsed().as_secs_f64();
-    let _ = stop.send(());
-    let stats = running.await?;
+        &prefix,
+        "JetStream publish-with-ack",
+        nats_publisher,
+    )
+    .await?;
     println!(
-        "relay (1 process, {} partitions): {relayed:.0} msg/s ({} published) = {:.2}x raw",
-        RelayOptions::default().partitions,
-        stats.published,
+        "NATS JetStream: raw {raw:.0} msg/s, relay {relayed:.0} msg/s = {:.2}x raw",
         relayed / raw
     );
+
+    // The same against RabbitMQ (publisher confirms), to a durable queue
+    // bound to the prefix.
+    let amqp = env(
+        "IDEM_TEST_AMQP_URL",
+        "amqp://guest:guest@127.0.0.1:5672/%2f",
+    );
+    let exchange = format!("idembench{tag}");
+    let rabbit = Arc::new(RabbitPublisher::connect(&amqp, &exchange).await?);
+    let conn = lapin::Connection::connect(&amqp, Default::default()).await?;
+    let ch = conn.create_channel().await?;
+    ch.queue_declare(
+        exchange.as_str().into(),
+        lapin::options::QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        Default::default(),
+    )
+    .await?;
+    ch.queue_bind(
+        exchange.as_str().into(),
+        exchange.as_str().into(),
+        format!("{prefix}.#").as_str().into(),
+        Default::default(),
+        Default::default(),
+    )
+    .await?;
+    sqlx::query("TRUNCATE idem_outbox, idem_outbox_sequences")
+        .execute(&pool)
+        .await?;
+    let (raw, relayed) = relay_against_raw(
+        &pool,
+        &lock_options,
+        &schema,
+        &prefix,
+        "RabbitMQ publish-with-confirm",
+        rabbit,
+    )
+    .await?;
+    println!(
+        "RabbitMQ: raw {raw:.0} msg/s, relay {relayed:.0} msg/s = {:.2}x raw",
+        relayed / raw
+    );
+    ch.queue_delete(exchange.as_str().into(), Default::default())
+        .await?;
+    ch.exchange_delete(exchange.as_str().into(), Default::default())
+        .await?;
 
     // 3. Inbox overhead: the same business transaction with and without
     //    the inbox row, CONCURRENCY/4 at a time.
@@ -186,4 +166,120 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         .execute(&pool)
         .await?;
     Ok(())
+}
+
+/// Measures `publisher`'s raw publish-with-ack rate (CONCURRENCY
+/// publishers, ROWS messages), then the relay publishing ROWS outbox rows
+/// over AGGREGATES aggregates through it. Returns both rates, in msg/s.
+async fn relay_against_raw<P: Publisher>(
+    pool: &sqlx::PgPool,
+    lock_options: &PgConnectOptions,
+    schema: &str,
+    prefix: &str,
+    what: &str,
+    publisher: Arc<P>,
+) -> Result<(f64, f64), Box<dyn std::error::Error + Send + Sync>> {
+    // 1. Raw publish-with-ack, CONCURRENCY publishers each awaiting its ack.
+    let raw = {
+        let started = Instant::now();
+        let mut tasks = JoinSet::new();
+        for w in 0..CONCURRENCY {
+            let (p, prefix) = (Arc::clone(&publisher), prefix.to_owned());
+            tasks.spawn(async move {
+                for i in (w..ROWS).step_by(CONCURRENCY) {
+                    // The message the relay sends for such a row: same
+                    // payload, same headers.
+                    let msg = Outgoing {
+                        subject: format!("{prefix}.raw.Noted"),
+                        id: format!("raw-{i}"),
+                        payload: bytes::Bytes::from(format!(r#"{{"n":{i}}}"#)),
+                        headers: vec![
+                            ("Idem-Aggregate-Type".to_owned(), "order".to_owned()),
+                            (
+                                "Idem-Aggregate-Id".to_owned(),
+                                format!("o-{}", i % AGGREGATES),
+                            ),
+                            ("Idem-Sequence".to_owned(), (i / AGGREGATES + 1).to_string()),
+                        ],
+                    };
+                    p.publish(&msg).await.expect("publish");
+                }
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done?;
+        }
+        ROWS as f64 / started.elapsed().as_secs_f64()
+    };
+    println!("raw {what} ({CONCURRENCY} concurrent): {raw:.0} msg/s");
+
+    // 2. The relay: ROWS outbox rows over AGGREGATES aggregates, one relay.
+    let mut writers = JoinSet::new();
+    for w in 0..8 {
+        let pool = pool.clone();
+        writers.spawn(async move {
+            for chunk in (w..ROWS).step_by(8).collect::<Vec<_>>().chunks(50) {
+                let mut tx = pool.begin().await.expect("begin");
+                let mut rows: Vec<usize> = chunk.to_vec();
+                rows.sort_by_key(|i| i % AGGREGATES); // stable aggregate order
+                for i in rows {
+                    let msg = OutboxMessage::new(
+                        "order",
+                        &format!("o-{}", i % AGGREGATES),
+                        "Noted",
+                        &format!(r#"{{"n":{i}}}"#),
+                    )
+                    .expect("valid");
+                    Outbox::enqueue(&mut tx, &msg).await.expect("enqueue");
+                }
+                tx.commit().await.expect("commit");
+            }
+        });
+    }
+    while let Some(done) = writers.join_next().await {
+        done?;
+    }
+    let relay = Relay::new(
+        pool.clone(),
+        lock_options.clone(),
+        schema,
+        publisher,
+        RelayOptions {
+            prefix: prefix.to_owned(),
+            concurrency: CONCURRENCY,
+            batch: std::env::var("B")
+                .ok()
+                .and_then(|b| b.parse().ok())
+                .unwrap_or(5000),
+            per_aggregate: std::env::var("PA")
+                .ok()
+                .and_then(|b| b.parse().ok())
+                .unwrap_or(100),
+            ..RelayOptions::default()
+        },
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let started = Instant::now();
+    let running = tokio::spawn(relay.run(async {
+        let _ = stopped.await;
+    }));
+    loop {
+        let pending: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM idem_outbox WHERE state = 'pending'")
+                .fetch_one(pool)
+                .await?;
+        if pending == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let relayed = ROWS as f64 / started.elapsed().as_secs_f64();
+    let _ = stop.send(());
+    let stats = running.await?;
+    assert_eq!(stats.published as usize, ROWS);
+    println!(
+        "relay to {what} (1 process, {} partitions): {relayed:.0} msg/s",
+        RelayOptions::default().partitions,
+    );
+    Ok((raw, relayed))
 }

@@ -73,3 +73,23 @@ pub trait Publisher: Send + Sync + 'static {
     /// Whether the broker is reachable now (readiness).
     fn is_connected(&self) -> bool;
 }
+
+/// A shared publisher publishes like the one it shares.
+impl<P: Publisher> Publisher for std::sync::Arc<P> {
+    fn publish(
+        &self,
+        msg: &Outgoing,
+    ) -> impl Future<Output = Result<Published, PublishError>> + Send {
+        (**self).publish(msg)
+    }
+
+    fn duplicate_window(
+        &self,
+    ) -> impl Future<Output = Result<Option<Duration>, PublishError>> + Send {
+        (**self).duplicate_window()
+    }
+
+    fn is_connected(&self) -> bool {
+        (**self).is_connected()
+    }
+}

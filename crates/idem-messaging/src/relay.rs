@@ -657,7 +657,8 @@ impl<P: Publisher> Relay<P> {
                ON f.t = a.aggregate_type AND f.id = a.aggregate_id \
              LEFT JOIN LATERAL ( \
                SELECT o.id, o.sequence, o.message_type, o.payload::text AS payload, \
-                      o.headers::text AS headers, o.attempts, o.available_at > clock_timestamp() AS later \
+                      o.headers::text AS headers, o.attempts, o.available_at > clock_timestamp() AS later, \
+                      row_number() OVER (ORDER BY o.sequence) AS rn \
                FROM idem_outbox o \
                WHERE o.state = 'pending' \
                  AND o.aggregate_type = a.aggregate_type AND o.aggregate_id = a.aggregate_id \
@@ -666,7 +667,7 @@ impl<P: Publisher> Relay<P> {
                  AND NOT ($10 AND EXISTS (SELECT 1 FROM idem_outbox d WHERE d.state = 'dead' \
                       AND d.aggregate_type = a.aggregate_type AND d.aggregate_id = a.aggregate_id)) \
                ORDER BY o.sequence LIMIT $3) r ON true \
-             ORDER BY a.n, r.sequence";
+             ORDER BY COALESCE(r.rn, 1), a.n LIMIT $4";
         if self.owned.is_empty() {
             return Ok(Vec::new());
         }
@@ -690,23 +691,25 @@ impl<P: Publisher> Relay<P> {
             .bind(self.options.on_dead == OnDead::Block)
             .fetch_all(&self.pool)
             .await?;
-        // Per aggregate walked: its rows, and whether it stopped at a row
-        // that is not due yet (a retry backing off; the rows after it wait).
-        let mut walked: Vec<(Vec<Row_>, bool)> = Vec::new();
+        // Rows come heads first (every aggregate's first row, then every
+        // second row…) up to `batch`, so a round spreads over as many
+        // aggregates as it can; an aggregate's rows come in sequence order.
+        // Per aggregate walked (by walk position): its rows, and whether it
+        // stopped at a row not due yet (a retry backing off; the rows after
+        // it wait for it).
+        let mut walked: BTreeMap<i32, (Vec<Row_>, bool)> = BTreeMap::new();
         let mut last: Option<(i32, String, String)> = None;
         for r in rows {
             let n: i32 = r.try_get("n")?;
-            if last.as_ref().is_none_or(|(m, _, _)| *m != n) {
+            let entry = walked.entry(n).or_default();
+            if last.as_ref().is_none_or(|(m, _, _)| *m < n) {
                 last = Some((n, r.try_get("aggregate_type")?, r.try_get("aggregate_id")?));
-                walked.push((Vec::new(), false));
             }
             // No row: not ours, blocked by a dead row, or all in flight.
             let Some(id) = r.try_get::<Option<i64>, _>("id")? else {
                 continue;
             };
-            let Some((rows, stopped)) = walked.last_mut() else {
-                continue;
-            };
+            let (rows, stopped) = entry;
             if *stopped || r.try_get::<bool, _>("later")? {
                 *stopped = true;
                 continue;
@@ -723,33 +726,17 @@ impl<P: Publisher> Relay<P> {
             });
         }
         // Where the next read starts: after the last aggregate walked, or
-        // from the beginning when the walk reached the end.
+        // from the beginning when the walk reached the end. (Every walked
+        // aggregate has its first row, or its empty one, among the
+        // heads, and there are at most `batch` of them.)
         *self.cursor.lock().unwrap_or_else(|p| p.into_inner()) = last
             .filter(|(n, _, _)| i64::from(*n) >= max_aggregates)
             .map(|(_, t, a)| (t, a));
-        let mut batch: Batch = walked
-            .into_iter()
+        let batch: Batch = walked
+            .into_values()
             .map(|(rows, _)| rows)
             .filter(|rows| !rows.is_empty())
             .collect();
-        // At most `batch` rows, heads first: the largest per-aggregate
-        // depth that fits.
-        let total: usize = batch.iter().map(Vec::len).sum();
-        if total > self.options.batch {
-            let mut depth = self.options.per_aggregate;
-            while depth > 1
-                && batch.iter().map(|r| r.len().min(depth)).sum::<usize>() > self.options.batch
-            {
-                depth -= 1;
-            }
-            let mut room = self.options.batch;
-            for rows in &mut batch {
-                let keep = rows.len().min(depth).min(room);
-                rows.truncate(keep);
-                room -= keep;
-            }
-            batch.retain(|rows| !rows.is_empty());
-        }
         Ok(batch)
     }
 

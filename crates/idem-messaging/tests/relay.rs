@@ -252,3 +252,48 @@ async fn an_idle_relay_is_woken_by_a_notification_sent_only_while_it_waits() {
     let _ = js.delete_stream(prefix.to_uppercase()).await;
     db.drop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_wider_than_a_round_is_walked_to_the_end() {
+    const AGGREGATES: usize = 35;
+    let prefix = unique("wide");
+    let (Some(db), Some(publisher)) = (Db::new("wide").await, publisher(&prefix).await) else {
+        return;
+    };
+    let js = publisher.jetstream().clone();
+    for _ in 0..3 {
+        for a in 0..AGGREGATES {
+            enqueue(&db, &format!("agg-{a:02}"), "Good").await;
+        }
+    }
+    // Rounds of 10 rows walk at most 10 aggregates at a time, each walk
+    // resuming where the last one stopped; all 35 aggregates get through.
+    let options = RelayOptions {
+        prefix: prefix.clone(),
+        batch: 10,
+        per_aggregate: 2,
+        ..RelayOptions::default()
+    };
+    let total = (AGGREGATES * 3) as i64;
+    let stats = run_until(
+        relay(&db, publisher, options),
+        &db,
+        move |pool| async move {
+            let published: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM idem_outbox WHERE state = 'published'")
+                    .fetch_one(&pool)
+                    .await
+                    .expect("count");
+            published == total
+        },
+    )
+    .await;
+    assert_eq!(stats.published, total as u64);
+    let mut stream = js.get_stream(prefix.to_uppercase()).await.expect("stream");
+    assert_eq!(
+        stream.info().await.expect("info").state.messages,
+        total as u64
+    );
+    let _ = js.delete_stream(prefix.to_uppercase()).await;
+    db.drop().await;
+}
