@@ -405,3 +405,139 @@ async fn a_short_duplicate_window_is_reported_at_start() {
         .await
         .expect("drop schema");
 }
+
+/// `idem relay --broker amqp://…`: every row reaches a queue bound to the
+/// exchange once (the relay crashes nowhere here), with the row id as
+/// `message_id` and each aggregate's rows in sequence order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn relays_to_rabbitmq_in_order_with_message_ids() {
+    use lapin::options::{BasicGetOptions, QueueBindOptions, QueueDeclareOptions};
+    let Some(pg) = services::postgres() else {
+        return;
+    };
+    let Some(amqp) = services::rabbitmq() else {
+        return;
+    };
+    let (store, store_url, schema, _, prefix) = isolated(&pg, "amqp").await;
+    let conn = lapin::Connection::connect(&amqp, Default::default())
+        .await
+        .expect("RabbitMQ");
+    let ch = conn.create_channel().await.expect("channel");
+    let exchange = prefix.clone();
+    ch.exchange_declare(
+        exchange.as_str().into(),
+        lapin::ExchangeKind::Topic,
+        lapin::options::ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        Default::default(),
+    )
+    .await
+    .expect("exchange");
+    ch.queue_declare(
+        exchange.as_str().into(),
+        QueueDeclareOptions::default(),
+        Default::default(),
+    )
+    .await
+    .expect("queue");
+    ch.queue_bind(
+        exchange.as_str().into(),
+        exchange.as_str().into(),
+        format!("{prefix}.#").as_str().into(),
+        QueueBindOptions::default(),
+        Default::default(),
+    )
+    .await
+    .expect("bind");
+    enqueue(&store, 4, 50).await;
+
+    let mut relay = start_relay_with(
+        &store_url,
+        &amqp,
+        "unused",
+        &prefix,
+        &["--exchange", &exchange],
+        Stdio::inherit(),
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while published(&store).await < 200 {
+        assert!(tokio::time::Instant::now() < deadline, "not all published");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    kill(&relay, "-TERM");
+    let _ = tokio::time::timeout(Duration::from_secs(20), relay.child.wait()).await;
+
+    let ids: HashMap<i64, (String, i64)> = sqlx::query_as::<_, (i64, String, i64)>(
+        "SELECT id, aggregate_id, sequence FROM idem_outbox",
+    )
+    .fetch_all(store.pool())
+    .await
+    .expect("rows")
+    .into_iter()
+    .map(|(id, a, s)| (id, (a, s)))
+    .collect();
+    let mut last: HashMap<String, i64> = HashMap::new();
+    let mut got = 0;
+    while let Some(m) = ch
+        .basic_get(exchange.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .expect("get")
+    {
+        got += 1;
+        let id: i64 = m
+            .delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .expect("a message id")
+            .as_str()
+            .parse()
+            .expect("the row id");
+        let (aggregate, sequence) = ids.get(&id).expect("a row").clone();
+        let before = last.insert(aggregate.clone(), sequence).unwrap_or(0);
+        assert_eq!(
+            sequence,
+            before + 1,
+            "{aggregate}: {sequence} after {before}"
+        );
+    }
+    assert_eq!(got, 200);
+    let _ = ch
+        .queue_delete(exchange.as_str().into(), Default::default())
+        .await;
+    let _ = ch
+        .exchange_delete(exchange.as_str().into(), Default::default())
+        .await;
+    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(store.pool())
+        .await
+        .expect("drop schema");
+}
+
+/// A broker URL of another kind is refused with the accepted forms.
+#[test]
+fn an_unknown_broker_scheme_is_refused() {
+    let Some(pg) = services::postgres() else {
+        return;
+    };
+    let out = std::process::Command::new(IDEM)
+        .args([
+            "relay",
+            "--store",
+            &pg,
+            "--broker",
+            "kafka://127.0.0.1:9092",
+        ])
+        .args(["--admin-listen", "127.0.0.1:0"])
+        .output()
+        .expect("run idem relay");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("kafka://") && err.contains("nats://") && err.contains("amqp://"),
+        "{err}"
+    );
+}
