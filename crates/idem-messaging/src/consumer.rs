@@ -219,12 +219,18 @@ pub struct ConsumerOptions {
     /// Apply the ordering guard to messages with the relay's ordering
     /// headers.
     pub ordering: bool,
+    /// How long this consumer's inbox rows are kept (deleted in batches of
+    /// 1,000 once a minute while the runner runs); `None` keeps them. Keep
+    /// it longer than the broker can redeliver a message (JetStream: the
+    /// stream's age limit; RabbitMQ: the longest a message can wait), or an
+    /// old redelivery would be handled again.
+    pub inbox_retention: Option<Duration>,
 }
 
 impl ConsumerOptions {
     /// Defaults for the consumer called `consumer`: 16 at once, parked
     /// after 10 deliveries, backoff 200 ms to 30 s, gaps retried after
-    /// 200 ms, ordering on.
+    /// 200 ms, ordering on, inbox rows kept 7 days.
     pub fn new(consumer: impl Into<String>) -> Self {
         Self {
             consumer: consumer.into(),
@@ -234,6 +240,7 @@ impl ConsumerOptions {
             max_backoff: Duration::from_secs(30),
             gap_delay: Duration::from_millis(200),
             ordering: true,
+            inbox_retention: Some(Duration::from_secs(7 * 24 * 3600)),
         }
     }
 }
@@ -349,6 +356,13 @@ impl<H: Handler> Consumer<H> {
         let mut stats = ConsumerStats::default();
         let limit = Arc::new(tokio::sync::Semaphore::new(self.options.concurrency.max(1)));
         let mut tasks: JoinSet<(Outcome, bool)> = JoinSet::new();
+        let retention = self.options.inbox_retention.map(|keep| {
+            tokio::spawn(purge_inbox(
+                self.pool.clone(),
+                self.options.consumer.clone(),
+                keep,
+            ))
+        });
         tokio::pin!(stop);
         loop {
             // Take a slot first, so a delivery is only pulled when it can
@@ -395,7 +409,30 @@ impl<H: Handler> Consumer<H> {
             record(&mut stats, done);
         }
         source.close().await;
+        if let Some(task) = retention {
+            task.abort();
+        }
         stats
+    }
+}
+
+/// Deletes `consumer`'s inbox rows older than `keep`, a batch at a time,
+/// once a minute.
+async fn purge_inbox(pool: PgPool, consumer: String, keep: Duration) {
+    const BATCH: usize = 1000;
+    let mut every = tokio::time::interval(Duration::from_secs(60));
+    loop {
+        every.tick().await;
+        loop {
+            match Inbox::purge_consumer_older_than(&pool, &consumer, keep, BATCH).await {
+                Ok(n) if n as usize == BATCH => tokio::task::yield_now().await,
+                Ok(_) => break,
+                Err(err) => {
+                    tracing::warn!(reason = "consumer_inbox_purge_failed", %consumer, %err);
+                    break;
+                }
+            }
+        }
     }
 }
 

@@ -876,3 +876,59 @@ async fn the_relay_feeds_the_runner_through_rabbitmq_once_and_in_order() {
     broker.cleanup().await;
     db.drop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runner_purges_its_own_inbox_rows_past_retention() {
+    let (Some(db), Some(broker)) = (
+        Db::new("purge").await,
+        Broker::new(Kind::Nats, &unique("purge")).await,
+    ) else {
+        return;
+    };
+    sqlx::query(
+        "INSERT INTO idem_inbox (consumer, message_id, processed_at) VALUES \
+         ('orders', 'old', now() - interval '8 days'), \
+         ('orders', 'recent', now() - interval '1 day'), \
+         ('billing', 'old', now() - interval '8 days')",
+    )
+    .execute(&db.pool())
+    .await
+    .expect("seed");
+    let source = broker.source("orders", Duration::from_secs(30)).await;
+    // Default retention: 7 days, checked when the runner starts and then
+    // every minute.
+    let stats = run_until(
+        &db,
+        Orders::default(),
+        ConsumerOptions::new("orders"),
+        source,
+        |p| async move {
+            p.scalar("SELECT count(*) FROM idem_inbox WHERE consumer = 'orders'")
+                .await
+                == 1
+        },
+    )
+    .await;
+    assert_eq!(stats, ConsumerStats::default());
+    assert_eq!(
+        db.scalar(
+            "SELECT count(*) FROM idem_inbox WHERE consumer = 'orders' AND message_id = 'old'"
+        )
+        .await,
+        0,
+        "past retention: deleted"
+    );
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM idem_inbox WHERE message_id = 'recent'")
+            .await,
+        1
+    );
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM idem_inbox WHERE consumer = 'billing'")
+            .await,
+        1,
+        "another consumer's rows are its own business"
+    );
+    broker.cleanup().await;
+    db.drop().await;
+}

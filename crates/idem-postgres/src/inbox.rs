@@ -79,26 +79,51 @@ impl Inbox {
     }
 
     /// Deletes at most `batch` inbox rows processed more than `retention`
-    /// ago (one short statement; call it in a loop until it returns less
-    /// than `batch`). Keep the retention longer than the broker can
-    /// redeliver a message, or an old redelivery would be processed again.
+    /// ago, of every consumer (one short statement; call it in a loop until
+    /// it returns less than `batch`). Keep the retention longer than the
+    /// broker can redeliver a message, or an old redelivery would be
+    /// processed again.
     pub async fn purge_older_than<'e>(
         executor: impl Executor<'e, Database = Postgres>,
         retention: Duration,
         batch: usize,
     ) -> Result<u64, MessagingError> {
-        let done = sqlx::query(
-            "DELETE FROM idem_inbox WHERE ctid IN (\
-               SELECT ctid FROM idem_inbox \
-               WHERE processed_at < clock_timestamp() - $1::bigint * interval '1 millisecond' \
-               ORDER BY processed_at LIMIT $2)",
-        )
-        .bind(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX))
-        .bind(i64::try_from(batch).unwrap_or(i64::MAX))
-        .execute(executor)
-        .await?;
-        Ok(done.rows_affected())
+        purge(executor, None, retention, batch).await
     }
+
+    /// [`purge_older_than`](Self::purge_older_than) for one consumer's rows
+    /// only (consumers sharing a database may keep their ids for different
+    /// times).
+    pub async fn purge_consumer_older_than<'e>(
+        executor: impl Executor<'e, Database = Postgres>,
+        consumer: &str,
+        retention: Duration,
+        batch: usize,
+    ) -> Result<u64, MessagingError> {
+        check_id("consumer", consumer)?;
+        purge(executor, Some(consumer), retention, batch).await
+    }
+}
+
+async fn purge<'e>(
+    executor: impl Executor<'e, Database = Postgres>,
+    consumer: Option<&str>,
+    retention: Duration,
+    batch: usize,
+) -> Result<u64, MessagingError> {
+    let done = sqlx::query(
+        "DELETE FROM idem_inbox WHERE ctid IN (\
+           SELECT ctid FROM idem_inbox \
+           WHERE processed_at < clock_timestamp() - $1::bigint * interval '1 millisecond' \
+             AND ($3::text IS NULL OR consumer = $3) \
+           ORDER BY processed_at LIMIT $2)",
+    )
+    .bind(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX))
+    .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+    .bind(consumer)
+    .execute(executor)
+    .await?;
+    Ok(done.rows_affected())
 }
 
 /// Refuses an empty or over-long identifier.

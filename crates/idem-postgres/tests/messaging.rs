@@ -128,13 +128,28 @@ async fn redeliveries_change_nothing_twice() {
             .expect("purge"),
         0
     );
+    // One consumer's rows only.
+    assert_eq!(
+        Inbox::purge_consumer_older_than(&pool, "billing", std::time::Duration::ZERO, 100)
+            .await
+            .expect("purge"),
+        1
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM idem_inbox WHERE consumer = 'billing'"
+        )
+        .await,
+        0
+    );
     assert_eq!(
         Inbox::purge_older_than(&pool, std::time::Duration::ZERO, 2)
             .await
             .expect("purge"),
         2
     );
-    assert_eq!(count(&pool, "SELECT count(*) FROM idem_inbox").await, 2);
+    assert_eq!(count(&pool, "SELECT count(*) FROM idem_inbox").await, 1);
     t.drop_schema().await;
 }
 
