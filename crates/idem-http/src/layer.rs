@@ -54,6 +54,25 @@ pub enum UpstreamOutcome {
     /// The request may have reached the upstream (timeout or broken
     /// connection after sending): the record stays `outcome_unknown`.
     MaybeSent,
+    /// The inner service recorded the outcome itself, with the lease of the
+    /// [`Reserved`] extension, inside its own database transaction (e.g.
+    /// `PgStore::resolve_in` next to the business change): the layer leaves
+    /// the record alone and passes the response on.
+    Recorded,
+}
+
+/// Put in the request's extensions when the inner service runs as the
+/// key's owner: what it needs to record the outcome in its own transaction
+/// (and then answer with [`UpstreamOutcome::Recorded`]), or to use the key
+/// as a stable operation id towards a third party.
+#[derive(Debug, Clone)]
+pub struct Reserved {
+    /// Tenant and operation.
+    pub scope: idem::Scope,
+    /// The client's key.
+    pub key: idem::IdempotencyKey,
+    /// This attempt's lease (the fence for recording).
+    pub lease: idem::Lease,
 }
 
 /// What the layer decided, left in the response's extensions for metrics
@@ -584,6 +603,12 @@ where
     ResBody::Error: Into<BoxError>,
 {
     guard.keep_alive();
+    let mut req = req;
+    req.extensions_mut().insert(Reserved {
+        scope: guard.scope().clone(),
+        key: guard.key().clone(),
+        lease: *guard.lease(),
+    });
     let work = inner.call(req);
     {
         let (scope, key) = (guard.scope().clone(), guard.key().clone());
@@ -626,6 +651,13 @@ where
                 return Ok(with_decision(
                     Response::from_parts(parts, ResponseBody::inner(body)),
                     Decision::OutcomeUnknown,
+                ));
+            }
+            Some(UpstreamOutcome::Recorded) => {
+                guard.recorded_elsewhere();
+                return Ok(with_decision(
+                    Response::from_parts(parts, ResponseBody::inner(body)),
+                    Decision::Executed,
                 ));
             }
             None => {}

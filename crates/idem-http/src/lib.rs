@@ -45,7 +45,7 @@ pub mod routes;
 pub use body::{BoxError, ResponseBody};
 pub use layer::{
     Decision, HOP_BY_HOP, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer,
-    UpstreamOutcome, hop_by_hop_names,
+    Reserved, UpstreamOutcome, hop_by_hop_names,
 };
 pub use problem::{PROBLEM_BASE, PROBLEM_JSON, Problem, ProblemKind, retry_after_secs};
 pub use request::{

@@ -579,3 +579,77 @@ async fn hang_up_after(addr: SocketAddr, path: &str, headers: &[(&str, &str)], a
     assert!(early.is_err(), "no answer is expected this early");
     drop(stream);
 }
+
+/// A handler that records its answer itself (as a service does inside its
+/// own database transaction) with the lease the layer hands it, and says so
+/// with `UpstreamOutcome::Recorded`: the layer leaves that record alone, and
+/// retries replay what the handler recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_may_record_its_own_answer() {
+    use axum::Extension;
+    use axum::response::IntoResponse;
+    use idem::{FinalOutcome, Store, StoredResponse, Verdict};
+    use idem_http::{Reserved, UpstreamOutcome};
+
+    let store = Arc::new(MemoryStore::new());
+    let counter = Counter::default();
+    let handler = {
+        let (store, counter) = (Arc::clone(&store), counter.clone());
+        move |Extension(reserved): Extension<Reserved>| {
+            let (store, counter) = (Arc::clone(&store), counter.clone());
+            async move {
+                let n = counter.0.fetch_add(1, Ordering::SeqCst) + 1;
+                let body = format!(r#"{{"payment":{n},"operation":"{}"}}"#, reserved.key);
+                let stored = StoredResponse::new(201, body.clone())
+                    .with_header("content-type", "application/json");
+                store
+                    .resolve(
+                        &reserved.scope,
+                        &reserved.key,
+                        &reserved.lease,
+                        &FinalOutcome {
+                            verdict: Verdict::Completed,
+                            response: stored,
+                            resource_id: Some(n.to_string()),
+                            error_code: None,
+                            retention: Duration::from_secs(3600),
+                        },
+                    )
+                    .await
+                    .expect("recorded by the handler");
+                let mut resp = (
+                    StatusCode::CREATED,
+                    [("content-type", "application/json")],
+                    body,
+                )
+                    .into_response();
+                resp.extensions_mut().insert(UpstreamOutcome::Recorded);
+                resp
+            }
+        }
+    };
+    let router = Router::new().route("/v1/payments", post(handler)).layer(
+        IdempotencyLayer::from_arc(Arc::clone(&store))
+            .with_routes(routes())
+            .with_tenant(TenantSource::Authorization),
+    );
+    let addr = serve(router).await;
+    let headers = [JSON, AUTH, ("idempotency-key", "self-recorded-1")];
+    let first = send(addr, Method::POST, "/v1/payments", &headers, "{}").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(first.headers.get("idempotent-replayed").is_none());
+    let again = send(addr, Method::POST, "/v1/payments", &headers, "{}").await;
+    assert_eq!(again.status, StatusCode::CREATED);
+    assert_eq!(
+        again.body, first.body,
+        "the handler's own record is replayed"
+    );
+    assert_eq!(
+        again
+            .headers
+            .get("idempotent-replayed")
+            .and_then(|v| v.to_str().ok()),
+        Some("true")
+    );
+    assert_eq!(counter.get(), 1);
+}

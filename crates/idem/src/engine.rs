@@ -512,6 +512,13 @@ impl<S: Store> Guard<S> {
         }
     }
 
+    /// The outcome was recorded by other means with this guard's lease
+    /// (the caller's own transaction, e.g. `PgStore::resolve_in` next to
+    /// the business change): stops renewing the lease and lets go.
+    pub fn recorded_elsewhere(mut self) {
+        self.stop_heartbeat();
+    }
+
     /// Frees the key: the work had no effect and may run again.
     pub async fn release(mut self) -> Result<(), StoreError> {
         self.stop_heartbeat();
