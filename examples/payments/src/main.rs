@@ -1,5 +1,6 @@
-//! `payments`: the reference Payment API, its fake provider and (soon) the
-//! Order service, as one binary with a subcommand each.
+//! `payments`: the reference Payment API, its fake provider, the Order
+//! service and their outbox relays, as one binary with a subcommand each;
+//! `payments all` runs them all as child processes.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -36,7 +37,7 @@ enum Command {
         #[arg(
             long,
             env = "PAYMENTS_DATABASE",
-            default_value = "postgres://postgres@127.0.0.1:5432/test?schema=payments"
+            default_value = PAYMENTS_DB
         )]
         database: String,
         /// The provider's base URL.
@@ -52,7 +53,41 @@ enum Command {
         #[arg(long, default_value = "5s", value_parser = humantime_secs)]
         reconcile_every: Duration,
     },
+    /// The Order service: HTTP and the PaymentAuthorized consumer.
+    Orders {
+        /// Where to listen.
+        #[arg(long, default_value = "127.0.0.1:4001")]
+        listen: SocketAddr,
+        /// PostgreSQL for orders, inbox, outbox and idempotency records.
+        #[arg(long, env = "ORDERS_DATABASE", default_value = ORDERS_DB)]
+        database: String,
+        /// NATS with JetStream.
+        #[arg(long, default_value = "nats://127.0.0.1:4222")]
+        nats: String,
+    },
+    /// An outbox relay for one service's database.
+    Relay {
+        /// The service's database (its `schema=`).
+        #[arg(long)]
+        database: String,
+        /// NATS with JetStream.
+        #[arg(long, default_value = "nats://127.0.0.1:4222")]
+        nats: String,
+    },
+    /// Everything on loopback: provider, Payment API, Order service and
+    /// both relays, as child processes.
+    All {
+        /// PostgreSQL server (each service gets its own schema).
+        #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
+        postgres: String,
+        /// NATS with JetStream.
+        #[arg(long, default_value = "nats://127.0.0.1:4222")]
+        nats: String,
+    },
 }
+
+const PAYMENTS_DB: &str = "postgres://postgres@127.0.0.1:5432/test?schema=payments";
+const ORDERS_DB: &str = "postgres://postgres@127.0.0.1:5432/test?schema=orders";
 
 fn humantime_secs(s: &str) -> Result<Duration, String> {
     let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
@@ -92,6 +127,21 @@ async fn main() -> ExitCode {
             config.lease = lease;
             run_api(listen, config, reconcile_every).await
         }
+        Command::Orders {
+            listen,
+            database,
+            nats,
+        } => run_orders(listen, &database, &nats).await,
+        Command::Relay { database, nats } => payments::Bus::new(&nats)
+            .run_relay(&database, shutdown())
+            .await
+            .map(|stats| {
+                println!(
+                    "payments relay: stopped after publishing {}",
+                    stats.published
+                )
+            }),
+        Command::All { postgres, nats } => run_all(&postgres, &nats).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -128,4 +178,90 @@ async fn run_api(listen: SocketAddr, config: ApiConfig, every: Duration) -> Resu
     let served = task.await.map_err(|e| e.to_string());
     worker.abort();
     served
+}
+
+async fn run_orders(listen: SocketAddr, database: &str, nats: &str) -> Result<(), String> {
+    let orders = payments::orders::Orders::connect(database).await?;
+    let bus = payments::Bus::new(nats);
+    bus.ensure_streams().await?;
+    let (addr, task) = payments::serve(listen, orders.router(), shutdown()).await?;
+    println!("payments orders: listening on http://{addr}");
+    let stats = bus.run_order_consumer(&orders, shutdown()).await?;
+    tracing::info!(?stats, "consumer stopped");
+    task.await.map_err(|e| e.to_string())
+}
+
+/// `schema=NAME` on a PostgreSQL URL.
+fn with_schema(postgres: &str, schema: &str) -> String {
+    let sep = if postgres.contains('?') { '&' } else { '?' };
+    format!("{postgres}{sep}schema={schema}")
+}
+
+async fn run_all(postgres: &str, nats: &str) -> Result<(), String> {
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let (payments_db, orders_db) = (
+        with_schema(postgres, "payments"),
+        with_schema(postgres, "orders"),
+    );
+    let bus = payments::Bus::new(nats);
+    bus.ensure_streams().await?;
+    let parts: [(&str, Vec<String>); 5] = [
+        ("provider", vec!["provider".into()]),
+        (
+            "api",
+            vec!["api".into(), "--database".into(), payments_db.clone()],
+        ),
+        (
+            "orders",
+            vec![
+                "orders".into(),
+                "--database".into(),
+                orders_db.clone(),
+                "--nats".into(),
+                nats.into(),
+            ],
+        ),
+        (
+            "relay (payments)",
+            vec![
+                "relay".into(),
+                "--database".into(),
+                payments_db,
+                "--nats".into(),
+                nats.into(),
+            ],
+        ),
+        (
+            "relay (orders)",
+            vec![
+                "relay".into(),
+                "--database".into(),
+                orders_db,
+                "--nats".into(),
+                nats.into(),
+            ],
+        ),
+    ];
+    let mut children = Vec::new();
+    for (name, args) in parts {
+        let child = tokio::process::Command::new(&me)
+            .args(&args)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start {name}: {e}"))?;
+        children.push((name, child));
+    }
+    println!(
+        "payments all: provider http://127.0.0.1:4100, Payment API http://127.0.0.1:4000, \
+         Order service http://127.0.0.1:4001, relays to {nats} stream {}; Ctrl-C stops everything",
+        bus.stream
+    );
+    shutdown().await;
+    for (_, child) in &mut children {
+        let _ = child.start_kill();
+    }
+    for (_, mut child) in children {
+        let _ = child.wait().await;
+    }
+    Ok(())
 }
