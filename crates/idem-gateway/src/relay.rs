@@ -43,6 +43,10 @@ pub struct RelayArgs {
     /// must use the same number.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub partitions: u16,
+    /// Message-id prefix (`<source>:<row id>`) telling this outbox apart
+    /// from others publishing to the same stream; default: the schema.
+    #[arg(long, env = "IDEM_SOURCE")]
+    pub source: Option<String>,
     /// Attempts before a row becomes dead.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i32).range(1..=1000))]
     pub max_attempts: i32,
@@ -125,6 +129,7 @@ pub async fn run(args: RelayArgs) -> Result<(), String> {
         prefix: args.prefix.clone(),
         partitions: args.partitions,
         max_attempts: args.max_attempts,
+        source: args.source.clone(),
         ..RelayOptions::default()
     };
     let setup = Setup {

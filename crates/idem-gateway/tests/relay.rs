@@ -475,8 +475,9 @@ async fn drain_in_order(store: &PgStore, ch: &lapin::Channel, name: &str) -> (us
             .as_ref()
             .expect("a message id")
             .as_str()
-            .parse()
-            .expect("the row id");
+            .rsplit_once(':')
+            .and_then(|(_, id)| id.parse().ok())
+            .expect("<source>:<row id>");
         let (aggregate, sequence) = rows.get(&id).expect("a row").clone();
         if !seen.insert(id) {
             continue; // a copy after a lost confirm

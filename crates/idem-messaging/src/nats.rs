@@ -137,7 +137,10 @@ impl Publisher for NatsPublisher {
 /// captured by a stream, or parking fails and the message is redelivered.
 pub struct JetStreamSource {
     jetstream: async_nats::jetstream::Context,
-    messages: pull::Stream,
+    consumer: async_nats::jetstream::consumer::Consumer<pull::Config>,
+    /// `None` after the message stream ended (a broker restart): the next
+    /// call opens a new one.
+    messages: Option<pull::Stream>,
     dead_letter: String,
 }
 
@@ -206,7 +209,17 @@ impl JetStreamSource {
                     // The runner parks; the broker never gives up by itself.
                     max_deliver: -1,
                     max_ack_pending: options.max_ack_pending,
-                    filter_subjects: options.filter_subjects.clone(),
+                    // One filter goes in `filter_subject`, which every
+                    // server version knows (servers before 2.10 ignore
+                    // `filter_subjects` and would deliver everything).
+                    filter_subject: match options.filter_subjects.as_slice() {
+                        [one] => one.clone(),
+                        _ => String::new(),
+                    },
+                    filter_subjects: match options.filter_subjects.as_slice() {
+                        [_] => Vec::new(),
+                        many => many.to_vec(),
+                    },
                     ..Default::default()
                 },
             )
@@ -218,7 +231,8 @@ impl JetStreamSource {
             .map_err(|e| SettleError(format!("consumer {}: {e}", options.durable)))?;
         Ok(Self {
             jetstream,
-            messages,
+            consumer,
+            messages: Some(messages),
             dead_letter: options.dead_letter_subject.clone(),
         })
     }
@@ -228,7 +242,21 @@ impl Source for JetStreamSource {
     type Delivery = JetStreamDelivery;
 
     async fn next(&mut self) -> Option<Result<JetStreamDelivery, SettleError>> {
-        let next = self.messages.next().await?;
+        let messages = match self.messages.as_mut() {
+            Some(messages) => messages,
+            None => match self.consumer.messages().await {
+                Ok(messages) => self.messages.insert(messages),
+                Err(e) => return Some(Err(SettleError(format!("JetStream: {e}")))),
+            },
+        };
+        let Some(next) = messages.next().await else {
+            // The stream ended (the connection or the consumer went away):
+            // open a new one on the next call, after the runner's pause.
+            self.messages = None;
+            return Some(Err(SettleError(
+                "JetStream: the message stream ended; reopening".to_owned(),
+            )));
+        };
         Some(
             next.map_err(|e| SettleError(format!("JetStream: {e}")))
                 .map(|raw| {

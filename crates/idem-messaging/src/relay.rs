@@ -22,8 +22,9 @@
 //! * **Exactly once in the stream.** A row is marked published only after
 //!   the broker acknowledged it. A relay that dies between the ack and the
 //!   mark leaves the row pending; whoever takes the partition over
-//!   publishes it again with the same id (the outbox row id), which the
-//!   broker's de-duplication window drops. The relay checks at start that
+//!   publishes it again with the same id (`<source>:<row id>`, see
+//!   [`RelayOptions::source`]), which the broker's de-duplication window
+//!   drops. The relay checks at start that
 //!   the window is longer than its worst re-publish delay and warns loudly
 //!   if not.
 //!
@@ -128,6 +129,13 @@ pub struct RelayOptions {
     pub on_dead: OnDead,
     /// How long published rows are kept.
     pub retention: Duration,
+    /// What tells this outbox's message ids (`<source>:<row id>`) from
+    /// another outbox's publishing to the same stream or exchange: row ids
+    /// alone repeat across outboxes, and a broker de-duplicating by id
+    /// would drop the second outbox's event as a copy of the first's.
+    /// `None`: the namespace given to [`Relay::new`] (the schema); set it
+    /// when outboxes in different databases share a schema name.
+    pub source: Option<String>,
 }
 
 impl Default for RelayOptions {
@@ -147,6 +155,7 @@ impl Default for RelayOptions {
             rebalance: Duration::from_secs(1),
             on_dead: OnDead::Block,
             retention: Duration::from_secs(7 * 24 * 3600),
+            source: None,
         }
     }
 }
@@ -415,6 +424,8 @@ pub struct Relay<P> {
     outage_logged: bool,
     /// The aggregate the last read's walk stopped at.
     cursor: Mutex<Option<(String, String)>>,
+    /// The message-id prefix (see [`RelayOptions::source`]).
+    source: String,
 }
 
 impl<P: Publisher> Relay<P> {
@@ -430,6 +441,10 @@ impl<P: Publisher> Relay<P> {
         options: RelayOptions,
     ) -> Self {
         let application = format!("{RELAY_APPLICATION}:{namespace}");
+        let source = options
+            .source
+            .clone()
+            .unwrap_or_else(|| namespace.to_owned());
         Self {
             pool,
             lock_options: lock_options.application_name(&application),
@@ -443,6 +458,7 @@ impl<P: Publisher> Relay<P> {
             ready: Arc::new(AtomicBool::new(false)),
             outage_logged: false,
             cursor: Mutex::new(None),
+            source,
         }
     }
 
@@ -766,9 +782,10 @@ impl<P: Publisher> Relay<P> {
         let limit = Arc::new(tokio::sync::Semaphore::new(self.options.concurrency.max(1)));
         let mut tasks = JoinSet::new();
         for rows in batch {
-            let (publisher, prefix, limit) = (
+            let (publisher, prefix, source, limit) = (
                 Arc::clone(&self.publisher),
                 self.options.prefix.clone(),
+                self.source.clone(),
                 Arc::clone(&limit),
             );
             let key: AggregateKey = rows
@@ -782,7 +799,7 @@ impl<P: Publisher> Relay<P> {
                     // aggregate of the round moves, `concurrency`
                     // publishes in flight at most.
                     let _slot = limit.acquire().await;
-                    match publisher.publish(&outgoing(&prefix, &row)).await {
+                    match publisher.publish(&outgoing(&prefix, &source, &row)).await {
                         Ok(p) => published.push((row.id, row.sequence, p.duplicate)),
                         // Stop this aggregate at its first failure: the
                         // rows after it must wait for it.
@@ -936,7 +953,7 @@ async fn futures_ready(
     }
 }
 
-fn outgoing(prefix: &str, row: &Row_) -> Outgoing {
+fn outgoing(prefix: &str, source: &str, row: &Row_) -> Outgoing {
     let mut list: Vec<(String, String)> =
         serde_json::from_str::<BTreeMap<String, String>>(&row.headers)
             .unwrap_or_default()
@@ -950,7 +967,7 @@ fn outgoing(prefix: &str, row: &Row_) -> Outgoing {
     list.push((headers::SEQUENCE.to_owned(), row.sequence.to_string()));
     Outgoing {
         subject: format!("{prefix}.{}.{}", row.aggregate_type, row.message_type),
-        id: row.id.to_string(),
+        id: format!("{source}:{}", row.id),
         payload: Bytes::from(row.payload.clone()),
         headers: list,
     }
@@ -992,9 +1009,9 @@ mod tests {
             headers: r#"{"trace-id":"t"}"#.into(),
             attempts: 0,
         };
-        let out = outgoing("idem", &row);
+        let out = outgoing("idem", "billing", &row);
         assert_eq!(out.subject, "idem.payment.PaymentAuthorized");
-        assert_eq!(out.id, "42");
+        assert_eq!(out.id, "billing:42", "row ids repeat across outboxes");
         assert!(out.headers.contains(&("Idem-Sequence".into(), "3".into())));
         assert!(out.headers.contains(&("trace-id".into(), "t".into())));
     }

@@ -119,13 +119,15 @@ impl Broker {
                     JetStreamSourceOptions::new(&self.stream(), durable, &self.parked_subject());
                 options.ack_wait = ack_wait;
                 let client = async_nats::connect(&self.url).await.expect("NATS");
-                AnySource::Nats(JetStreamSource::bind(client, &options).await.expect("bind"))
+                AnySource::Nats(Box::new(
+                    JetStreamSource::bind(client, &options).await.expect("bind"),
+                ))
             }
-            Kind::Rabbit => AnySource::Rabbit(
+            Kind::Rabbit => AnySource::Rabbit(Box::new(
                 RabbitSource::bind(&self.url, self.rabbit_options())
                     .await
                     .expect("bind"),
-            ),
+            )),
         }
     }
 
@@ -266,8 +268,8 @@ impl Broker {
 
 /// Either broker's source, so one test body serves both.
 enum AnySource {
-    Nats(JetStreamSource),
-    Rabbit(RabbitSource),
+    Nats(Box<JetStreamSource>),
+    Rabbit(Box<RabbitSource>),
 }
 
 enum AnyDelivery {

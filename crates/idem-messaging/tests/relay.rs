@@ -297,3 +297,55 @@ async fn a_backlog_wider_than_a_round_is_walked_to_the_end() {
     let _ = js.delete_stream(prefix.to_uppercase()).await;
     db.drop().await;
 }
+
+/// Two outboxes (two services' schemas) publish to one stream: their row
+/// ids repeat (both start at 1), but their message ids do not, so the
+/// broker drops neither's events as copies of the other's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_outboxes_share_a_stream_without_their_ids_colliding() {
+    let prefix = unique("two");
+    let (Some(first), Some(second), Some(publisher)) = (
+        Db::new("twoa").await,
+        Db::new("twob").await,
+        publisher(&prefix).await,
+    ) else {
+        return;
+    };
+    let js = publisher.jetstream().clone();
+    let url = idem_testkit::services::nats().expect("NATS");
+    let second_publisher = NatsPublisher::connect(&url, &prefix.to_uppercase())
+        .await
+        .expect("NATS");
+    for _ in 0..5 {
+        enqueue(&first, "a", "Good").await;
+        enqueue(&second, "b", "Good").await;
+    }
+    let options = RelayOptions {
+        prefix: prefix.clone(),
+        ..RelayOptions::default()
+    };
+    let both_done = |pool: sqlx::PgPool| async move {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM idem_outbox WHERE state = 'published'")
+            .fetch_one(&pool)
+            .await
+            .expect("count")
+            == 5
+    };
+    let a = run_until(relay(&first, publisher, options.clone()), &first, both_done).await;
+    let b = run_until(
+        relay(&second, second_publisher, options),
+        &second,
+        both_done,
+    )
+    .await;
+    assert_eq!(
+        (a.duplicates, b.duplicates),
+        (0, 0),
+        "no event taken for a copy"
+    );
+    let mut stream = js.get_stream(prefix.to_uppercase()).await.expect("stream");
+    assert_eq!(stream.info().await.expect("info").state.messages, 10);
+    let _ = js.delete_stream(prefix.to_uppercase()).await;
+    first.drop().await;
+    second.drop().await;
+}

@@ -61,18 +61,16 @@ enum Command {
         /// PostgreSQL for orders, inbox, outbox and idempotency records.
         #[arg(long, env = "ORDERS_DATABASE", default_value = ORDERS_DB)]
         database: String,
-        /// NATS with JetStream.
-        #[arg(long, default_value = "nats://127.0.0.1:4222")]
-        nats: String,
+        #[command(flatten)]
+        bus: BusArgs,
     },
     /// An outbox relay for one service's database.
     Relay {
         /// The service's database (its `schema=`).
         #[arg(long)]
         database: String,
-        /// NATS with JetStream.
-        #[arg(long, default_value = "nats://127.0.0.1:4222")]
-        nats: String,
+        #[command(flatten)]
+        bus: BusArgs,
     },
     /// Everything on loopback: provider, Payment API, Order service and
     /// both relays, as child processes.
@@ -84,6 +82,30 @@ enum Command {
         #[arg(long, default_value = "nats://127.0.0.1:4222")]
         nats: String,
     },
+}
+
+/// Where events travel.
+#[derive(Debug, Clone, clap::Args)]
+struct BusArgs {
+    /// NATS with JetStream.
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    nats: String,
+    /// The event stream.
+    #[arg(long, default_value = "PAYMENTS")]
+    stream: String,
+    /// Subject prefix.
+    #[arg(long, default_value = "idem")]
+    prefix: String,
+}
+
+impl BusArgs {
+    fn bus(&self) -> payments::Bus {
+        payments::Bus {
+            nats: self.nats.clone(),
+            stream: self.stream.clone(),
+            prefix: self.prefix.clone(),
+        }
+    }
 }
 
 const PAYMENTS_DB: &str = "postgres://postgres@127.0.0.1:5432/test?schema=payments";
@@ -102,8 +124,20 @@ fn humantime_secs(s: &str) -> Result<Duration, String> {
     }
 }
 
+/// Ctrl-C or SIGTERM.
 async fn shutdown() {
-    let _ = tokio::signal::ctrl_c().await;
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
 }
 
 #[tokio::main]
@@ -130,17 +164,19 @@ async fn main() -> ExitCode {
         Command::Orders {
             listen,
             database,
-            nats,
-        } => run_orders(listen, &database, &nats).await,
-        Command::Relay { database, nats } => payments::Bus::new(&nats)
-            .run_relay(&database, shutdown())
-            .await
-            .map(|stats| {
-                println!(
-                    "payments relay: stopped after publishing {}",
-                    stats.published
-                )
-            }),
+            bus,
+        } => run_orders(listen, &database, bus.bus()).await,
+        Command::Relay { database, bus } => {
+            bus.bus()
+                .run_relay(&database, shutdown())
+                .await
+                .map(|stats| {
+                    println!(
+                        "payments relay: stopped after publishing {}",
+                        stats.published
+                    )
+                })
+        }
         Command::All { postgres, nats } => run_all(&postgres, &nats).await,
     };
     match result {
@@ -180,9 +216,8 @@ async fn run_api(listen: SocketAddr, config: ApiConfig, every: Duration) -> Resu
     served
 }
 
-async fn run_orders(listen: SocketAddr, database: &str, nats: &str) -> Result<(), String> {
+async fn run_orders(listen: SocketAddr, database: &str, bus: payments::Bus) -> Result<(), String> {
     let orders = payments::orders::Orders::connect(database).await?;
-    let bus = payments::Bus::new(nats);
     bus.ensure_streams().await?;
     let (addr, task) = payments::serve(listen, orders.router(), shutdown()).await?;
     println!("payments orders: listening on http://{addr}");
