@@ -60,6 +60,10 @@ pub struct ApiConfig {
     pub database: String,
     /// The provider's base URL.
     pub provider: String,
+    /// The Order service's base URL: when set, a payment for an order it
+    /// does not know, or for another amount, is refused before anything
+    /// is charged.
+    pub orders: Option<String>,
     /// How long to wait for the provider before the outcome is unknown.
     pub provider_timeout: Duration,
     /// The idempotency lease (a crashed attempt's key is taken over or
@@ -75,6 +79,7 @@ impl ApiConfig {
         Self {
             database: database.to_owned(),
             provider: provider.trim_end_matches('/').to_owned(),
+            orders: None,
             provider_timeout: Duration::from_secs(2),
             lease: Duration::from_secs(30),
             retention: Duration::from_secs(72 * 3600),
@@ -376,6 +381,10 @@ impl Api {
     async fn pay(&self, reserved: &Reserved, p: &Valid) -> Result<Response, String> {
         let tenant = reserved.scope.tenant().to_owned();
         let operation_id = format!("{tenant}:{}", reserved.key);
+        // Refuse what can never succeed before charging anything.
+        if let Some(refusal) = self.check_order(p).await? {
+            return Ok(refusal);
+        }
         // 2. The local attempt (a retry after a takeover finds it).
         let payment_id: String = sqlx::query_scalar(
             "INSERT INTO payments (id, tenant, operation_id, order_id, amount_cents, currency, payment_method_id, status) \
@@ -442,6 +451,58 @@ impl Api {
                 Ok(with_outcome(resp, UpstreamOutcome::NotSent))
             }
         }
+    }
+
+    /// Asks the Order service (when configured) whether the order exists,
+    /// awaits payment and costs this much. `Some(response)`: refused, a
+    /// deterministic answer the layer records; `Err`: the Order service
+    /// could not say (the key is released, the client retries).
+    async fn check_order(&self, p: &Valid) -> Result<Option<Response>, String> {
+        let Some(orders) = &self.config.orders else {
+            return Ok(None);
+        };
+        let url = format!(
+            "{}/v1/orders/{}",
+            orders.trim_end_matches('/'),
+            encode(&p.order_id)
+        );
+        let (status, body) = self.provider.fetch(&url).await?;
+        match status {
+            200 => {}
+            404 => {
+                return Ok(Some(problem_response(
+                    StatusCode::NOT_FOUND,
+                    "unknown_order",
+                    format!("there is no order {}", p.order_id),
+                )));
+            }
+            s => return Err(format!("the Order service answered {s}")),
+        }
+        #[derive(Deserialize)]
+        struct OrderView {
+            amount_cents: i64,
+            currency: String,
+            state: String,
+        }
+        let order: OrderView = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+        if order.state != "payment_pending" {
+            return Ok(Some(problem_response(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "order_not_payable",
+                format!("order {} is {}", p.order_id, order.state),
+            )));
+        }
+        if (order.amount_cents, order.currency.as_str()) != (p.amount_cents, p.currency.as_str()) {
+            return Ok(Some(problem_response(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "amount_mismatch",
+                format!(
+                    "order {} is for {} {}, not {} {}",
+                    p.order_id, order.amount_cents, order.currency, p.amount_cents, p.currency
+                ),
+            )));
+        }
+        Ok(None)
     }
 
     /// Step 4: the payment's result, its event and the idempotency record,
@@ -647,14 +708,9 @@ impl ProviderClient {
         }
     }
 
-    /// The charge for an operation, if the provider made one.
-    async fn lookup(&self, operation_id: &str) -> Result<Option<Charge>, String> {
-        let uri = format!(
-            "{}/v1/charges?operation_id={}",
-            self.base,
-            encode(operation_id)
-        );
-        let request = hyper::Request::get(uri)
+    /// `GET url`: status and body, within the timeout.
+    async fn fetch(&self, url: &str) -> Result<(u16, Bytes), String> {
+        let request = hyper::Request::get(url)
             .body(Full::new(Bytes::new()))
             .map_err(|e| e.to_string())?;
         let call = async {
@@ -663,17 +719,31 @@ impl ProviderClient {
                 .request(request)
                 .await
                 .map_err(|e| e.to_string())?;
+            let status = resp.status().as_u16();
             let body = resp
                 .into_body()
                 .collect()
                 .await
                 .map_err(|e| e.to_string())?
                 .to_bytes();
-            Ok::<_, String>(body)
+            Ok::<_, String>((status, body))
         };
-        let body = tokio::time::timeout(self.timeout, call)
+        tokio::time::timeout(self.timeout, call)
             .await
-            .map_err(|_| "the provider did not answer".to_owned())??;
+            .map_err(|_| format!("no answer from {url} within {:?}", self.timeout))?
+    }
+
+    /// The charge for an operation, if the provider made one.
+    async fn lookup(&self, operation_id: &str) -> Result<Option<Charge>, String> {
+        let url = format!(
+            "{}/v1/charges?operation_id={}",
+            self.base,
+            encode(operation_id)
+        );
+        let (status, body) = self.fetch(&url).await?;
+        if status != 200 {
+            return Err(format!("the provider answered {status}"));
+        }
         #[derive(Deserialize)]
         struct Found {
             charges: Vec<Charge>,

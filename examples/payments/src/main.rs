@@ -43,6 +43,10 @@ enum Command {
         /// The provider's base URL.
         #[arg(long, default_value = "http://127.0.0.1:4100")]
         provider: String,
+        /// The Order service (payments for unknown orders or other amounts
+        /// are refused before charging).
+        #[arg(long)]
+        orders: Option<String>,
         /// How long to wait for the provider.
         #[arg(long, default_value = "2s", value_parser = humantime_secs)]
         provider_timeout: Duration,
@@ -152,11 +156,13 @@ async fn main() -> ExitCode {
             listen,
             database,
             provider,
+            orders,
             provider_timeout,
             lease,
             reconcile_every,
         } => {
             let mut config = ApiConfig::new(&database, &provider);
+            config.orders = orders;
             config.provider_timeout = provider_timeout;
             config.lease = lease;
             run_api(listen, config, reconcile_every).await
@@ -244,7 +250,13 @@ async fn run_all(postgres: &str, nats: &str) -> Result<(), String> {
         ("provider", vec!["provider".into()]),
         (
             "api",
-            vec!["api".into(), "--database".into(), payments_db.clone()],
+            vec![
+                "api".into(),
+                "--database".into(),
+                payments_db.clone(),
+                "--orders".into(),
+                "http://127.0.0.1:4001".into(),
+            ],
         ),
         (
             "orders",

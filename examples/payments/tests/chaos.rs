@@ -244,6 +244,8 @@ async fn three_hundred_orders_paid_once_each_through_crashes() {
             "2s",
             "--reconcile-every",
             "1s",
+            "--orders",
+            &format!("http://{orders_addr}"),
         ]
         .map(str::to_owned)
         .to_vec(),

@@ -78,7 +78,16 @@ async fn orders_are_paid_once_each_end_to_end() {
     )
     .await
     .expect("provider");
+    let orders = Orders::connect(&ord_db).await.expect("orders");
+    let (orders_addr, _) = payments::serve(
+        "127.0.0.1:0".parse().expect("addr"),
+        orders.router(),
+        std::future::pending(),
+    )
+    .await
+    .expect("orders");
     let mut config = ApiConfig::new(&pay_db, &format!("http://{provider}"));
+    config.orders = Some(format!("http://{orders_addr}"));
     config.provider_timeout = Duration::from_millis(500);
     config.lease = Duration::from_secs(2);
     let api = Api::connect(config).await.expect("api");
@@ -89,14 +98,6 @@ async fn orders_are_paid_once_each_end_to_end() {
     )
     .await
     .expect("api");
-    let orders = Orders::connect(&ord_db).await.expect("orders");
-    let (orders_addr, _) = payments::serve(
-        "127.0.0.1:0".parse().expect("addr"),
-        orders.router(),
-        std::future::pending(),
-    )
-    .await
-    .expect("orders");
     let relays = [pay_db.clone(), ord_db.clone()].map(|db| {
         let (bus, stop) = (bus.clone(), stopped(&stop));
         tokio::spawn(async move { bus.run_relay(&db, stop).await.expect("relay") })
@@ -136,6 +137,46 @@ async fn orders_are_paid_once_each_end_to_end() {
         let order: serde_json::Value = serde_json::from_slice(&r.body).expect("order");
         ids.push(order["id"].as_str().expect("id").to_owned());
     }
+
+    // Refused before charging: an unknown order, the wrong amount.
+    let refused = |order: &str, amount: i64, key: &'static str| {
+        let body = format!(
+            r#"{{"order_id":"{order}","amount_cents":{amount},"currency":"EUR","payment_method_id":"pm_visa"}}"#
+        );
+        async move {
+            let r = send(
+                api_addr,
+                Method::POST,
+                "/v1/payments",
+                &[AUTH, JSON, ("idempotency-key", key)],
+                Bytes::from(body),
+            )
+            .await;
+            let v: serde_json::Value = serde_json::from_slice(&r.body).expect("problem");
+            (r.status, v["type"].as_str().unwrap_or_default().to_owned())
+        }
+    };
+    assert_eq!(
+        refused("ord_nope", 100, "k-unknown").await,
+        (
+            StatusCode::NOT_FOUND,
+            "https://idem.example/problems/unknown_order".to_owned()
+        )
+    );
+    assert_eq!(
+        refused(&ids[0], 1, "k-mismatch").await,
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "https://idem.example/problems/amount_mismatch".to_owned()
+        )
+    );
+    let charged: serde_json::Value =
+        serde_json::from_slice(&send(provider, Method::GET, "/v1/stats", &[], "").await.body)
+            .expect("stats");
+    assert_eq!(
+        charged["requests"], 0,
+        "nothing charged for refused payments"
+    );
 
     // Pay each, three concurrent duplicates per order; order 9's provider
     // call times out after charging.
