@@ -43,11 +43,12 @@ use idem::{
     Reservation, ReserveRequest, Store, StoredResponse, Verdict,
 };
 use idem_http::{IdempotencyLayer, Reserved, RoutePolicy, Routes, TenantSource, UpstreamOutcome};
+use idem_postgres::PgStore;
 use idem_postgres::outbox::{Outbox, OutboxMessage};
 use idem_postgres::sqlx::{self, Postgres, Row, Transaction};
-use idem_postgres::{PgOptions, PgStore};
 use serde::{Deserialize, Serialize};
 
+use crate::problem_response;
 use crate::provider::{Charge, ChargeRequest};
 
 /// The operation the layer protects (method and route pattern).
@@ -121,14 +122,7 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS payments (
 impl Api {
     /// Connects to the database (creating idem's tables and `payments`).
     pub async fn connect(config: ApiConfig) -> Result<Self, String> {
-        let opts = PgOptions::from_url(&config.database).map_err(|e| e.to_string())?;
-        let store = PgStore::connect_with(opts)
-            .await
-            .map_err(|e| e.to_string())?;
-        sqlx::query(SCHEMA)
-            .execute(store.pool())
-            .await
-            .map_err(|e| format!("cannot create the payments table: {e}"))?;
+        let store = crate::connect_store(&config.database, SCHEMA).await?;
         Ok(Self {
             store: Arc::new(store),
             provider: ProviderClient::new(&config.provider, config.provider_timeout),
@@ -171,27 +165,6 @@ impl Api {
             .layer(middleware::from_fn(require_api_key))
             .with_state(self.clone())
     }
-}
-
-/// An RFC 9457 problem with this example's types.
-pub fn problem(status: StatusCode, kind: &str, detail: impl Into<String>) -> (StatusCode, String) {
-    let body = serde_json::json!({
-        "type": format!("https://idem.example/problems/{kind}"),
-        "title": kind.replace('_', " "),
-        "status": status.as_u16(),
-        "detail": detail.into(),
-    });
-    (status, body.to_string())
-}
-
-fn problem_response(status: StatusCode, kind: &str, detail: impl Into<String>) -> Response {
-    let (status, body) = problem(status, kind, detail);
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/problem+json")],
-        body,
-    )
-        .into_response()
 }
 
 /// Every route needs `Authorization: Bearer <api key>`; nothing else is
@@ -604,7 +577,7 @@ async fn settle_in(
     .map_err(|e| format!("cannot store the payment: {e}"))?;
     let payment = payment_from_row(&row).map_err(|e| e.to_string())?;
     if !authorized {
-        let (_, body) = problem(
+        let (_, body) = crate::problem(
             StatusCode::UNPROCESSABLE_ENTITY,
             "payment_declined",
             format!("the card was declined (charge {})", charge.id),

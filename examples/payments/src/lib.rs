@@ -141,3 +141,48 @@ pub async fn serve(
     });
     Ok((bound, task))
 }
+
+/// Connects to `database` (idem's tables are created by migration) and
+/// creates the service's own table with `ddl`.
+pub async fn connect_store(database: &str, ddl: &str) -> Result<idem_postgres::PgStore, String> {
+    let opts = idem_postgres::PgOptions::from_url(database).map_err(|e| e.to_string())?;
+    let store = idem_postgres::PgStore::connect_with(opts)
+        .await
+        .map_err(|e| e.to_string())?;
+    idem_postgres::sqlx::query(ddl)
+        .execute(store.pool())
+        .await
+        .map_err(|e| format!("cannot create the service's table: {e}"))?;
+    Ok(store)
+}
+
+/// An RFC 9457 problem body with this example's types.
+pub fn problem(
+    status: axum::http::StatusCode,
+    kind: &str,
+    detail: impl Into<String>,
+) -> (axum::http::StatusCode, String) {
+    let body = serde_json::json!({
+        "type": format!("https://idem.example/problems/{kind}"),
+        "title": kind.replace('_', " "),
+        "status": status.as_u16(),
+        "detail": detail.into(),
+    });
+    (status, body.to_string())
+}
+
+/// [`problem`] as an `application/problem+json` response.
+pub fn problem_response(
+    status: axum::http::StatusCode,
+    kind: &str,
+    detail: impl Into<String>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let (status, body) = problem(status, kind, detail);
+    (
+        status,
+        [(axum::http::header::CONTENT_TYPE, "application/problem+json")],
+        body,
+    )
+        .into_response()
+}

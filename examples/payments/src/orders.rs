@@ -23,12 +23,13 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use idem_http::{IdempotencyLayer, RoutePolicy, Routes, TenantSource};
 use idem_messaging::{Handler, HandlerError, Message};
+use idem_postgres::PgStore;
 use idem_postgres::outbox::{Outbox, OutboxMessage};
 use idem_postgres::sqlx::{self, Postgres, Row, Transaction};
-use idem_postgres::{PgOptions, PgStore};
 use serde::{Deserialize, Serialize};
 
-use crate::api::{PaymentAuthorized, problem};
+use crate::api::PaymentAuthorized;
+use crate::problem_response;
 
 /// The consumer's name in the inbox.
 pub const CONSUMER: &str = "orders";
@@ -82,14 +83,7 @@ impl std::fmt::Debug for Orders {
 impl Orders {
     /// Connects (creating idem's tables and `orders`).
     pub async fn connect(database: &str) -> Result<Self, String> {
-        let opts = PgOptions::from_url(database).map_err(|e| e.to_string())?;
-        let store = PgStore::connect_with(opts)
-            .await
-            .map_err(|e| e.to_string())?;
-        sqlx::query(SCHEMA)
-            .execute(store.pool())
-            .await
-            .map_err(|e| format!("cannot create the orders table: {e}"))?;
+        let store = crate::connect_store(database, SCHEMA).await?;
         Ok(Self {
             store: Arc::new(store),
         })
@@ -119,16 +113,6 @@ impl Orders {
             )
             .with_state(self.clone())
     }
-}
-
-fn problem_response(status: StatusCode, kind: &str, detail: impl Into<String>) -> Response {
-    let (status, body) = problem(status, kind, detail);
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/problem+json")],
-        body,
-    )
-        .into_response()
 }
 
 #[derive(Deserialize)]

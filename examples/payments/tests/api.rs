@@ -4,6 +4,8 @@
 //! charging is reconciled into the real answer; a provider error before
 //! charging frees the key.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -28,28 +30,13 @@ impl World {
             "pay_test_{label}_{}",
             &idem::OwnerToken::random().to_string()[..8]
         );
-        let database = format!(
-            "{pg}{}schema={schema}",
-            if pg.contains('?') { '&' } else { '?' }
-        );
-        let (provider, _) = payments::serve(
-            "127.0.0.1:0".parse().expect("addr"),
-            Provider::default().router(),
-            std::future::pending(),
-        )
-        .await
-        .expect("provider");
+        let database = common::database(&pg, &schema);
+        let provider = common::serve(Provider::default().router()).await;
         let mut config = ApiConfig::new(&database, &format!("http://{provider}"));
         config.provider_timeout = Duration::from_millis(500);
         config.lease = Duration::from_secs(2);
         let api = Api::connect(config).await.expect("api");
-        let (addr, _) = payments::serve(
-            "127.0.0.1:0".parse().expect("addr"),
-            api.router(),
-            std::future::pending(),
-        )
-        .await
-        .expect("serve");
+        let addr = common::serve(api.router()).await;
         Some(Self {
             api,
             addr,

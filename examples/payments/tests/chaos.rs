@@ -7,6 +7,8 @@
 //! provider: one charge per key, every order paid once, one `OrderPaid` per
 //! order, nothing left processing, nothing undelivered.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -19,6 +21,8 @@ use idem_testkit::client::{send, try_send};
 use payments::Bus;
 use payments::provider::Provider;
 use tokio::process::{Child, Command};
+
+use common::{create_order, database, scalar};
 
 const BIN: &str = env!("CARGO_BIN_EXE_payments");
 const ORDERS: usize = 300;
@@ -75,13 +79,6 @@ async fn wait_listening(addr: SocketAddr) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("nothing listens on {addr}");
-}
-
-async fn scalar(pool: &sqlx::PgPool, sql: &str) -> i64 {
-    sqlx::query_scalar(sql)
-        .fetch_one(pool)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
 /// Restarts the machine's NATS server (JetStream data on disk survives).
@@ -180,12 +177,7 @@ async fn three_hundred_orders_paid_once_each_through_crashes() {
         return;
     };
     let tag = idem::OwnerToken::random().to_string()[..8].to_owned();
-    let db = |schema: &str| {
-        format!(
-            "{pg}{}schema={schema}",
-            if pg.contains('?') { '&' } else { '?' }
-        )
-    };
+    let db = |schema: &str| database(&pg, schema);
     let (pay_schema, ord_schema) = (format!("pay_chaos_{tag}"), format!("ord_chaos_{tag}"));
     let (pay_db, ord_db) = (db(&pay_schema), db(&ord_schema));
     let bus = Bus {
@@ -209,14 +201,7 @@ async fn three_hundred_orders_paid_once_each_through_crashes() {
 
     // The provider lives in the test (it is the outside world) and fails
     // now and then: 5 % timeouts after charging, 5 % errors before.
-    let provider = Provider::default();
-    let (provider_addr, _) = payments::serve(
-        "127.0.0.1:0".parse().expect("addr"),
-        provider.router(),
-        std::future::pending(),
-    )
-    .await
-    .expect("provider");
+    let provider_addr = common::serve(Provider::default().router()).await;
     let faults = send(
         provider_addr,
         Method::POST,
@@ -278,17 +263,7 @@ async fn three_hundred_orders_paid_once_each_through_crashes() {
     // The orders (before the chaos: creating them is not what is tested).
     let mut ids = Vec::new();
     for i in 0..ORDERS {
-        let r = send(
-            orders_addr,
-            Method::POST,
-            "/v1/orders",
-            &[AUTH, JSON],
-            format!(r#"{{"amount_cents":{},"currency":"EUR"}}"#, 100 + i),
-        )
-        .await;
-        assert_eq!(r.status, StatusCode::CREATED);
-        let v: serde_json::Value = serde_json::from_slice(&r.body).expect("order");
-        ids.push(v["id"].as_str().expect("id").to_owned());
+        ids.push(create_order(orders_addr, 100 + i as i64).await);
     }
 
     // Clients: every payment by two concurrent clients with the same key,

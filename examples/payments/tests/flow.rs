@@ -7,6 +7,8 @@
 //! re-announced under a new message id changes nothing, and a conflicting
 //! payment or one for an unknown order is parked.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,22 +22,10 @@ use payments::orders::Orders;
 use payments::provider::Provider;
 use tokio::sync::Notify;
 
+use common::{create_order, database, scalar, serve};
+
 const AUTH: (&str, &str) = ("authorization", "Bearer shop-1");
 const JSON: (&str, &str) = ("content-type", "application/json");
-
-fn database(pg: &str, schema: &str) -> String {
-    format!(
-        "{pg}{}schema={schema}",
-        if pg.contains('?') { '&' } else { '?' }
-    )
-}
-
-async fn scalar(pool: &sqlx::PgPool, sql: &str) -> i64 {
-    sqlx::query_scalar(sql)
-        .fetch_one(pool)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-}
 
 async fn wait_for(what: &str, mut done: impl AsyncFnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -71,33 +61,15 @@ async fn orders_are_paid_once_each_end_to_end() {
         async move { stop.notified().await }
     };
 
-    let (provider, _) = payments::serve(
-        "127.0.0.1:0".parse().expect("addr"),
-        Provider::default().router(),
-        std::future::pending(),
-    )
-    .await
-    .expect("provider");
+    let provider = serve(Provider::default().router()).await;
     let orders = Orders::connect(&ord_db).await.expect("orders");
-    let (orders_addr, _) = payments::serve(
-        "127.0.0.1:0".parse().expect("addr"),
-        orders.router(),
-        std::future::pending(),
-    )
-    .await
-    .expect("orders");
+    let orders_addr = serve(orders.router()).await;
     let mut config = ApiConfig::new(&pay_db, &format!("http://{provider}"));
     config.orders = Some(format!("http://{orders_addr}"));
     config.provider_timeout = Duration::from_millis(500);
     config.lease = Duration::from_secs(2);
     let api = Api::connect(config).await.expect("api");
-    let (api_addr, _) = payments::serve(
-        "127.0.0.1:0".parse().expect("addr"),
-        api.router(),
-        std::future::pending(),
-    )
-    .await
-    .expect("api");
+    let api_addr = serve(api.router()).await;
     let relays = [pay_db.clone(), ord_db.clone()].map(|db| {
         let (bus, stop) = (bus.clone(), stopped(&stop));
         tokio::spawn(async move { bus.run_relay(&db, stop).await.expect("relay") })
@@ -125,17 +97,7 @@ async fn orders_are_paid_once_each_end_to_end() {
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
     let mut ids = Vec::new();
     for i in 0..10 {
-        let r = send(
-            orders_addr,
-            Method::POST,
-            "/v1/orders",
-            &[AUTH, JSON],
-            format!(r#"{{"amount_cents":{},"currency":"EUR"}}"#, 1000 + i),
-        )
-        .await;
-        assert_eq!(r.status, StatusCode::CREATED);
-        let order: serde_json::Value = serde_json::from_slice(&r.body).expect("order");
-        ids.push(order["id"].as_str().expect("id").to_owned());
+        ids.push(create_order(orders_addr, 1000 + i).await);
     }
 
     // Refused before charging: an unknown order, the wrong amount.
