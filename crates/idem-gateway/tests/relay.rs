@@ -75,6 +75,23 @@ fn kill(p: &RelayProcess, signal: &str) {
         .expect("kill");
 }
 
+/// While the broker is away: nothing published, no attempt spent, nothing
+/// dead.
+async fn assert_nothing_spent(store: &PgStore) {
+    let (published, attempts, dead): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE state = 'published'), COALESCE(sum(attempts), 0), \
+         count(*) FILTER (WHERE state = 'dead') FROM idem_outbox",
+    )
+    .fetch_one(store.pool())
+    .await
+    .expect("counts");
+    assert_eq!(
+        (published, attempts, dead),
+        (0, 0, 0),
+        "nothing published, spent or dead while the broker is away"
+    );
+}
+
 async fn published_count(store: &PgStore) -> i64 {
     published(store).await
 }
@@ -283,18 +300,7 @@ async fn a_broker_outage_leaves_rows_pending_and_spends_no_attempts() {
         "{metrics}"
     );
     assert!(metrics.contains("idem_outbox_lag_seconds"), "{metrics}");
-    let (published, attempts, dead): (i64, i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE state = 'published'), COALESCE(sum(attempts), 0), \
-         count(*) FILTER (WHERE state = 'dead') FROM idem_outbox",
-    )
-    .fetch_one(store.pool())
-    .await
-    .expect("counts");
-    assert_eq!(
-        (published, attempts, dead),
-        (0, 0, 0),
-        "nothing published, spent or dead while the broker is away"
-    );
+    assert_nothing_spent(&store).await;
 
     proxy.restore();
     for _ in 0..600 {
@@ -607,18 +613,7 @@ async fn a_rabbitmq_outage_leaves_rows_pending_and_the_relay_reconnects() {
     let ready =
         idem_testkit::client::send(relay.admin, http::Method::GET, "/readyz", &[], "").await;
     assert_eq!(ready.status, http::StatusCode::SERVICE_UNAVAILABLE);
-    let (published_rows, attempts, dead): (i64, i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE state = 'published'), COALESCE(sum(attempts), 0), \
-         count(*) FILTER (WHERE state = 'dead') FROM idem_outbox",
-    )
-    .fetch_one(store.pool())
-    .await
-    .expect("counts");
-    assert_eq!(
-        (published_rows, attempts, dead),
-        (0, 0, 0),
-        "nothing published, spent or dead while the broker is away"
-    );
+    assert_nothing_spent(&store).await;
 
     proxy.restore();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
