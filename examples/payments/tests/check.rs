@@ -1,0 +1,61 @@
+//! `idem check` against the reference Payment API (its own idempotency,
+//! no gateway in front): every probe passes.
+
+mod common;
+
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderValue, Method};
+use bytes::Bytes;
+use idem_gateway::check::{self, Probe, Target, Verdict};
+use payments::api::{Api, ApiConfig};
+use payments::provider::Provider;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_idem_check_probe_passes_against_the_payment_api() {
+    let Some(pg) = idem_testkit::services::postgres() else {
+        return;
+    };
+    let schema = format!("pay_check_{}", &idem::OwnerToken::random().to_string()[..8]);
+    let provider = common::serve(Provider::default().router()).await;
+    let api = Api::connect(ApiConfig::new(
+        &common::database(&pg, &schema),
+        &format!("http://{provider}"),
+    ))
+    .await
+    .expect("api");
+    let addr = common::serve(api.router()).await;
+
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    headers.insert(
+        "authorization",
+        HeaderValue::from_static("Bearer checker-one"),
+    );
+    let target = Target {
+        url: format!("http://{addr}/v1/payments").parse().expect("url"),
+        method: Method::POST,
+        body: Bytes::from_static(
+            br#"{"order_id":"ord_check","amount_cents":1250,"currency":"EUR","payment_method_id":"pm_visa"}"#,
+        ),
+        headers,
+        vary_field: Some("amount_cents".to_owned()),
+        second_auth: Some(HeaderValue::from_static("Bearer checker-two")),
+        concurrency: 20,
+        key_required: true,
+        id_field: "id".to_owned(),
+        timeout: Duration::from_secs(10),
+        max_requests: 100,
+    };
+    let probes = check::PROBES.to_vec();
+    check::validate(&target, &probes, true).expect("valid arguments");
+    let outcomes = check::run(target, &probes).await;
+    assert_eq!(outcomes.len(), probes.len());
+    for o in &outcomes {
+        assert_eq!(o.verdict, Verdict::Pass, "{:?}: {}", o.probe, o.note);
+    }
+    assert!(outcomes.iter().any(|o| o.probe == Probe::Concurrent));
+    let _ = idem_postgres::sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(api.store().pool())
+        .await;
+}
