@@ -194,6 +194,50 @@ pub struct Target {
     pub timeout: Duration,
     /// The most requests the whole run may send.
     pub max_requests: u32,
+    /// Certificate authorities trusted for `https://` besides the system's
+    /// (see [`load_ca_file`]).
+    pub extra_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
+}
+
+/// Reads the PEM certificates of `path` (`--ca-file`): the authorities of
+/// a target whose certificate the system does not trust (a private CA).
+pub fn load_ca_file(
+    path: &std::path::Path,
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let certs: Vec<_> = rustls::pki_types::CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("--ca-file {}: cannot read it: {e}", path.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("--ca-file {}: not PEM certificates: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "--ca-file {}: no certificate in it",
+            path.display()
+        ));
+    }
+    Ok(certs)
+}
+
+/// The TLS client configuration: the system's roots plus `extra`.
+fn tls_config(
+    extra: &[rustls::pki_types::CertificateDer<'static>],
+) -> Result<rustls::ClientConfig, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        // A system certificate rustls cannot use is skipped, not fatal.
+        let _ = roots.add(cert);
+    }
+    for cert in extra {
+        roots
+            .add(cert.clone())
+            .map_err(|e| format!("--ca-file: unusable certificate: {e}"))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
 }
 
 /// Refuses arguments that cannot work, with a message naming the flag.
@@ -201,15 +245,15 @@ pub struct Target {
 /// ones missing their arguments are reported as skipped instead.
 pub fn validate(target: &Target, probes: &[Probe], explicit: bool) -> Result<(), String> {
     match target.url.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
+        Some("http" | "https") => {}
+        _ => {
             return Err(format!(
-                "--url {}: https is not supported by this build of idem check; check the service over http on its private address (or put it behind idem serve)",
+                "--url {}: expected an http:// or https:// URL",
                 target.url
             ));
         }
-        _ => return Err(format!("--url {}: expected an http:// URL", target.url)),
     }
+    tls_config(&target.extra_roots)?;
     if target.url.authority().is_none() {
         return Err(format!("--url {}: the URL has no host", target.url));
     }
@@ -244,7 +288,7 @@ pub fn validate(target: &Target, probes: &[Probe], explicit: bool) -> Result<(),
 /// Sends requests, counting them against the run's budget.
 #[derive(Debug, Clone)]
 struct Sender {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
     target: Arc<Target>,
     sent: Arc<AtomicU32>,
     run: String,
@@ -383,15 +427,47 @@ impl Sender {
 
 /// A transport error as one clear line.
 fn transport_error(err: &(dyn std::error::Error + 'static), url: &Uri) -> String {
-    format!("cannot reach {url}: {}", crate::server::error_chain(err))
+    let chain = crate::server::error_chain(err);
+    if chain.contains("certificate") {
+        format!(
+            "TLS: {url} presented a certificate this check does not trust ({chain}); pass --ca-file with the CA that signed it"
+        )
+    } else if chain.contains("tls") || chain.contains("TLS") || chain.contains("handshake") {
+        format!("TLS: cannot talk TLS with {url} ({chain})")
+    } else {
+        format!("cannot reach {url}: {chain}")
+    }
 }
 
 /// Runs the probes in order and returns their outcomes.
 pub async fn run(target: Target, probes: &[Probe]) -> Vec<Outcome> {
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(target.timeout));
+    connector.enforce_http(false);
+    let tls = match tls_config(&target.extra_roots) {
+        Ok(tls) => tls,
+        // `validate` refuses this first; a caller that skipped it gets
+        // every probe in error with the reason.
+        Err(why) => {
+            return probes
+                .iter()
+                .map(|&probe| Outcome {
+                    probe,
+                    verdict: Verdict::Error,
+                    note: why.clone(),
+                    evidence: Vec::new(),
+                    seconds: 0.0,
+                })
+                .collect();
+        }
+    };
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(connector);
     let sender = Sender {
-        client: Client::builder(TokioExecutor::new()).build(connector),
+        client: Client::builder(TokioExecutor::new()).build(https),
         target: Arc::new(target),
         sent: Arc::new(AtomicU32::new(0)),
         run: format!("{:08x}", idem::OwnerToken::random().as_u128() as u32),

@@ -93,6 +93,10 @@ struct CheckArgs {
     /// JSON field of the answer holding the created resource's id (else the Location header).
     #[arg(long, default_value = "id")]
     id_field: String,
+    /// PEM file of certificate authorities to trust for an https:// URL,
+    /// besides the system's (a private CA).
+    #[arg(long)]
+    ca_file: Option<std::path::PathBuf>,
     /// Per-request timeout.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     timeout: std::time::Duration,
@@ -336,6 +340,13 @@ async fn check(args: CheckArgs) -> ExitCode {
         chosen.dedup();
         chosen
     };
+    let extra_roots = match &args.ca_file {
+        Some(path) => match check::load_ca_file(path) {
+            Ok(certs) => certs,
+            Err(msg) => return fail(msg),
+        },
+        None => Vec::new(),
+    };
     let target = check::Target {
         url: url.clone(),
         method,
@@ -348,6 +359,7 @@ async fn check(args: CheckArgs) -> ExitCode {
         id_field: args.id_field,
         timeout: args.timeout,
         max_requests: args.max_requests,
+        extra_roots,
     };
     let explicit = args.probes.trim() != "all";
     if let Err(msg) = check::validate(&target, &probes, explicit) {

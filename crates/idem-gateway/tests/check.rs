@@ -174,9 +174,9 @@ async fn bad_input_gets_a_clear_message_and_sends_nothing_it_should_not() {
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("the body is not JSON"));
-    let (code, _, err) = check("https://127.0.0.1:1/v1/payments", &[]);
+    let (code, _, err) = check("ftp://127.0.0.1:1/v1/payments", &[]);
     assert_eq!(code, Some(2));
-    assert!(err.contains("https is not supported"), "{err}");
+    assert!(err.contains("expected an http:// or https:// URL"), "{err}");
     assert_eq!(up.total(), 0, "refused runs send nothing");
 
     // Unreachable: one probe finds out, the rest are not run.

@@ -46,6 +46,7 @@ async fn every_idem_check_probe_passes_against_the_payment_api() {
         id_field: "id".to_owned(),
         timeout: Duration::from_secs(10),
         max_requests: 100,
+        extra_roots: Vec::new(),
     };
     let probes = check::PROBES.to_vec();
     check::validate(&target, &probes, true).expect("valid arguments");
