@@ -1,0 +1,308 @@
+//! Property tests: the same JSON written any way is the same request; a
+//! key is accepted exactly when it is 1 to 255 bytes of visible ASCII, and
+//! a refusal points at the first offending byte; and the record state
+//! machine, driven by random operations of three would-be owners on one
+//! key, never lets two attempts own it, never forgets or rewrites a
+//! final answer, and fences out everyone but the current owner.
+
+use std::time::Duration;
+
+use idem::{
+    FinalOutcome, Fingerprint, IdempotencyKey, KeyError, LeaseExpiry, MemoryStore, OwnerToken,
+    Reservation, ReserveRequest, Scope, Store, StoredResponse, Verdict, canonical_json,
+};
+use proptest::prelude::*;
+
+/// A JSON document as a tree whose objects keep their members in a list,
+/// so it can be written with the members in any order.
+#[derive(Debug, Clone)]
+enum J {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Arr(Vec<J>),
+    Obj(Vec<(String, J)>),
+}
+
+fn json() -> impl Strategy<Value = J> {
+    let leaf = prop_oneof![
+        Just(J::Null),
+        any::<bool>().prop_map(J::Bool),
+        any::<i64>().prop_map(J::Int),
+        (-1.0e12f64..1.0e12).prop_map(J::Float),
+        "[a-zé\"\\\\ \\n€]{0,8}".prop_map(J::Str),
+    ];
+    leaf.prop_recursive(4, 32, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(J::Arr),
+            prop::collection::vec(("[a-d]{1,2}", inner), 0..4).prop_map(|members| {
+                // Member names are unique in a document worth comparing.
+                let mut seen = std::collections::HashSet::new();
+                J::Obj(
+                    members
+                        .into_iter()
+                        .filter(|(k, _)| seen.insert(k.clone()))
+                        .collect(),
+                )
+            }),
+        ]
+    })
+}
+
+/// Writes `j` as JSON text, members reversed or not, with or without
+/// white space.
+fn write(j: &J, reversed: bool, spaced: bool) -> String {
+    let (comma, colon) = if spaced { (" ,\n ", " : ") } else { (",", ":") };
+    match j {
+        J::Null => "null".to_owned(),
+        J::Bool(b) => b.to_string(),
+        J::Int(i) => i.to_string(),
+        J::Float(f) => serde_json::to_string(f).unwrap_or_else(|_| "0".to_owned()),
+        J::Str(s) => serde_json::to_string(s).unwrap_or_default(),
+        J::Arr(items) => format!(
+            "[{}]",
+            items
+                .iter()
+                .map(|i| write(i, reversed, spaced))
+                .collect::<Vec<_>>()
+                .join(comma)
+        ),
+        J::Obj(members) => {
+            let mut parts: Vec<String> = members
+                .iter()
+                .map(|(k, v)| {
+                    format!(
+                        "{}{colon}{}",
+                        serde_json::to_string(k).unwrap_or_default(),
+                        write(v, reversed, spaced)
+                    )
+                })
+                .collect();
+            if reversed {
+                parts.reverse();
+            }
+            format!("{{{}}}", parts.join(comma))
+        }
+    }
+}
+
+/// `cases` random cases; no failure files (the seed is printed instead).
+fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+fn fingerprint(body: &str) -> Fingerprint {
+    Fingerprint::builder()
+        .part("method", b"POST")
+        .json_body(body.as_bytes())
+        .finish()
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    #[test]
+    fn equivalent_json_is_the_same_request(j in json()) {
+        let (plain, other) = (write(&j, false, false), write(&j, true, true));
+        prop_assert_eq!(fingerprint(&plain), fingerprint(&other), "{} vs {}", plain, other);
+        let canonical = canonical_json(plain.as_bytes()).expect("valid JSON");
+        prop_assert_eq!(canonical_json(&canonical), Some(canonical.clone()), "canonical form is stable");
+    }
+
+    #[test]
+    fn different_json_is_a_different_request(a in json(), b in json()) {
+        let (a, b) = (write(&a, false, false), write(&b, false, false));
+        let same = canonical_json(a.as_bytes()) == canonical_json(b.as_bytes());
+        prop_assert_eq!(fingerprint(&a) == fingerprint(&b), same, "{} vs {}", a, b);
+    }
+
+    #[test]
+    fn keys_are_visible_ascii_of_1_to_255_bytes(
+        bytes in prop::collection::vec(
+            prop_oneof![8 => 0x21u8..=0x7e, 1 => any::<u8>()],
+            0..300,
+        )
+    ) {
+        match IdempotencyKey::from_bytes(&bytes) {
+            Ok(key) => {
+                prop_assert!((1..=255).contains(&bytes.len()));
+                prop_assert!(bytes.iter().all(u8::is_ascii_graphic));
+                prop_assert_eq!(key.as_str().as_bytes(), &bytes[..]);
+            }
+            Err(KeyError::Empty) => prop_assert!(bytes.is_empty()),
+            Err(KeyError::TooLong { len }) => {
+                prop_assert_eq!(len, bytes.len());
+                prop_assert!(len > 255);
+            }
+            Err(KeyError::InvalidByte { position, byte }) => {
+                prop_assert_eq!(bytes[position], byte);
+                prop_assert!(!byte.is_ascii_graphic());
+                prop_assert!(bytes[..position].iter().all(u8::is_ascii_graphic));
+            }
+        }
+    }
+}
+
+/// One operation of owner `who` (0..3) on the key.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    /// Reserve, for the request with fingerprint `fp` (0 or 1).
+    Reserve {
+        who: usize,
+        fp: u8,
+    },
+    Complete {
+        who: usize,
+    },
+    Fail {
+        who: usize,
+    },
+    Release {
+        who: usize,
+    },
+    Unknown {
+        who: usize,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    (0usize..3, 0u8..5, 0u8..2).prop_map(|(who, kind, fp)| match kind {
+        0 => Op::Reserve { who, fp },
+        1 => Op::Complete { who },
+        2 => Op::Fail { who },
+        3 => Op::Release { who },
+        _ => Op::Unknown { who },
+    })
+}
+
+/// What the record should be.
+#[derive(Debug, Clone, PartialEq)]
+enum Model {
+    Absent,
+    Processing {
+        owner: usize,
+        fp: u8,
+    },
+    Final {
+        owner: usize,
+        fp: u8,
+        body: String,
+        verdict: Verdict,
+    },
+}
+
+proptest! {
+    #![proptest_config(config(200))]
+
+    #[test]
+    fn the_record_state_machine_holds(ops in prop::collection::vec(op(), 1..40)) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(async {
+            let store = MemoryStore::new();
+            let scope = Scope::new("tenant", "POST /v1/payments").expect("scope");
+            let key: IdempotencyKey = "the-key".parse().expect("key");
+            let owners = [OwnerToken::random(), OwnerToken::random(), OwnerToken::random()];
+            let mut leases = [None, None, None];
+            let mut model = Model::Absent;
+            let fps = [fingerprint("{\"a\":1}"), fingerprint("{\"a\":2}")];
+            for (step, op) in ops.into_iter().enumerate() {
+                match op {
+                    Op::Reserve { who, fp } => {
+                        let got = store
+                            .reserve(ReserveRequest {
+                                scope: &scope,
+                                key: &key,
+                                fingerprint: fps[fp as usize],
+                                owner: owners[who],
+                                lease: Duration::from_secs(600),
+                                retention: Duration::from_secs(600),
+                                on_lease_expiry: LeaseExpiry::Retry,
+                            })
+                            .await
+                            .expect("reserve");
+                        match (&model, got) {
+                            (Model::Absent, Reservation::Acquired(lease)) => {
+                                leases[who] = Some(lease);
+                                model = Model::Processing { owner: who, fp };
+                            }
+                            (Model::Processing { fp: held, .. }, Reservation::InProgress { .. })
+                                if *held == fp => {}
+                            (Model::Processing { fp: held, .. }, Reservation::Mismatch { .. })
+                                if *held != fp => {}
+                            (Model::Final { fp: held, body, .. }, Reservation::Existing(record))
+                                if *held == fp =>
+                            {
+                                let stored = record.response.expect("a final record has its answer");
+                                assert_eq!(stored.body, body.as_bytes(), "step {step}: the answer is replayed as recorded");
+                            }
+                            (Model::Final { fp: held, .. }, Reservation::Mismatch { .. }) if *held != fp => {}
+                            (m, got) => panic!("step {step}: reserve by {who} (fp {fp}) in {m:?} gave {got:?}"),
+                        }
+                    }
+                    Op::Complete { who } | Op::Fail { who } => {
+                        let verdict = if matches!(op, Op::Complete { .. }) { Verdict::Completed } else { Verdict::Failed };
+                        let body = format!("answer of {who} at {step}");
+                        let outcome = FinalOutcome {
+                            verdict,
+                            response: StoredResponse::new(if verdict == Verdict::Completed { 201 } else { 422 }, body.clone()),
+                            resource_id: None,
+                            error_code: None,
+                            retention: Duration::from_secs(600),
+                        };
+                        let result = match leases[who] {
+                            Some(lease) => store.resolve(&scope, &key, &lease, &outcome).await.is_ok(),
+                            None => false,
+                        };
+                        match model.clone() {
+                            Model::Processing { owner, fp } if owner == who => {
+                                assert!(result, "step {step}: the owner records its answer");
+                                model = Model::Final { owner, fp, body, verdict };
+                            }
+                            // The attempt that recorded may record again (the
+                            // engine retries a recording whose first try it
+                            // could not confirm); the stores keep the latest.
+                            // Nobody else can touch a final record.
+                            Model::Final { owner, fp, .. } if owner == who => {
+                                assert!(result, "step {step}: the owner's recording is retried");
+                                model = Model::Final { owner, fp, body, verdict };
+                            }
+                            m => assert!(!result, "step {step}: {who} recorded over {m:?}"),
+                        }
+                    }
+                    Op::Release { who } => {
+                        let result = match leases[who] {
+                            Some(lease) => store.release(&scope, &key, &lease).await.is_ok(),
+                            None => false,
+                        };
+                        match model {
+                            Model::Processing { owner, .. } if owner == who => {
+                                assert!(result, "step {step}: the owner releases");
+                                model = Model::Absent;
+                            }
+                            ref m => assert!(!result, "step {step}: {who} released {m:?}"),
+                        }
+                    }
+                    Op::Unknown { who } => {
+                        let result = match leases[who] {
+                            Some(lease) => store.mark_unknown(&scope, &key, &lease, "timeout").await.is_ok(),
+                            None => false,
+                        };
+                        match model {
+                            // Still processing: the owner keeps it.
+                            Model::Processing { owner, .. } if owner == who => {
+                                assert!(result, "step {step}: the owner marks it unknown");
+                            }
+                            ref m => assert!(!result, "step {step}: {who} marked {m:?}"),
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
