@@ -1,0 +1,134 @@
+//! The gateway SIGKILLed under load, ten times, on the embedded store:
+//! clients that retry with the same key all get an answer, every answer a
+//! client got is the one every later retry gets (no acknowledged record is
+//! lost), and a key runs upstream more than once only when a kill caught
+//! it between forwarding and recording (the lease then lets a retry take
+//! it over, and the forwarded key lets the upstream absorb the repeat).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{Method, StatusCode};
+use idem_testkit::client::try_send;
+use idem_testkit::gateway::GatewayProcess as Gateway;
+use idem_testkit::upstream::CountingUpstream;
+use tokio::sync::RwLock;
+
+const IDEM: &str = env!("CARGO_BIN_EXE_idem");
+const KEYS: usize = 400;
+const KILLS: usize = 10;
+
+const CONFIG: &str = r#"
+[defaults]
+lease = "1s"
+upstream_timeout = "2s"
+
+[[route]]
+method = "POST"
+path = "/v1/payments"
+require_key = true
+"#;
+
+/// Sends the payment for `key` until the gateway answers 201 (retrying
+/// refusals, 409s, 5xx and connection errors with the same key); returns
+/// the body.
+async fn pay(gateway: &RwLock<SocketAddr>, key: &str) -> bytes::Bytes {
+    for attempt in 0..3000 {
+        let addr = *gateway.read().await;
+        let sent = tokio::time::timeout(
+            Duration::from_secs(3),
+            try_send(
+                addr,
+                Method::POST,
+                "/v1/payments",
+                &[
+                    ("idempotency-key", key),
+                    ("authorization", "Bearer crash-test"),
+                    ("content-type", "application/json"),
+                    ("x-delay-ms", "30"),
+                ],
+                r#"{"amount_cents":100}"#,
+            ),
+        )
+        .await;
+        match sent {
+            Ok(Ok(r)) if r.status == StatusCode::CREATED => return r.body,
+            Ok(Ok(r)) if r.status == StatusCode::CONFLICT || r.status.is_server_error() => {}
+            Ok(Ok(r)) => panic!("{key}: unexpected {}", r.status),
+            Ok(Err(_)) | Err(_) => {}
+        }
+        tokio::time::sleep(Duration::from_millis(20 + (attempt % 4) * 20)).await;
+    }
+    panic!("{key}: never answered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkilled_ten_times_under_load_nothing_acknowledged_is_lost() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let up = CountingUpstream::start().await;
+    let upstream = up.url();
+    let start = || Gateway::start(IDEM, dir.path(), CONFIG, &upstream, &store, "error", &[]);
+    let mut gateway = start().await;
+    let current = Arc::new(RwLock::new(gateway.addr));
+
+    let clients = tokio::spawn({
+        let current = Arc::clone(&current);
+        async move {
+            let limit = Arc::new(tokio::sync::Semaphore::new(16));
+            let mut tasks = tokio::task::JoinSet::new();
+            for i in 0..KEYS {
+                let (current, limit) = (Arc::clone(&current), Arc::clone(&limit));
+                tasks.spawn(async move {
+                    let _slot = limit.acquire().await;
+                    let key = format!("crash-key-{i}");
+                    let body = pay(&current, &key).await;
+                    (key, body)
+                });
+            }
+            let mut answers = HashMap::new();
+            while let Some(r) = tasks.join_next().await {
+                let (key, body) = r.expect("client");
+                answers.insert(key, body);
+            }
+            answers
+        }
+    });
+
+    // Kill only while the clients are still at work.
+    let mut kills = 0;
+    while kills < KILLS && !clients.is_finished() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        gateway.signal("KILL");
+        drop(gateway);
+        gateway = start().await;
+        *current.write().await = gateway.addr;
+        kills += 1;
+    }
+    let answers = clients.await.expect("clients");
+    assert_eq!(answers.len(), KEYS);
+    assert_eq!(kills, KILLS, "the clients finished before {KILLS} kills");
+
+    // Every answer a client got is what a retry gets now, from the store.
+    let addr = *current.read().await;
+    let mut repeats = 0;
+    for (key, body) in &answers {
+        let again = pay(&RwLock::new(addr), key).await;
+        assert_eq!(&again, body, "{key}: the acknowledged answer was lost");
+        let runs = up.executions(key);
+        assert!(runs >= 1, "{key}");
+        repeats += runs - 1;
+    }
+    // A repeat needs a kill between forwarding and recording: at most the
+    // 16 requests in flight per kill.
+    assert!(
+        repeats <= (KILLS * 16) as u64,
+        "{repeats} repeated executions for {KILLS} kills"
+    );
+    eprintln!(
+        "crash: {kills} kills, {KEYS} keys, {} upstream executions ({repeats} repeats after kills)",
+        up.total()
+    );
+}
