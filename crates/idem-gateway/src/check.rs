@@ -218,19 +218,27 @@ pub fn load_ca_file(
     Ok(certs)
 }
 
-/// The TLS client configuration: the system's roots plus `extra`.
-fn tls_config(
+/// `extra` as a root store (what `--ca-file` adds).
+fn extra_roots(
     extra: &[rustls::pki_types::CertificateDer<'static>],
-) -> Result<rustls::ClientConfig, String> {
+) -> Result<rustls::RootCertStore, String> {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_native_certs::load_native_certs().certs {
-        // A system certificate rustls cannot use is skipped, not fatal.
-        let _ = roots.add(cert);
-    }
     for cert in extra {
         roots
             .add(cert.clone())
             .map_err(|e| format!("--ca-file: unusable certificate: {e}"))?;
+    }
+    Ok(roots)
+}
+
+/// The TLS client configuration: the system's roots plus `extra`.
+fn tls_config(
+    extra: &[rustls::pki_types::CertificateDer<'static>],
+) -> Result<rustls::ClientConfig, String> {
+    let mut roots = extra_roots(extra)?;
+    for cert in rustls_native_certs::load_native_certs().certs {
+        // A system certificate rustls cannot use is skipped, not fatal.
+        let _ = roots.add(cert);
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     Ok(rustls::ClientConfig::builder_with_provider(provider)
@@ -253,7 +261,8 @@ pub fn validate(target: &Target, probes: &[Probe], explicit: bool) -> Result<(),
             ));
         }
     }
-    tls_config(&target.extra_roots)?;
+    // The system's roots are loaded once, when the run starts.
+    extra_roots(&target.extra_roots)?;
     if target.url.authority().is_none() {
         return Err(format!("--url {}: the URL has no host", target.url));
     }

@@ -20,6 +20,8 @@ use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
 };
 
+use idem::store::redact_url;
+
 use crate::consumer::{Delivery, Message, SettleError, Source};
 use crate::headers;
 use crate::publisher::{Outgoing, PublishError, Published, Publisher};
@@ -49,7 +51,7 @@ async fn open(url: &str, exchange: &str) -> Result<Link, String> {
     let step = async {
         let connection = Connection::connect(url, ConnectionProperties::default())
             .await
-            .map_err(|e| format!("cannot connect to RabbitMQ at {}: {e}", redact(url)))?;
+            .map_err(|e| format!("cannot connect to RabbitMQ at {}: {e}", redact_url(url)))?;
         let channel = connection
             .create_channel()
             .await
@@ -78,28 +80,9 @@ async fn open(url: &str, exchange: &str) -> Result<Link, String> {
     tokio::time::timeout(TIMEOUT, step).await.map_err(|_| {
         format!(
             "RabbitMQ at {} did not answer within {TIMEOUT:?}",
-            redact(url)
+            redact_url(url)
         )
     })?
-}
-
-/// `amqp://user:password@host` → `amqp://user:***@host`.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            match userinfo.find(':') {
-                Some(colon) => format!(
-                    "{}{}:***{}",
-                    &url[..scheme + 3],
-                    &userinfo[..colon],
-                    &url[at..]
-                ),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
 }
 
 /// Publishes `payload` with `properties` and waits for the broker's
@@ -554,10 +537,10 @@ mod tests {
     #[test]
     fn passwords_are_not_logged() {
         assert_eq!(
-            redact("amqp://guest:secret@127.0.0.1:5672/%2f"),
+            redact_url("amqp://guest:secret@127.0.0.1:5672/%2f"),
             "amqp://guest:***@127.0.0.1:5672/%2f"
         );
-        assert_eq!(redact("amqp://127.0.0.1"), "amqp://127.0.0.1");
-        assert_eq!(redact("amqp://user@host"), "amqp://user@host");
+        assert_eq!(redact_url("amqp://127.0.0.1"), "amqp://127.0.0.1");
+        assert_eq!(redact_url("amqp://user@host"), "amqp://user@host");
     }
 }

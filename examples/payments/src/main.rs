@@ -48,13 +48,13 @@ enum Command {
         #[arg(long)]
         orders: Option<String>,
         /// How long to wait for the provider.
-        #[arg(long, default_value = "2s", value_parser = humantime_secs)]
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
         provider_timeout: Duration,
         /// The idempotency lease.
-        #[arg(long, default_value = "30s", value_parser = humantime_secs)]
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         lease: Duration,
         /// How often the reconciliation worker runs.
-        #[arg(long, default_value = "5s", value_parser = humantime_secs)]
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         reconcile_every: Duration,
     },
     /// The Order service: HTTP and the PaymentAuthorized consumer.
@@ -114,19 +114,6 @@ impl BusArgs {
 
 const PAYMENTS_DB: &str = "postgres://postgres@127.0.0.1:5432/test?schema=payments";
 const ORDERS_DB: &str = "postgres://postgres@127.0.0.1:5432/test?schema=orders";
-
-fn humantime_secs(s: &str) -> Result<Duration, String> {
-    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("{s:?}: expected e.g. 2s, 500ms, 1m"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" | "" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("{s:?}: expected e.g. 2s, 500ms, 1m")),
-    }
-}
 
 /// Ctrl-C or SIGTERM.
 async fn shutdown() {

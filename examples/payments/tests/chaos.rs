@@ -18,11 +18,10 @@ use std::time::Duration;
 use axum::http::{Method, StatusCode};
 use idem_postgres::sqlx;
 use idem_testkit::client::{send, try_send};
-use payments::Bus;
 use payments::provider::Provider;
 use tokio::process::{Child, Command};
 
-use common::{create_order, database, scalar};
+use common::{create_order, scalar};
 
 const BIN: &str = env!("CARGO_BIN_EXE_payments");
 const ORDERS: usize = 300;
@@ -170,22 +169,18 @@ async fn pay_until_done(api: SocketAddr, order: &str, amount: i64, key: &str) ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_hundred_orders_paid_once_each_through_crashes() {
-    let (Some(pg), Some(nats)) = (
-        idem_testkit::services::postgres(),
-        idem_testkit::services::nats(),
-    ) else {
+    let Some(common::World {
+        pg,
+        nats,
+        pay_schema,
+        ord_schema,
+        pay_db,
+        ord_db,
+        bus,
+    }) = common::world("chaos").await
+    else {
         return;
     };
-    let tag = idem::OwnerToken::random().to_string()[..8].to_owned();
-    let db = |schema: &str| database(&pg, schema);
-    let (pay_schema, ord_schema) = (format!("pay_chaos_{tag}"), format!("ord_chaos_{tag}"));
-    let (pay_db, ord_db) = (db(&pay_schema), db(&ord_schema));
-    let bus = Bus {
-        nats: nats.clone(),
-        stream: format!("CHAOS_{tag}").to_uppercase(),
-        prefix: format!("chaos{tag}"),
-    };
-    bus.ensure_streams().await.expect("streams");
     let bus_args = |db: &str| {
         vec![
             "--database".to_owned(),

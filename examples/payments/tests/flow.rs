@@ -16,13 +16,12 @@ use axum::http::{Method, StatusCode};
 use bytes::Bytes;
 use idem_postgres::sqlx;
 use idem_testkit::client::send;
-use payments::Bus;
 use payments::api::{Api, ApiConfig, PaymentAuthorized};
 use payments::orders::Orders;
 use payments::provider::Provider;
 use tokio::sync::Notify;
 
-use common::{create_order, database, scalar, serve};
+use common::{create_order, scalar, serve};
 
 const AUTH: (&str, &str) = ("authorization", "Bearer shop-1");
 const JSON: (&str, &str) = ("content-type", "application/json");
@@ -40,21 +39,18 @@ async fn wait_for(what: &str, mut done: impl AsyncFnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn orders_are_paid_once_each_end_to_end() {
-    let (Some(pg), Some(nats)) = (
-        idem_testkit::services::postgres(),
-        idem_testkit::services::nats(),
-    ) else {
+    let Some(common::World {
+        nats,
+        pay_schema,
+        ord_schema,
+        pay_db,
+        ord_db,
+        bus,
+        ..
+    }) = common::world("e2e").await
+    else {
         return;
     };
-    let tag = idem::OwnerToken::random().to_string()[..8].to_owned();
-    let (pay_schema, ord_schema) = (format!("pay_e2e_{tag}"), format!("ord_e2e_{tag}"));
-    let (pay_db, ord_db) = (database(&pg, &pay_schema), database(&pg, &ord_schema));
-    let bus = Bus {
-        nats: nats.clone(),
-        stream: format!("PAYE2E_{tag}").to_uppercase(),
-        prefix: format!("paye2e{tag}"),
-    };
-    bus.ensure_streams().await.expect("streams");
     let stop = Arc::new(Notify::new());
     let stopped = |stop: &Arc<Notify>| {
         let stop = Arc::clone(stop);

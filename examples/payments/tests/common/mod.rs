@@ -54,3 +54,45 @@ pub async fn scalar(pool: &sqlx::PgPool, sql: &str) -> i64 {
         .await
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
+
+/// One run's world: the Payment API's and the Order service's databases
+/// (schemas of their own) and a bus (stream and prefix of its own, streams
+/// created).
+pub struct World {
+    pub pg: String,
+    pub nats: String,
+    pub pay_schema: String,
+    pub ord_schema: String,
+    pub pay_db: String,
+    pub ord_db: String,
+    pub bus: payments::Bus,
+}
+
+/// A [`World`] named after `label`, or `None` (skip) without PostgreSQL
+/// and NATS.
+pub async fn world(label: &str) -> Option<World> {
+    let (Some(pg), Some(nats)) = (
+        idem_testkit::services::postgres(),
+        idem_testkit::services::nats(),
+    ) else {
+        return None;
+    };
+    let tag = idem::OwnerToken::random().to_string()[..8].to_owned();
+    let (pay_schema, ord_schema) = (format!("pay_{label}_{tag}"), format!("ord_{label}_{tag}"));
+    let (pay_db, ord_db) = (database(&pg, &pay_schema), database(&pg, &ord_schema));
+    let bus = payments::Bus {
+        nats: nats.clone(),
+        stream: format!("{label}_{tag}").to_uppercase(),
+        prefix: format!("{label}{tag}"),
+    };
+    bus.ensure_streams().await.expect("streams");
+    Some(World {
+        pg,
+        nats,
+        pay_schema,
+        ord_schema,
+        pay_db,
+        ord_db,
+        bus,
+    })
+}
