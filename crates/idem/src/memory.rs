@@ -5,6 +5,13 @@
 //! so reservation is atomic and concurrent callers on different keys rarely
 //! contend. Nothing survives the process.
 //!
+//! [`MemoryStore::cache`] makes a *bounded* one for the fast tier: it
+//! forgets records when over its byte budget, treats a copy older than its
+//! age limit as absent, and as a fast tier holds final records only (it
+//! answers replays and mismatches; reservations go to the durable tier). A store that forgets is only ever a cache, never
+//! the store of record: [`Tiered`](crate::Tiered) asks the durable tier
+//! whenever the copy is missing.
+//!
 //! ```
 //! use idem::{Engine, MemoryStore};
 //! let engine = Engine::new(MemoryStore::new());
@@ -14,7 +21,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::store::{
     Cursor, ExistingDecision, FinalOutcome, ListFilter, ListRecords, Page, Purge, Reservation,
@@ -25,14 +32,123 @@ use crate::{IdempotencyKey, Lease, OUTCOME_UNKNOWN, Record, RecordState, Scope, 
 
 const SHARDS: usize = 16;
 
+/// What a record costs beyond its variable-length parts (map slot, fixed
+/// fields, allocation headers), for the byte budget of a bounded store.
+const RECORD_OVERHEAD: usize = 256;
+
 type Id = (Scope, IdempotencyKey);
-type Shard = HashMap<Id, Record>;
+
+#[derive(Debug)]
+struct Entry {
+    record: Record,
+    /// When this entry was written (its age, for a bounded store).
+    since: Instant,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    map: HashMap<Id, Entry>,
+    /// Approximate bytes held, by [`weight`].
+    bytes: usize,
+}
+
+impl Shard {
+    fn get_mut(&mut self, id: &Id) -> Option<&mut Record> {
+        self.map.get_mut(id).map(|e| &mut e.record)
+    }
+
+    fn insert(&mut self, id: Id, record: Record) {
+        self.bytes += weight(&record);
+        let entry = Entry {
+            record,
+            since: Instant::now(),
+        };
+        if let Some(old) = self.map.insert(id, entry) {
+            self.bytes -= weight(&old.record);
+        }
+    }
+
+    fn remove(&mut self, id: &Id) -> Option<Record> {
+        let entry = self.map.remove(id)?;
+        self.bytes -= weight(&entry.record);
+        Some(entry.record)
+    }
+
+    /// Changes a record in place, keeping the byte count right.
+    fn update<T>(&mut self, id: &Id, f: impl FnOnce(&mut Record) -> T) -> Option<T> {
+        let entry = self.map.get_mut(id)?;
+        let before = weight(&entry.record);
+        let out = f(&mut entry.record);
+        self.bytes = self.bytes - before + weight(&entry.record);
+        entry.since = Instant::now();
+        Some(out)
+    }
+
+    /// Brings a bounded shard back under its budget: expired and over-age
+    /// copies go first, then arbitrary ones (hash order is as good as
+    /// random), down to 7/8 of the budget so that eviction runs rarely.
+    fn trim(&mut self, limit: &Limit, now: Timestamp) {
+        if self.bytes <= limit.shard_bytes {
+            return;
+        }
+        let target = limit.shard_bytes - limit.shard_bytes / 8;
+        let stale: Vec<Id> = self
+            .map
+            .iter()
+            .filter(|(_, e)| limit.is_stale(e, now))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &stale {
+            self.remove(id);
+        }
+        while self.bytes > target {
+            let Some(id) = self.map.keys().next().cloned() else {
+                break;
+            };
+            self.remove(&id);
+        }
+    }
+}
+
+/// What a record costs in a bounded store: its variable-length parts plus
+/// a fixed overhead. An estimate, not an allocator's count.
+fn weight(r: &Record) -> usize {
+    let response = r.response.as_ref().map_or(0, |resp| {
+        resp.body.len()
+            + resp
+                .headers
+                .iter()
+                .map(|(n, v)| n.len() + v.len() + 32)
+                .sum::<usize>()
+    });
+    RECORD_OVERHEAD
+        + r.scope.tenant().len()
+        + r.scope.operation().len()
+        + r.key.as_str().len()
+        + response
+        + r.resource_id.as_ref().map_or(0, String::len)
+        + r.error_code.as_ref().map_or(0, String::len)
+}
+
+/// The bounds of a [`MemoryStore::cache`].
+#[derive(Debug, Clone, Copy)]
+struct Limit {
+    shard_bytes: usize,
+    max_age: Duration,
+}
+
+impl Limit {
+    fn is_stale(&self, e: &Entry, now: Timestamp) -> bool {
+        e.record.is_expired(now) || e.since.elapsed() >= self.max_age
+    }
+}
 
 /// In-memory [`Store`].
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
+    limit: Option<Limit>,
 }
 
 impl Default for MemoryStore {
@@ -42,17 +158,36 @@ impl Default for MemoryStore {
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// An empty store, unbounded: it keeps every record until purged.
     pub fn new() -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: RandomState::new(),
+            limit: None,
+        }
+    }
+
+    /// An empty, **bounded** store for the fast tier of
+    /// [`Tiered`](crate::Tiered): it holds about `max_bytes` of records
+    /// (estimated: keys, stored responses and a fixed overhead each) and
+    /// forgets others when over it, and it treats a record written more
+    /// than `max_age` ago as absent, which bounds how long a copy can
+    /// outlive a change made elsewhere (another gateway deleting the
+    /// record, say). Because it forgets, it must never be the store of
+    /// record.
+    pub fn cache(max_bytes: usize, max_age: Duration) -> Self {
+        Self {
+            limit: Some(Limit {
+                shard_bytes: (max_bytes / SHARDS).max(RECORD_OVERHEAD),
+                max_age,
+            }),
+            ..Self::new()
         }
     }
 
     /// Number of records held (including expired ones not yet purged).
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).len()).sum()
+        self.shards.iter().map(|s| lock(s).map.len()).sum()
     }
 
     /// Whether no record is held.
@@ -60,11 +195,33 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    /// Approximate bytes held (the measure a bounded store keeps under its
+    /// budget).
+    pub fn bytes(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).bytes).sum()
+    }
+
     fn shard(&self, scope: &Scope, key: &IdempotencyKey) -> MutexGuard<'_, Shard> {
         let mut h = self.hasher.build_hasher();
         scope.hash(&mut h);
         key.hash(&mut h);
         lock(&self.shards[(h.finish() as usize) % SHARDS])
+    }
+
+    /// After a write: keeps a bounded store within its budget.
+    fn trim(&self, shard: &mut Shard, now: Timestamp) {
+        if let Some(limit) = &self.limit {
+            shard.trim(limit, now);
+        }
+    }
+
+    /// The record, unless a bounded store considers its copy stale.
+    fn live<'a>(&self, shard: &'a Shard, id: &Id, now: Timestamp) -> Option<&'a Record> {
+        let entry = shard.map.get(id)?;
+        match &self.limit {
+            Some(limit) if limit.is_stale(entry, now) => None,
+            _ => Some(&entry.record),
+        }
     }
 
     /// Runs `f` on the record if `lease` is the current lease of a record
@@ -79,7 +236,7 @@ impl MemoryStore {
     ) -> Result<T, StoreError> {
         let mut shard = self.shard(scope, key);
         let id = (scope.clone(), key.clone());
-        match shard.get(&id) {
+        match shard.get_mut(&id) {
             Some(r) if allowed(r, lease) => Ok(f(&mut shard, id)),
             _ => Err(StoreError::Fenced),
         }
@@ -125,16 +282,21 @@ impl Store for MemoryStore {
         let now = Timestamp::now();
         let mut shard = self.shard(req.scope, req.key);
         let id = (req.scope.clone(), req.key.clone());
-        let Some(existing) = shard.get_mut(&id) else {
+        let live = self.live(&shard, &id, now).is_some();
+        let Some(existing) = shard.get_mut(&id).filter(|_| live) else {
             let record = new_record(&req, now, 1);
             let lease = record.lease;
             shard.insert(id, record);
+            self.trim(&mut shard, now);
             return Ok(Reservation::Acquired(lease));
         };
         Ok(match decide_existing(existing, &req, now) {
             ExistingDecision::Replace => {
-                *existing = new_record(&req, now, 1);
-                Reservation::Acquired(existing.lease)
+                let record = new_record(&req, now, 1);
+                let lease = record.lease;
+                shard.insert(id, record);
+                self.trim(&mut shard, now);
+                Reservation::Acquired(lease)
             }
             ExistingDecision::TakeOver => {
                 existing.lease = Lease {
@@ -159,8 +321,8 @@ impl Store for MemoryStore {
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         let now = Timestamp::now();
         let shard = self.shard(scope, key);
-        Ok(shard
-            .get(&(scope.clone(), key.clone()))
+        Ok(self
+            .live(&shard, &(scope.clone(), key.clone()), now)
             .filter(|r| !r.is_expired(now))
             .cloned())
     }
@@ -174,14 +336,15 @@ impl Store for MemoryStore {
     ) -> Result<(), StoreError> {
         let now = Timestamp::now();
         self.with_owned(scope, key, lease, same_attempt, |shard, id| {
-            if let Some(r) = shard.get_mut(&id) {
+            shard.update(&id, |r| {
                 r.state = outcome.verdict.into();
                 r.updated_at = now;
                 r.expires_at = now.plus(outcome.retention);
                 r.response = Some(outcome.response.clone());
                 r.resource_id.clone_from(&outcome.resource_id);
                 r.error_code.clone_from(&outcome.error_code);
-            }
+            });
+            self.trim(shard, now);
         })
     }
 
@@ -205,10 +368,10 @@ impl Store for MemoryStore {
     ) -> Result<(), StoreError> {
         let now = Timestamp::now();
         self.with_owned(scope, key, lease, owns, |shard, id| {
-            if let Some(r) = shard.get_mut(&id) {
+            shard.update(&id, |r| {
                 r.error_code = Some(OUTCOME_UNKNOWN.to_owned());
                 r.updated_at = now;
-            }
+            });
         })
     }
 
@@ -222,10 +385,10 @@ impl Store for MemoryStore {
         let now = Timestamp::now();
         let until = now.plus(duration);
         self.with_owned(scope, key, lease, owns, |shard, id| {
-            if let Some(r) = shard.get_mut(&id) {
+            shard.update(&id, |r| {
                 r.lease.locked_until = until;
                 r.updated_at = now;
-            }
+            });
         })?;
         Ok(until)
     }
@@ -240,7 +403,9 @@ impl ListRecords for MemoryStore {
             let shard = lock(shard);
             records.extend(
                 shard
+                    .map
                     .values()
+                    .map(|e| &e.record)
                     .filter(|r| !r.is_expired(now))
                     .filter(|r| filter.state.is_none_or(|s| r.state == s))
                     .filter(|r| cutoff.is_none_or(|c| r.created_at <= c))
@@ -279,8 +444,9 @@ impl Purge for MemoryStore {
             }
             let mut shard = lock(shard);
             let doomed: Vec<Id> = shard
+                .map
                 .iter()
-                .filter(|(_, r)| r.is_expired(now))
+                .filter(|(_, e)| e.record.is_expired(now))
                 .map(|(id, _)| id.clone())
                 .take(left)
                 .collect();
@@ -303,13 +469,127 @@ impl Purge for MemoryStore {
 
 impl CacheStore for MemoryStore {
     async fn put(&self, record: Record) -> Result<(), StoreError> {
+        let now = Timestamp::now();
         let mut shard = self.shard(&record.scope, &record.key);
         shard.insert((record.scope.clone(), record.key.clone()), record);
+        self.trim(&mut shard, now);
         Ok(())
     }
 
     async fn evict(&self, scope: &Scope, key: &IdempotencyKey) -> Result<(), StoreError> {
         self.shard(scope, key).remove(&(scope.clone(), key.clone()));
         Ok(())
+    }
+
+    /// A bounded store is an in-process cache: final records only.
+    fn keeps_in_progress(&self) -> bool {
+        self.limit.is_none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Fingerprint, OwnerToken, StoredResponse, Verdict};
+
+    fn scope() -> Scope {
+        Scope::new("tenant", "POST /v1/payments").expect("scope")
+    }
+
+    fn record(key: &str, body_len: usize) -> Record {
+        let now = Timestamp::now();
+        Record {
+            scope: scope(),
+            key: key.parse().expect("key"),
+            fingerprint: Fingerprint::builder().json_body(b"{}").finish(),
+            state: RecordState::Completed,
+            created_at: now,
+            updated_at: now,
+            expires_at: now.plus(Duration::from_secs(3600)),
+            lease: Lease {
+                owner: OwnerToken::random(),
+                attempt: 1,
+                locked_until: now,
+            },
+            response: Some(StoredResponse::new(201, vec![b'x'; body_len])),
+            resource_id: None,
+            error_code: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_bounded_store_stays_within_its_budget() {
+        let budget = 256 * 1024;
+        let cache = MemoryStore::cache(budget, Duration::from_secs(60));
+        for i in 0..5_000 {
+            cache.put(record(&format!("k{i}"), 500)).await.expect("put");
+            assert!(cache.bytes() <= budget, "{} > {budget}", cache.bytes());
+        }
+        // It keeps what fits (eviction stops at 7/8 of each shard's share).
+        let per_record = weight(&record("k0", 500));
+        assert!(cache.len() * per_record >= budget / 2, "{}", cache.len());
+        // Whatever is still held is answered whole; the rest is absent.
+        let mut held = 0;
+        for i in 0..5_000 {
+            let k: IdempotencyKey = format!("k{i}").parse().expect("key");
+            if let Some(r) = cache.get(&scope(), &k).await.expect("get") {
+                assert_eq!(r.response.expect("response").body.len(), 500);
+                held += 1;
+            }
+        }
+        assert_eq!(held, cache.len());
+    }
+
+    #[tokio::test]
+    async fn a_bounded_store_treats_old_copies_as_absent() {
+        let cache = MemoryStore::cache(1 << 20, Duration::from_millis(30));
+        cache.put(record("old", 10)).await.expect("put");
+        let k: IdempotencyKey = "old".parse().expect("key");
+        assert!(cache.get(&scope(), &k).await.expect("get").is_some());
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        assert!(cache.get(&scope(), &k).await.expect("get").is_none());
+        // An unbounded store keeps it.
+        let store = MemoryStore::new();
+        store.put(record("old", 10)).await.expect("put");
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        assert!(store.get(&scope(), &k).await.expect("get").is_some());
+    }
+
+    #[tokio::test]
+    async fn the_byte_count_follows_every_change() {
+        let store = MemoryStore::new();
+        let k: IdempotencyKey = "k".parse().expect("key");
+        let fp = Fingerprint::builder().json_body(b"{}").finish();
+        let Reservation::Acquired(lease) = store
+            .reserve(ReserveRequest {
+                scope: &scope(),
+                key: &k,
+                fingerprint: fp,
+                owner: OwnerToken::random(),
+                lease: Duration::from_secs(30),
+                retention: Duration::from_secs(60),
+                on_lease_expiry: Default::default(),
+            })
+            .await
+            .expect("reserve")
+        else {
+            panic!("acquires");
+        };
+        let reserved = store.bytes();
+        assert!(reserved >= RECORD_OVERHEAD);
+        let outcome = FinalOutcome {
+            verdict: Verdict::Completed,
+            response: StoredResponse::new(201, vec![b'y'; 1000]),
+            resource_id: None,
+            error_code: None,
+            retention: Duration::from_secs(60),
+        };
+        store
+            .resolve(&scope(), &k, &lease, &outcome)
+            .await
+            .expect("resolve");
+        assert!(store.bytes() >= reserved + 1000);
+        assert!(store.delete(&scope(), &k).await.expect("delete"));
+        assert_eq!(store.bytes(), 0);
     }
 }

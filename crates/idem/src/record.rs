@@ -122,9 +122,20 @@ impl std::str::FromStr for RecordState {
 pub struct OwnerToken(u128);
 
 impl OwnerToken {
-    /// A fresh random token.
+    /// A fresh token: never repeated by this process, and unguessable
+    /// across processes.
+    ///
+    /// One random 128-bit seed per process (from the OS) is combined with a
+    /// counter through a bijective mixer, so tokens of one process are all
+    /// distinct and tokens of two processes collide with negligible
+    /// probability — without a system call per reservation (which the
+    /// profile of the gateway showed on every request).
     pub fn random() -> Self {
-        Self(uuid::Uuid::new_v4().as_u128())
+        static SEED: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let seed = *SEED.get_or_init(|| uuid::Uuid::new_v4().as_u128());
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self(seed ^ u128::from(splitmix64(n)))
     }
 
     /// From its 128-bit value (as read back from storage).
@@ -146,6 +157,15 @@ impl OwnerToken {
     pub const fn from_bytes(b: [u8; 16]) -> Self {
         Self(u128::from_be_bytes(b))
     }
+}
+
+/// SplitMix64's finaliser: a bijection on `u64` that scatters a counter's
+/// bits.
+const fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 impl fmt::Display for OwnerToken {
@@ -302,6 +322,28 @@ impl Record {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owner_tokens_are_distinct_across_threads() {
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    (0..10_000)
+                        .map(|_| OwnerToken::random())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut all = std::collections::HashSet::new();
+        for t in threads {
+            for token in t.join().expect("thread") {
+                assert!(all.insert(token), "{token} repeated");
+            }
+        }
+        // Consecutive tokens differ in many bits, not only the last ones.
+        let (a, b) = (OwnerToken::random().0, OwnerToken::random().0);
+        assert!((a ^ b).count_ones() > 8, "{a:032x} {b:032x}");
+    }
 
     #[test]
     fn headers_round_trip() {

@@ -37,6 +37,15 @@ pub trait CacheStore: Store {
         scope: &Scope,
         key: &IdempotencyKey,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Whether copies of records still in progress are worth keeping
+    /// (default: yes). A shared cache (Redis) answers the in-flight
+    /// duplicates that reach other gateways; an in-process cache mostly
+    /// sees its own requests, so it keeps only final records, and a fresh
+    /// reservation costs it nothing.
+    fn keeps_in_progress(&self) -> bool {
+        true
+    }
 }
 
 /// A fast cache over a durable store; see the [module docs](self).
@@ -69,7 +78,7 @@ impl<F: CacheStore, D: Store> Tiered<F, D> {
     /// answered; anything else asks the durable store. Lease liveness is
     /// judged on this process' clock, which at worst makes a duplicate wait
     /// a little longer before the durable store decides.
-    fn answer_from_copy(copy: &Record, req: &ReserveRequest<'_>) -> Option<Reservation> {
+    fn answer_from_copy(copy: Record, req: &ReserveRequest<'_>) -> Option<Reservation> {
         let now = Timestamp::now();
         if copy.is_expired(now) {
             return None;
@@ -77,7 +86,7 @@ impl<F: CacheStore, D: Store> Tiered<F, D> {
         match copy.state {
             RecordState::Completed | RecordState::Failed => {
                 Some(if copy.fingerprint == req.fingerprint {
-                    Reservation::Existing(Box::new(copy.clone()))
+                    Reservation::Existing(Box::new(copy))
                 } else {
                     Reservation::Mismatch { state: copy.state }
                 })
@@ -105,7 +114,7 @@ impl<F: CacheStore, D: Store> Store for Tiered<F, D> {
     async fn reserve(&self, req: ReserveRequest<'_>) -> Result<Reservation, StoreError> {
         match self.fast.get(req.scope, req.key).await {
             Ok(Some(copy)) => {
-                if let Some(answer) = Self::answer_from_copy(&copy, &req) {
+                if let Some(answer) = Self::answer_from_copy(copy, &req) {
                     return Ok(answer);
                 }
             }
@@ -114,6 +123,7 @@ impl<F: CacheStore, D: Store> Store for Tiered<F, D> {
         }
         let reservation = self.durable.reserve(req).await?;
         let copy = match &reservation {
+            Reservation::Acquired(_) if !self.fast.keeps_in_progress() => None,
             Reservation::Acquired(lease) => Some(Record {
                 scope: req.scope.clone(),
                 key: req.key.clone(),
@@ -150,7 +160,9 @@ impl<F: CacheStore, D: Store> Store for Tiered<F, D> {
         outcome: &FinalOutcome,
     ) -> Result<(), StoreError> {
         self.durable.resolve(scope, key, lease, outcome).await?;
-        if self.fast.resolve(scope, key, lease, outcome).await.is_err() {
+        if self.fast.keeps_in_progress()
+            && self.fast.resolve(scope, key, lease, outcome).await.is_err()
+        {
             self.drop_copy(scope, key).await;
         }
         Ok(())
@@ -175,11 +187,12 @@ impl<F: CacheStore, D: Store> Store for Tiered<F, D> {
         reason: &str,
     ) -> Result<(), StoreError> {
         self.durable.mark_unknown(scope, key, lease, reason).await?;
-        if self
-            .fast
-            .mark_unknown(scope, key, lease, reason)
-            .await
-            .is_err()
+        if self.fast.keeps_in_progress()
+            && self
+                .fast
+                .mark_unknown(scope, key, lease, reason)
+                .await
+                .is_err()
         {
             self.drop_copy(scope, key).await;
         }
@@ -194,7 +207,9 @@ impl<F: CacheStore, D: Store> Store for Tiered<F, D> {
         duration: Duration,
     ) -> Result<Timestamp, StoreError> {
         let until = self.durable.renew(scope, key, lease, duration).await?;
-        if self.fast.renew(scope, key, lease, duration).await.is_err() {
+        if self.fast.keeps_in_progress()
+            && self.fast.renew(scope, key, lease, duration).await.is_err()
+        {
             self.drop_copy(scope, key).await;
         }
         Ok(until)

@@ -51,6 +51,46 @@ fn json() -> impl Strategy<Value = J> {
     })
 }
 
+/// Documents over the whole range the canonicaliser must get right, for
+/// the comparison with the reference implementation: any finite double
+/// (tiny, huge, negative zero), every control character, characters on both
+/// sides of the surrogate range in member names (where UTF-8 and UTF-16
+/// order differ).
+fn wide_json() -> impl Strategy<Value = J> {
+    let text = "[\\u{0}-\\u{1f}a-z\"\\\\é\\u{7f}\\u{d7ff}\\u{e000}\\u{fb01}\\u{ffff}\\u{10000}\\u{1f600}]{0,6}";
+    let leaf = prop_oneof![
+        Just(J::Null),
+        any::<bool>().prop_map(J::Bool),
+        any::<i64>().prop_map(J::Int),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(J::Float),
+        Just(J::Float(-0.0)),
+        prop_oneof![
+            Just(1e21),
+            Just(1e-7),
+            Just(123456789012345680000.0),
+            Just(5e-324)
+        ]
+        .prop_map(J::Float),
+        text.prop_map(J::Str),
+    ];
+    leaf.prop_recursive(3, 24, 4, move |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(J::Arr),
+            prop::collection::vec((text, inner), 0..5).prop_map(|members| {
+                let mut seen = std::collections::HashSet::new();
+                J::Obj(
+                    members
+                        .into_iter()
+                        .filter(|(k, _)| seen.insert(k.clone()))
+                        .collect(),
+                )
+            }),
+        ]
+    })
+}
+
 /// Writes `j` as JSON text, members reversed or not, with or without
 /// white space.
 fn write(j: &J, reversed: bool, spaced: bool) -> String {
@@ -113,6 +153,16 @@ proptest! {
         prop_assert_eq!(fingerprint(&plain), fingerprint(&other), "{} vs {}", plain, other);
         let canonical = canonical_json(plain.as_bytes()).expect("valid JSON");
         prop_assert_eq!(canonical_json(&canonical), Some(canonical.clone()), "canonical form is stable");
+    }
+
+    #[test]
+    fn canonical_form_matches_the_reference_implementation(j in wide_json()) {
+        let text = write(&j, true, true);
+        let reference = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| serde_json_canonicalizer::to_vec(&v).ok());
+        prop_assert!(reference.is_some(), "reference refused {}", text);
+        prop_assert_eq!(canonical_json(text.as_bytes()), reference, "{}", text);
     }
 
     #[test]
