@@ -49,6 +49,15 @@ struct FileConfig {
     route: Vec<PolicyConfig>,
     cleanup: Option<CleanupConfig>,
     monitor: Option<MonitorConfig>,
+    cache: Option<CacheConfig>,
+}
+
+/// `[cache]`: the in-process copy of recent records in front of the store.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CacheConfig {
+    size: Option<Spanned<String>>,
+    max_age: Option<Spanned<String>>,
 }
 
 /// `[cleanup]`: the background deletion of expired records.
@@ -139,6 +148,30 @@ pub struct Settings {
     pub cleanup: Option<CleanupSettings>,
     /// The stuck-record monitor.
     pub monitor: MonitorSettings,
+    /// The in-process record cache (`None`: off).
+    pub cache: Option<CacheSettings>,
+}
+
+/// `[cache]`, validated: a bounded in-process copy of recent records in
+/// front of the store (the fast tier of [`idem::Tiered`]), which answers
+/// replays and in-flight duplicates without a store round trip.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheSettings {
+    /// Approximate bytes of records held (default 16 MiB).
+    pub size: usize,
+    /// How long a copy may be used before the store is asked again
+    /// (default 60 s): bounds how long a change made elsewhere (another
+    /// gateway, `idem records purge` on the same file) goes unseen.
+    pub max_age: Duration,
+}
+
+impl Default for CacheSettings {
+    fn default() -> Self {
+        Self {
+            size: 16 << 20,
+            max_age: Duration::from_secs(60),
+        }
+    }
 }
 
 /// `[cleanup]`, validated.
@@ -328,6 +361,7 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
     // monitor is off there unless asked for.
     let redis = store.starts_with("redis://") || store.starts_with("rediss://");
     let (cleanup, monitor) = jobs(src, &file.cleanup, &file.monitor, longest_lease, !redis)?;
+    let cache = cache(src, file.cache.as_ref())?;
     Ok(Settings {
         listen,
         upstream,
@@ -340,7 +374,30 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         shutdown_grace,
         cleanup,
         monitor,
+        cache,
     })
+}
+
+/// `[cache]`: on by default; `size = "0"` turns it off.
+fn cache(
+    src: &Source<'_>,
+    cfg: Option<&CacheConfig>,
+) -> Result<Option<CacheSettings>, ConfigError> {
+    let mut out = CacheSettings::default();
+    let Some(cfg) = cfg else {
+        return Ok(Some(out));
+    };
+    if let Some(v) = &cfg.size {
+        match parse_size(v.get_ref()) {
+            Ok(0) => return Ok(None),
+            Ok(n) => out.size = n,
+            Err(why) => return Err(src.error("cache.size", v, why)),
+        }
+    }
+    if let Some(v) = &cfg.max_age {
+        out.max_age = positive(src, "cache.max_age", v, duration(src, "cache.max_age", v)?)?;
+    }
+    Ok(Some(out))
 }
 
 fn jobs(

@@ -274,6 +274,7 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         shutdown_grace: Duration::from_secs(5),
         cleanup: None,
         monitor: crate::config::MonitorSettings::default(),
+        cache: Some(crate::config::CacheSettings::default()),
     };
     let server = crate::server::bind(&settings).await?;
     let gateway = server.local_addr().map_err(|e| e.to_string())?;

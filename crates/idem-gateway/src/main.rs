@@ -7,6 +7,11 @@
 
 use idem_gateway::{cli, config, demo, server};
 
+/// mimalloc instead of the system allocator: the request path makes many
+/// small short-lived allocations (see docs/BENCHMARKS.md, profiles).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 

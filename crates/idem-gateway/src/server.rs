@@ -55,7 +55,7 @@ pub async fn bind(settings: &Settings) -> Result<Server, String> {
     // Before anything records: the layer registers its counters on the
     // first request.
     crate::metrics::install();
-    let store = GatewayStore::open(&settings.store).await?;
+    let store = GatewayStore::open(&settings.store, settings.cache).await?;
     let listener = TcpListener::bind(settings.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", settings.listen))?;

@@ -27,6 +27,7 @@ use idem_sqlite::SqliteStore;
 
 use idem::store::redact_url as redact;
 
+use crate::config::CacheSettings;
 use crate::metrics::{StoreOp, StoreOpMetrics};
 use crate::server::error_chain;
 
@@ -190,24 +191,26 @@ pub struct GatewayStore {
     last_error: Arc<Mutex<String>>,
     kind: &'static str,
     ops: StoreOpMetrics,
+    cache: Option<CacheSettings>,
 }
 
 impl GatewayStore {
     /// Opens the store: at once for files and memory (errors are fatal);
     /// for servers, a first attempt now and, if it fails, retries in the
-    /// background with backoff.
-    pub async fn open(url: &str) -> Result<Self, String> {
+    /// background with backoff. With `cache`, a bounded in-process copy of
+    /// recent records sits in front of it (see [`CacheSettings`]).
+    pub async fn open(url: &str, cache: Option<CacheSettings>) -> Result<Self, String> {
         let parsed = StoreUrl::parse(url)?;
         let store = Self {
             ready: Arc::new(OnceLock::new()),
             last_error: Arc::new(Mutex::new(String::new())),
             kind: parsed.kind(),
             ops: StoreOpMetrics::new(parsed.kind()),
+            // An in-memory store needs no copy of itself.
+            cache: cache.filter(|_| !matches!(parsed, StoreUrl::Memory)),
         };
         match parsed.connect().await {
-            Ok(s) => {
-                let _ = store.ready.set(s);
-            }
+            Ok(s) => store.set(s),
             Err(err) if parsed.is_remote() => {
                 tracing::warn!(reason = "store_unreachable", %err, "store unreachable at start; serving per fail mode and retrying in the background");
                 *store.last_error.lock().unwrap_or_else(|p| p.into_inner()) = err;
@@ -225,7 +228,7 @@ impl GatewayStore {
             tokio::time::sleep(pause).await;
             match url.connect().await {
                 Ok(s) => {
-                    let _ = self.ready.set(s);
+                    self.set(s);
                     tracing::info!(
                         reason = "store_connected",
                         "store reachable; protection active"
@@ -239,6 +242,14 @@ impl GatewayStore {
                 }
             }
         }
+    }
+
+    fn set(&self, store: DynStore) {
+        let store = match self.cache {
+            Some(c) => DynStore::new(Tiered::new(MemoryStore::cache(c.size, c.max_age), store)),
+            None => store,
+        };
+        let _ = self.ready.set(store);
     }
 
     /// The backend's name, as in the metrics' `store` label.
@@ -388,15 +399,17 @@ mod tests {
 
     #[tokio::test]
     async fn files_fail_at_once_servers_are_retried() {
-        let err = GatewayStore::open("sqlite:///nonexistent-dir/x.db")
+        let err = GatewayStore::open("sqlite:///nonexistent-dir/x.db", None)
             .await
             .expect_err("missing dir");
         assert!(err.contains("/nonexistent-dir/x.db"), "{err}");
         // Nothing listens on port 1: the gateway starts, the store reports why.
-        let store =
-            GatewayStore::open("postgres://postgres@127.0.0.1:1/test?connect_timeout_ms=200")
-                .await
-                .expect("starts anyway");
+        let store = GatewayStore::open(
+            "postgres://postgres@127.0.0.1:1/test?connect_timeout_ms=200",
+            None,
+        )
+        .await
+        .expect("starts anyway");
         let scope = Scope::new("t", "op").expect("scope");
         let key: IdempotencyKey = "k".parse().expect("key");
         let err = store.get(&scope, &key).await.expect_err("not connected");
