@@ -919,6 +919,38 @@ on_store_error = "open"
     }
 
     #[test]
+    fn the_record_cache_defaults_on_and_can_be_sized_or_turned_off() {
+        let s = from_text("upstream = \"http://x:1\"\n").expect("valid");
+        assert_eq!(s.cache, Some(CacheSettings::default()));
+        let s =
+            from_text("upstream = \"http://x:1\"\n[cache]\nsize = \"4MiB\"\nmax_age = \"5s\"\n")
+                .expect("valid");
+        assert_eq!(
+            s.cache,
+            Some(CacheSettings {
+                size: 4 << 20,
+                max_age: Duration::from_secs(5)
+            })
+        );
+        let s = from_text("upstream = \"http://x:1\"\n[cache]\nsize = \"0\"\n").expect("valid");
+        assert_eq!(s.cache, None);
+        for (text, needle) in [
+            (
+                "[cache]\nsize = \"lots\"\n",
+                "idem.toml:3: cache.size = \"lots\"",
+            ),
+            (
+                "[cache]\nmax_age = \"0s\"\n",
+                "idem.toml:3: cache.max_age = \"0s\": must be greater than zero",
+            ),
+            ("[cache]\nttl = \"1s\"\n", "unknown field `ttl`"),
+        ] {
+            let err = from_text(&format!("upstream = \"http://x:1\"\n{text}")).expect_err(text);
+            assert!(err.0.contains(needle), "{text}: {}", err.0);
+        }
+    }
+
+    #[test]
     fn sizes() {
         assert_eq!(parse_size("1MiB"), Ok(1 << 20));
         assert_eq!(parse_size("64 KiB"), Ok(64 << 10));
