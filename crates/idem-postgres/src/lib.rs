@@ -143,12 +143,20 @@ pub struct PgOptions {
     pub idle_timeout: Option<Duration>,
     /// Whether [`PgStore::connect_with`] applies migrations.
     pub migrate: bool,
-    /// Whether the pool pings a connection before handing it out. On by
-    /// default: after a server restart no operation fails on a dead pooled
-    /// connection. Off saves one round trip per operation (see
-    /// `benches/reserve.rs`); a dead connection then fails one operation
-    /// with [`StoreError::Unavailable`] before the pool replaces it.
+    /// Whether the pool pings a connection before handing it out (on by
+    /// default), so that a connection that died while idle (a server
+    /// restart during a quiet spell) is replaced instead of failing an
+    /// operation. Only connections idle for at least
+    /// [`ping_after_idle`](Self::ping_after_idle) are pinged. Off, a dead
+    /// connection fails one operation with [`StoreError::Unavailable`]
+    /// before the pool replaces it.
     pub test_before_acquire: bool,
+    /// How long a connection must have sat idle to be pinged before use
+    /// (default 1 s; zero pings before every operation). Under load
+    /// connections go straight back to work and no round trip is spent on
+    /// pings — a ping per operation cost 10–25 % of the gateway's
+    /// PostgreSQL throughput (docs/BENCHMARKS.md).
+    pub ping_after_idle: Duration,
     /// A PostgreSQL schema for the idem tables (created by migration if
     /// missing), set as every connection's `search_path`; `None` uses the
     /// server's default (usually `public`).
@@ -166,6 +174,7 @@ impl std::fmt::Debug for PgOptions {
             .field("idle_timeout", &self.idle_timeout)
             .field("migrate", &self.migrate)
             .field("test_before_acquire", &self.test_before_acquire)
+            .field("ping_after_idle", &self.ping_after_idle)
             .field("schema", &self.schema)
             .finish_non_exhaustive()
     }
@@ -191,6 +200,7 @@ impl PgOptions {
             idle_timeout: Some(Duration::from_secs(600)),
             migrate: true,
             test_before_acquire: true,
+            ping_after_idle: Duration::from_secs(1),
             schema: None,
         }
     }
@@ -199,7 +209,8 @@ impl PgOptions {
     /// `postgresql://…`). Besides the driver's own options (`sslmode`,
     /// `application_name`, `options`…), idem reads `max_connections=N`,
     /// `min_connections=N`, `acquire_timeout_ms=N`, `connect_timeout_ms=N`,
-    /// `schema=NAME`, `migrate=true|false` and `test_before_acquire=true|false`.
+    /// `schema=NAME`, `migrate=true|false`, `test_before_acquire=true|false`
+    /// and `ping_after_idle_ms=N` (0 pings before every operation).
     pub fn from_url(url: &str) -> Result<Self, PgError> {
         let bad = |reason: String| PgError::Url {
             url: idem::store::redact_url(url),
@@ -224,7 +235,8 @@ impl PgOptions {
                 | "connect_timeout_ms"
                 | "schema"
                 | "migrate"
-                | "test_before_acquire" => {
+                | "test_before_acquire"
+                | "ping_after_idle_ms" => {
                     ours.push((name, value));
                 }
                 _ => driver_query.push(pair),
@@ -257,6 +269,14 @@ impl PgOptions {
                     opts.connect_timeout = Duration::from_millis(number()?.into());
                 }
                 "schema" => opts.schema = Some(value.to_owned()),
+                "ping_after_idle_ms" => {
+                    let ms = value.parse::<u64>().map_err(|_| {
+                        bad(format!(
+                            "{name} must be a whole number of milliseconds, not {value:?}"
+                        ))
+                    })?;
+                    opts.ping_after_idle = Duration::from_millis(ms);
+                }
                 "migrate" | "test_before_acquire" => {
                     let flag = match value {
                         "true" => true,
@@ -380,12 +400,23 @@ impl PgStore {
                 ));
             }
         }
+        let (ping, ping_after_idle) = (opts.test_before_acquire, opts.ping_after_idle);
         let pool = PgPoolOptions::new()
             .max_connections(opts.max_connections)
             .min_connections(opts.min_connections)
             .acquire_timeout(opts.acquire_timeout)
             .idle_timeout(opts.idle_timeout)
-            .test_before_acquire(opts.test_before_acquire)
+            // sqlx's own test pings before every acquire; ours only after
+            // an idle spell (see `ping_after_idle`).
+            .test_before_acquire(false)
+            .before_acquire(move |conn, meta| {
+                Box::pin(async move {
+                    if ping && meta.idle_for >= ping_after_idle {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_lazy_with(connect);
         let store = Self {
             pool,
@@ -837,6 +868,9 @@ mod tests {
         assert!(!o.migrate);
         assert!(!o.test_before_acquire);
         assert_eq!(o.connect.get_application_name(), Some("gw"));
+        assert_eq!(o.ping_after_idle, Duration::from_secs(1), "default");
+        let o = PgOptions::from_url("postgres://db/idem?ping_after_idle_ms=0").expect("valid");
+        assert_eq!(o.ping_after_idle, Duration::ZERO);
     }
 
     #[test]
@@ -847,6 +881,10 @@ mod tests {
             ("postgres://db/idem?max_connections=0", "positive integer"),
             ("postgres://db/idem?max_connections=x", "positive integer"),
             ("postgres://db/idem?migrate=maybe", "true or false"),
+            (
+                "postgres://db/idem?ping_after_idle_ms=soon",
+                "whole number of milliseconds",
+            ),
             ("postgres://db/idem?schema=a;b", "letters, digits"),
             ("postgres://db/idem?pool", "has no value"),
             (

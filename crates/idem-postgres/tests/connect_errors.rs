@@ -100,3 +100,66 @@ async fn wrong_credentials() {
     assert!(text.contains("idem_no_such_role"), "{text}");
     assert!(!text.contains("s3cret"), "{text}");
 }
+
+/// A pooled connection that died while idle (a server restart in a quiet
+/// spell; here the fault proxy drops it) is pinged and replaced before use,
+/// so no operation fails on it; one idle for less than `ping_after_idle` is
+/// used without a ping, and if dead fails at most one operation before the
+/// pool replaces it.
+#[tokio::test]
+async fn a_connection_that_died_while_idle_is_replaced_before_use() {
+    let Some(opts) = common::options() else {
+        return;
+    };
+    let host = opts.connect.get_host().to_owned();
+    let target = tokio::net::lookup_host((host.as_str(), opts.connect.get_port()))
+        .await
+        .expect("resolve")
+        .next()
+        .expect("an address");
+    let proxy = idem_testkit::fault::FaultProxy::start(target).await;
+    let via_proxy = |ping_after_idle: Duration| {
+        let mut o = opts.clone().with_max_connections(1).with_migrate(false);
+        o.connect = o
+            .connect
+            .clone()
+            .host("127.0.0.1")
+            .port(proxy.addr().port());
+        o.ping_after_idle = ping_after_idle;
+        o
+    };
+    let scope = idem::Scope::new("ping-test", "GET /").expect("scope");
+    let key: idem::IdempotencyKey = "k".parse().expect("key");
+    use idem::Store;
+
+    // Pinged after 100 ms idle: the dead connection is replaced unseen.
+    let store = PgStore::connect_with(via_proxy(Duration::from_millis(100)))
+        .await
+        .expect("connect");
+    store.get(&scope, &key).await.expect("first use");
+    proxy.cut();
+    proxy.restore();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    store
+        .get(&scope, &key)
+        .await
+        .expect("the idle connection was pinged, found dead and replaced");
+
+    // Not idle long enough to be pinged: one operation fails, the next works.
+    let store = PgStore::connect_with(via_proxy(Duration::from_secs(60)))
+        .await
+        .expect("connect");
+    store.get(&scope, &key).await.expect("first use");
+    proxy.cut();
+    proxy.restore();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // sqlx notices a connection the peer closed; one that died silently
+    // would fail this operation (transient) instead.
+    if let Err(err) = store.get(&scope, &key).await {
+        assert!(err.is_transient(), "{err}");
+    }
+    store
+        .get(&scope, &key)
+        .await
+        .expect("the pool replaced the dead connection");
+}
