@@ -15,6 +15,7 @@ SCENARIOS = [
     ("idem_pass_through", "idem serve, pass-through (no key)"),
     ("idem_unique_keys", "idem serve, unique keys, SQLite"),
     ("idem_replays", "idem serve, replays, SQLite"),
+    ("idem_replays_nocache", "idem serve, replays, SQLite, record cache off"),
     ("idem_unique_keys_postgres", "idem serve, unique keys, PostgreSQL"),
     ("idem_replays_postgres", "idem serve, replays, PostgreSQL"),
     ("idem_unique_keys_redis", "idem serve, unique keys, Redis"),
