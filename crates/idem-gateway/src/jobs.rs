@@ -31,16 +31,29 @@ pub fn spawn(
     jobs
 }
 
+/// The share of time the serving gateway's cleanup spends deleting: a
+/// backlog of expired records is worked off at about a quarter of the
+/// store's deletion rate, so that the serving p99 barely moves (measured
+/// with `bench/growth`: docs/BENCHMARKS.md). `idem cleanup` runs at full
+/// speed.
+const SERVING_CLEANUP_SHARE: f64 = 0.25;
+
 /// Runs one cleanup and counts what it deleted. Each run gets the interval
 /// as its time budget, so a huge backlog is worked off across runs while
 /// the store keeps serving between batches.
 pub async fn cleanup_once(store: &GatewayStore, settings: CleanupSettings) {
     let counter = metrics::counter!(CLEANUP_DELETED_TOTAL);
     let mut counted = 0;
-    let result = operator::cleanup(store, settings.batch, Some(settings.interval), |total| {
-        counter.increment(total - counted);
-        counted = total;
-    })
+    let result = operator::cleanup_paced(
+        store,
+        settings.batch,
+        Some(settings.interval),
+        SERVING_CLEANUP_SHARE,
+        |total| {
+            counter.increment(total - counted);
+            counted = total;
+        },
+    )
     .await;
     match result {
         Ok(report) if report.deleted > 0 => tracing::info!(

@@ -197,12 +197,33 @@ pub async fn cleanup<S: Purge>(
     store: &S,
     batch: usize,
     budget: Option<Duration>,
+    progress: impl FnMut(u64),
+) -> Result<CleanupReport, StoreError> {
+    cleanup_paced(store, batch, budget, 1.0, progress).await
+}
+
+/// Like [`cleanup`], but spending at most `share` (0 < share ≤ 1) of the
+/// wall-clock time deleting: after each batch it pauses for the batch's
+/// duration × (1/share − 1). A gateway that cleans up while serving uses
+/// this, so that deletions — which share the store's commits with the
+/// serving writes (on SQLite, its single writer) — cannot crowd them out.
+pub async fn cleanup_paced<S: Purge>(
+    store: &S,
+    batch: usize,
+    budget: Option<Duration>,
+    share: f64,
     mut progress: impl FnMut(u64),
 ) -> Result<CleanupReport, StoreError> {
     let batch = batch.max(1);
+    let share = if share.is_finite() {
+        share.clamp(0.01, 1.0)
+    } else {
+        1.0
+    };
     let started = Instant::now();
     let mut report = CleanupReport::default();
     loop {
+        let began = Instant::now();
         let deleted = store.purge_expired(batch).await?;
         report.deleted += deleted;
         report.batches += 1;
@@ -215,7 +236,11 @@ pub async fn cleanup<S: Purge>(
             return Ok(report);
         }
         // Let serving traffic in between batches.
-        tokio::task::yield_now().await;
+        if share < 1.0 {
+            tokio::time::sleep(began.elapsed().mul_f64(1.0 / share - 1.0)).await;
+        } else {
+            tokio::task::yield_now().await;
+        }
     }
 }
 
