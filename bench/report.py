@@ -57,6 +57,34 @@ def machine():
     return f"{os.cpu_count()} vCPU ({cpu}), {mem} GiB, Linux {platform.release()}"
 
 
+def plot(present, data, conns, path):
+    """Throughput against connections, one line per scenario, as a PNG.
+    Returns False when matplotlib is missing (bench/run installs it)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    xs = [int(c) for c in conns]
+    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
+    ax.set_prop_cycle(color=plt.cm.tab20.colors)
+    for s, label in present:
+        style = "--" if s in ("direct", "nginx") else "-"
+        ax.plot(xs, [data[(s, c)]["rps"] for c in conns], style, marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel("connections (wrk)")
+    ax.set_ylabel("requests / s")
+    ax.set_title("idem serve against nginx, same run, 2 shared cores")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path)
+    return True
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", required=True)
@@ -68,6 +96,8 @@ def main():
     conns = a.connections.split()
     present = [(s, l) for s, l in SCENARIOS if os.path.exists(os.path.join(a.results, f"{s}-{conns[0]}.txt"))]
     data = {(s, c): parse(os.path.join(a.results, f"{s}-{c}.txt")) for s, _ in present for c in conns}
+    png = os.path.join(os.path.dirname(os.path.abspath(a.doc)), "img", "throughput.png")
+    plotted = plot(present, data, conns, png)
     wrk = subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     nginx = subprocess.run(["nginx", "-v"], capture_output=True, text=True).stderr.strip()
     lines = [
@@ -94,6 +124,8 @@ def main():
                 cell += f" **{d['non2xx']} non-2xx**"
             cells.append(cell)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if plotted:
+        lines += ["", "![Throughput against connections, every scenario of this run](img/throughput.png)"]
     lines += ["", "Ratios to the nginx baseline at the same connection count (req/s):", ""]
     lines.append("| scenario | " + " | ".join(f"{c} conn" for c in conns) + " |")
     lines.append("|---|" + "---:|" * len(conns))
