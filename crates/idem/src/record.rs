@@ -135,7 +135,12 @@ impl OwnerToken {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let seed = *SEED.get_or_init(|| uuid::Uuid::new_v4().as_u128());
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Self(seed ^ u128::from(splitmix64(n)))
+        // Both halves change with every token (callers may use a prefix
+        // of its text as a short unique name); the high half alone is
+        // already distinct for every counter value.
+        let hi = splitmix64(n);
+        let lo = splitmix64(n ^ 0x5851_f42d_4c95_7f2d);
+        Self(seed ^ (u128::from(hi) << 64 | u128::from(lo)))
     }
 
     /// From its 128-bit value (as read back from storage).
@@ -340,9 +345,15 @@ mod tests {
                 assert!(all.insert(token), "{token} repeated");
             }
         }
-        // Consecutive tokens differ in many bits, not only the last ones.
+        // Consecutive tokens differ in many bits, in both halves: a prefix
+        // of the text is a usable short name too.
         let (a, b) = (OwnerToken::random().0, OwnerToken::random().0);
-        assert!((a ^ b).count_ones() > 8, "{a:032x} {b:032x}");
+        assert!((a ^ b).count_ones() > 16, "{a:032x} {b:032x}");
+        assert!(((a ^ b) >> 64).count_ones() > 8, "{a:032x} {b:032x}");
+        let prefixes: std::collections::HashSet<String> = (0..1000)
+            .map(|_| OwnerToken::random().to_string()[..10].to_owned())
+            .collect();
+        assert_eq!(prefixes.len(), 1000, "10-digit prefixes repeat");
     }
 
     #[test]

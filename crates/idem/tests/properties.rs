@@ -26,6 +26,18 @@ enum J {
     Obj(Vec<(String, J)>),
 }
 
+/// An object of the first member of each name: member names are unique in
+/// a document worth comparing.
+fn object(members: Vec<(String, J)>) -> J {
+    let mut seen = std::collections::HashSet::new();
+    J::Obj(
+        members
+            .into_iter()
+            .filter(|(k, _)| seen.insert(k.clone()))
+            .collect(),
+    )
+}
+
 fn json() -> impl Strategy<Value = J> {
     let leaf = prop_oneof![
         Just(J::Null),
@@ -37,16 +49,7 @@ fn json() -> impl Strategy<Value = J> {
     leaf.prop_recursive(4, 32, 4, |inner| {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..4).prop_map(J::Arr),
-            prop::collection::vec(("[a-d]{1,2}", inner), 0..4).prop_map(|members| {
-                // Member names are unique in a document worth comparing.
-                let mut seen = std::collections::HashSet::new();
-                J::Obj(
-                    members
-                        .into_iter()
-                        .filter(|(k, _)| seen.insert(k.clone()))
-                        .collect(),
-                )
-            }),
+            prop::collection::vec(("[a-d]{1,2}", inner), 0..4).prop_map(object),
         ]
     })
 }
@@ -78,15 +81,7 @@ fn wide_json() -> impl Strategy<Value = J> {
     leaf.prop_recursive(3, 24, 4, move |inner| {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..4).prop_map(J::Arr),
-            prop::collection::vec((text, inner), 0..5).prop_map(|members| {
-                let mut seen = std::collections::HashSet::new();
-                J::Obj(
-                    members
-                        .into_iter()
-                        .filter(|(k, _)| seen.insert(k.clone()))
-                        .collect(),
-                )
-            }),
+            prop::collection::vec((text, inner), 0..5).prop_map(object),
         ]
     })
 }
