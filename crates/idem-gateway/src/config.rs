@@ -154,7 +154,7 @@ pub struct Settings {
 
 /// `[cache]`, validated: a bounded in-process copy of recent records in
 /// front of the store (the fast tier of [`idem::Tiered`]), which answers
-/// replays and in-flight duplicates without a store round trip.
+/// replays and key reuse of final records without a store round trip.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheSettings {
     /// Approximate bytes of records held (default 8 MiB: some 10,000 typical

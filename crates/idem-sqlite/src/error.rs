@@ -49,6 +49,9 @@ pub enum SqliteError {
     /// Any other driver error.
     #[error(transparent)]
     Sqlite(rusqlite::Error),
+    /// A thread of the store (writer, checkpointer) could not be started.
+    #[error("cannot start the SQLite {0} thread: {1}")]
+    Thread(&'static str, #[source] std::io::Error),
     /// The writer thread is gone (the store was shut down or it crashed).
     #[error("the SQLite writer thread has stopped")]
     WriterStopped,

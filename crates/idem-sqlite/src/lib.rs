@@ -211,11 +211,7 @@ impl SqliteStore {
             open_connection(&opts, true).map_err(opened)?,
             Duration::from_millis(250),
         )
-        .map_err(|e| {
-            opened(SqliteError::Sqlite(
-                rusqlite::Error::ToSqlConversionFailure(Box::new(e)),
-            ))
-        })?;
+        .map_err(|e| opened(SqliteError::Thread("checkpoint", e)))?;
         let readers = (0..opts.readers.max(1))
             .map(|_| open_connection(&opts, false))
             .collect::<Result<Vec<_>, _>>()
@@ -227,11 +223,7 @@ impl SqliteStore {
         let writer_thread = std::thread::Builder::new()
             .name("idem-sqlite-writer".to_owned())
             .spawn(move || writer::run(conn, rx, max_batch, thread_stats))
-            .map_err(|e| {
-                opened(SqliteError::Sqlite(
-                    rusqlite::Error::ToSqlConversionFailure(Box::new(e)),
-                ))
-            })?;
+            .map_err(|e| opened(SqliteError::Thread("writer", e)))?;
         Ok(Self {
             writer: Some(tx),
             writer_thread: Some(writer_thread),

@@ -8,9 +8,10 @@
 //! [`MemoryStore::cache`] makes a *bounded* one for the fast tier: it
 //! forgets records when over its byte budget, treats a copy older than its
 //! age limit as absent, and as a fast tier holds final records only (it
-//! answers replays and mismatches; reservations go to the durable tier). A store that forgets is only ever a cache, never
-//! the store of record: [`Tiered`](crate::Tiered) asks the durable tier
-//! whenever the copy is missing.
+//! answers replays and mismatches; reservations go to the durable tier).
+//! A store that forgets is only ever a cache, never the store of record:
+//! [`Tiered`](crate::Tiered) asks the durable tier whenever the copy is
+//! missing.
 //!
 //! ```
 //! use idem::{Engine, MemoryStore};
@@ -53,10 +54,6 @@ struct Shard {
 }
 
 impl Shard {
-    fn get_mut(&mut self, id: &Id) -> Option<&mut Record> {
-        self.map.get_mut(id).map(|e| &mut e.record)
-    }
-
     fn insert(&mut self, id: Id, record: Record) {
         self.bytes += weight(&record);
         let entry = Entry {
@@ -215,13 +212,18 @@ impl MemoryStore {
         }
     }
 
+    /// Whether a bounded store treats this entry as absent.
+    fn is_stale(&self, entry: &Entry, now: Timestamp) -> bool {
+        self.limit.is_some_and(|l| l.is_stale(entry, now))
+    }
+
     /// The record, unless a bounded store considers its copy stale.
     fn live<'a>(&self, shard: &'a Shard, id: &Id, now: Timestamp) -> Option<&'a Record> {
-        let entry = shard.map.get(id)?;
-        match &self.limit {
-            Some(limit) if limit.is_stale(entry, now) => None,
-            _ => Some(&entry.record),
-        }
+        shard
+            .map
+            .get(id)
+            .filter(|e| !self.is_stale(e, now))
+            .map(|e| &e.record)
     }
 
     /// Runs `f` on the record if `lease` is the current lease of a record
@@ -236,8 +238,8 @@ impl MemoryStore {
     ) -> Result<T, StoreError> {
         let mut shard = self.shard(scope, key);
         let id = (scope.clone(), key.clone());
-        match shard.get_mut(&id) {
-            Some(r) if allowed(r, lease) => Ok(f(&mut shard, id)),
+        match shard.map.get(&id) {
+            Some(e) if allowed(&e.record, lease) => Ok(f(&mut shard, id)),
             _ => Err(StoreError::Fenced),
         }
     }
@@ -282,8 +284,11 @@ impl Store for MemoryStore {
         let now = Timestamp::now();
         let mut shard = self.shard(req.scope, req.key);
         let id = (req.scope.clone(), req.key.clone());
-        let live = self.live(&shard, &id, now).is_some();
-        let Some(existing) = shard.get_mut(&id).filter(|_| live) else {
+        let existing = match shard.map.get_mut(&id) {
+            Some(e) if !self.is_stale(e, now) => Some(&mut e.record),
+            _ => None,
+        };
+        let Some(existing) = existing else {
             let record = new_record(&req, now, 1);
             let lease = record.lease;
             shard.insert(id, record);

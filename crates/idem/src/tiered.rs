@@ -103,6 +103,20 @@ impl<F: CacheStore, D: Store> Tiered<F, D> {
         }
     }
 
+    /// Applies to the fast copy of an in-progress record the change just
+    /// made durable (`change` is not run when the fast tier keeps no such
+    /// copies); a copy that cannot follow is dropped.
+    async fn follow<T>(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        change: impl Future<Output = Result<T, StoreError>>,
+    ) {
+        if self.fast.keeps_in_progress() && change.await.is_err() {
+            self.drop_copy(scope, key).await;
+        }
+    }
+
     async fn drop_copy(&self, scope: &Scope, key: &IdempotencyKey) {
         if let Err(err) = self.fast.evict(scope, key).await {
             tracing::debug!(%err, %scope, %key, "tiered: evicting the fast copy failed");
@@ -160,11 +174,8 @@ impl<F: CacheStore, D: Store> Store for Tiered<F, D> {
         outcome: &FinalOutcome,
     ) -> Result<(), StoreError> {
         self.durable.resolve(scope, key, lease, outcome).await?;
-        if self.fast.keeps_in_progress()
-            && self.fast.resolve(scope, key, lease, outcome).await.is_err()
-        {
-            self.drop_copy(scope, key).await;
-        }
+        self.follow(scope, key, self.fast.resolve(scope, key, lease, outcome))
+            .await;
         Ok(())
     }
 
@@ -187,15 +198,12 @@ impl<F: CacheStore, D: Store> Store for Tiered<F, D> {
         reason: &str,
     ) -> Result<(), StoreError> {
         self.durable.mark_unknown(scope, key, lease, reason).await?;
-        if self.fast.keeps_in_progress()
-            && self
-                .fast
-                .mark_unknown(scope, key, lease, reason)
-                .await
-                .is_err()
-        {
-            self.drop_copy(scope, key).await;
-        }
+        self.follow(
+            scope,
+            key,
+            self.fast.mark_unknown(scope, key, lease, reason),
+        )
+        .await;
         Ok(())
     }
 
@@ -207,11 +215,8 @@ impl<F: CacheStore, D: Store> Store for Tiered<F, D> {
         duration: Duration,
     ) -> Result<Timestamp, StoreError> {
         let until = self.durable.renew(scope, key, lease, duration).await?;
-        if self.fast.keeps_in_progress()
-            && self.fast.renew(scope, key, lease, duration).await.is_err()
-        {
-            self.drop_copy(scope, key).await;
-        }
+        self.follow(scope, key, self.fast.renew(scope, key, lease, duration))
+            .await;
         Ok(until)
     }
 }
