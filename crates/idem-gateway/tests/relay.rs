@@ -277,12 +277,8 @@ async fn a_broker_outage_leaves_rows_pending_and_spends_no_attempts() {
         return;
     };
     let (store, store_url, schema, stream, prefix) = isolated(&pg, "down").await;
-    let nats_addr: std::net::SocketAddr = nats
-        .trim_start_matches("nats://")
-        .parse()
-        .expect("nats host:port");
-    let proxy = idem_testkit::fault::FaultProxy::start(nats_addr).await;
-    let via_proxy = format!("nats://{}", proxy.addr());
+    let proxy = idem_testkit::fault::FaultProxy::start(services::socket_addr(&nats)).await;
+    let via_proxy = services::via(&nats, proxy.addr(), "");
     let mut relay = start_relay(&store_url, &via_proxy, &stream, &prefix).await;
 
     proxy.cut();
@@ -584,19 +580,8 @@ async fn a_rabbitmq_outage_leaves_rows_pending_and_the_relay_reconnects() {
     let exchange = prefix.clone();
     let (_conn, ch) = rabbit_queue(&amqp, &exchange).await;
 
-    // amqp://user:password@host:port/vhost → the same through the proxy.
-    let (creds, rest) = amqp
-        .trim_start_matches("amqp://")
-        .split_once('@')
-        .expect("amqp URL with credentials");
-    let (hostport, vhost) = rest.split_once('/').unwrap_or((rest, ""));
-    let target: std::net::SocketAddr = tokio::net::lookup_host(hostport)
-        .await
-        .expect("resolve")
-        .next()
-        .expect("an address");
-    let proxy = idem_testkit::fault::FaultProxy::start(target).await;
-    let via_proxy = format!("amqp://{creds}@{}/{vhost}", proxy.addr());
+    let proxy = idem_testkit::fault::FaultProxy::start(services::socket_addr(&amqp)).await;
+    let via_proxy = services::via(&amqp, proxy.addr(), "");
     let mut relay = start_relay_with(
         &store_url,
         &via_proxy,

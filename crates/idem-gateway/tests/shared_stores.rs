@@ -4,10 +4,9 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::Duration;
 
 use http::{Method, StatusCode};
-use idem_testkit::client::{Answer, send};
+use idem_testkit::client::{Answer, send, until_status};
 use idem_testkit::fault::FaultProxy;
 use idem_testkit::gateway::GatewayProcess as Gateway;
 use idem_testkit::services;
@@ -136,39 +135,14 @@ async fn three_gateways_share_tiered_redis_postgres() {
     three_gateways_one_store(&format!("tiered:{redis},{pg}")).await;
 }
 
-/// `postgres://user@host:port/db?…` with host:port replaced.
-fn via(pg: &str, addr: SocketAddr, extra: &str) -> String {
-    let (scheme, rest) = pg.split_once("://").expect("url");
-    let (auth, rest) = rest.rsplit_once('@').map_or(("", rest), |(a, r)| (a, r));
-    let path = rest.find('/').map_or("", |i| &rest[i..]);
-    let sep = if path.contains('?') { '&' } else { '?' };
-    let at = if auth.is_empty() {
-        String::new()
-    } else {
-        format!("{auth}@")
-    };
-    format!("{scheme}://{at}{addr}{path}{sep}{extra}")
-}
-
-async fn until_status(mut attempt: impl AsyncFnMut() -> Answer, want: StatusCode) -> Answer {
-    for _ in 0..100 {
-        let a = attempt().await;
-        if a.status == want {
-            return a;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("never answered {want}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_going_away_fails_closed_or_open_and_protection_resumes() {
     let Some(pg) = services::postgres() else {
         return;
     };
-    let target = pg_addr(&pg);
+    let target = services::socket_addr(&pg);
     let proxy = FaultProxy::start(target).await;
-    let store = via(
+    let store = services::via(
         &pg,
         proxy.addr(),
         "connect_timeout_ms=500&acquire_timeout_ms=500",
@@ -228,9 +202,9 @@ async fn a_gateway_started_without_its_store_becomes_ready_when_it_appears() {
     let Some(pg) = services::postgres() else {
         return;
     };
-    let proxy = FaultProxy::start(pg_addr(&pg)).await;
+    let proxy = FaultProxy::start(services::socket_addr(&pg)).await;
     proxy.cut();
-    let store = via(
+    let store = services::via(
         &pg,
         proxy.addr(),
         "connect_timeout_ms=300&acquire_timeout_ms=500",
@@ -270,22 +244,6 @@ async fn a_gateway_started_without_its_store_becomes_ready_when_it_appears() {
         StatusCode::CREATED
     );
     assert_eq!(up.executions("late-1"), 1);
-}
-
-fn pg_addr(pg: &str) -> SocketAddr {
-    let rest = pg.split_once("://").expect("url").1;
-    let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
-    let host = host.split(['/', '?']).next().expect("host");
-    let host = if host.contains(':') {
-        host.to_owned()
-    } else {
-        format!("{host}:5432")
-    };
-    use std::net::ToSocketAddrs;
-    host.to_socket_addrs()
-        .expect("resolve")
-        .next()
-        .expect("an address")
 }
 
 #[tokio::test]

@@ -77,3 +77,33 @@ pub async fn try_send(
         body,
     })
 }
+
+/// Repeats `attempt` (every 100 ms, up to 100 times) until it answers
+/// `want`; panics otherwise. For states that settle: a store coming back,
+/// a gateway becoming ready.
+pub async fn until_status(mut attempt: impl AsyncFnMut() -> Answer, want: StatusCode) -> Answer {
+    for _ in 0..100 {
+        let a = attempt().await;
+        if a.status == want {
+            return a;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("never answered {want}");
+}
+
+/// The sum of the samples of the Prometheus metric `name` on an admin
+/// listener's `/metrics` whose labels contain `label` (e.g.
+/// `outcome="unprotected"`; empty: every sample); 0 when there is none.
+pub async fn metric(admin: SocketAddr, name: &str, label: &str) -> f64 {
+    let page = send(admin, Method::GET, "/metrics", &[], "").await;
+    String::from_utf8_lossy(&page.body)
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with([' ', '{']))
+                && l.contains(label)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

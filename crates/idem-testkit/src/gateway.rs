@@ -37,7 +37,21 @@ impl GatewayProcess {
         log: &str,
         extra: &[&str],
     ) -> Self {
-        Self::launch(binary, dir, config, upstream, store, log, extra, false).await
+        Self::launch(binary, dir, config, upstream, store, log, extra, &[], false).await
+    }
+
+    /// Like [`start`](Self::start), with extra environment variables for
+    /// the process (an `LD_PRELOAD`ed clock, say).
+    pub async fn start_with_env(
+        binary: &str,
+        dir: &Path,
+        config: &str,
+        upstream: &str,
+        store: &str,
+        log: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
+        Self::launch(binary, dir, config, upstream, store, log, &[], env, false).await
     }
 
     /// Like [`start`](Self::start), logging to `dir/idem.log`.
@@ -50,7 +64,7 @@ impl GatewayProcess {
         log: &str,
         extra: &[&str],
     ) -> Self {
-        Self::launch(binary, dir, config, upstream, store, log, extra, true).await
+        Self::launch(binary, dir, config, upstream, store, log, extra, &[], true).await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -62,6 +76,7 @@ impl GatewayProcess {
         store: &str,
         log: &str,
         extra: &[&str],
+        env: &[(&str, &str)],
         log_to_file: bool,
     ) -> Self {
         let path = dir.join("idem.toml");
@@ -73,6 +88,7 @@ impl GatewayProcess {
             .arg(&path)
             .args(["--upstream", upstream, "--store", store])
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(if log_to_file {
                 Stdio::from(std::fs::File::create(dir.join("idem.log")).expect("log file"))

@@ -14,7 +14,7 @@
 //! # }
 //! ```
 
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -103,6 +103,37 @@ fn absent<T>(msg: &str) -> Option<T> {
     None
 }
 
+/// The socket address a service URL points at (the scheme's default port
+/// when none is given): what a [`FaultProxy`](crate::fault::FaultProxy)
+/// forwards to.
+pub fn socket_addr(url: &str) -> SocketAddr {
+    let hp = host_port(url).unwrap_or_else(|| panic!("no host:port in {url}"));
+    hp.to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .unwrap_or_else(|| panic!("cannot resolve {hp}"))
+}
+
+/// `url` pointed at `addr` instead (a fault proxy in front of the
+/// service), keeping its scheme, credentials, path and query, with the
+/// query parameters `extra` (`a=1&b=2`, or empty) appended.
+pub fn via(url: &str, addr: SocketAddr, extra: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("scheme://");
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let creds = authority
+        .rsplit_once('@')
+        .map_or(String::new(), |(c, _)| format!("{c}@"));
+    let sep = if extra.is_empty() {
+        ""
+    } else if tail.contains('?') {
+        "&"
+    } else {
+        "?"
+    };
+    format!("{scheme}://{creds}{addr}{tail}{sep}{extra}")
+}
+
 /// `host:port` of a URL like `scheme://user:pass@host:port/path?query`.
 fn host_port(url: &str) -> Option<String> {
     let rest = url.split_once("://")?.1;
@@ -130,6 +161,31 @@ fn host_port(url: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn urls_are_pointed_at_a_proxy_with_everything_else_kept() {
+        let proxy: SocketAddr = "127.0.0.1:4000".parse().expect("addr");
+        assert_eq!(
+            via("postgres://u:p@127.0.0.1:5432/test", proxy, "a=1"),
+            "postgres://u:p@127.0.0.1:4000/test?a=1"
+        );
+        assert_eq!(
+            via("postgres://h/test?x=1", proxy, "a=1"),
+            "postgres://127.0.0.1:4000/test?x=1&a=1"
+        );
+        assert_eq!(
+            via("redis://127.0.0.1", proxy, ""),
+            "redis://127.0.0.1:4000"
+        );
+        assert_eq!(
+            via("amqp://guest:guest@127.0.0.1:5672/%2f", proxy, ""),
+            "amqp://guest:guest@127.0.0.1:4000/%2f"
+        );
+        assert_eq!(
+            socket_addr("nats://127.0.0.1:4222"),
+            "127.0.0.1:4222".parse::<SocketAddr>().expect("addr")
+        );
+    }
 
     #[test]
     fn host_port_of_urls() {
