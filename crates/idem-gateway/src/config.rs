@@ -14,6 +14,8 @@ use idem_http::{RoutePolicy, Routes, TenantSource};
 use serde::Deserialize;
 use toml::Spanned;
 
+pub use crate::limits::LimitsSettings;
+
 /// Defaults of DESIGN.md §7.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 /// The embedded store in the working directory.
@@ -43,6 +45,7 @@ struct FileConfig {
     admin_listen: Option<Spanned<String>>,
     admin_token: Option<Spanned<String>>,
     shutdown_grace: Option<Spanned<String>>,
+    store_timeout: Option<Spanned<String>>,
     tenant: Option<TenantConfig>,
     defaults: Option<PolicyConfig>,
     #[serde(default)]
@@ -50,6 +53,20 @@ struct FileConfig {
     cleanup: Option<CleanupConfig>,
     monitor: Option<MonitorConfig>,
     cache: Option<CacheConfig>,
+    limits: Option<LimitsConfig>,
+}
+
+/// `[limits]`: what the gateway takes on at once, and slow clients.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsConfig {
+    max_connections: Option<Spanned<i64>>,
+    max_in_flight: Option<Spanned<i64>>,
+    queue_wait: Option<Spanned<String>>,
+    header_read_timeout: Option<Spanned<String>>,
+    body_read_timeout: Option<Spanned<String>>,
+    max_headers: Option<Spanned<i64>>,
+    max_header_bytes: Option<Spanned<String>>,
 }
 
 /// `[cache]`: the in-process copy of recent records in front of the store.
@@ -132,6 +149,9 @@ pub struct Settings {
     pub upstream: Uri,
     /// The store URL.
     pub store: String,
+    /// How long a store operation on the request path may take before the
+    /// store counts as unavailable (default 5 s).
+    pub store_timeout: Duration,
     /// The admin listener.
     pub admin_listen: SocketAddr,
     /// Bearer token for admin routes other than `/healthz`.
@@ -150,6 +170,8 @@ pub struct Settings {
     pub monitor: MonitorSettings,
     /// The in-process record cache (`None`: off).
     pub cache: Option<CacheSettings>,
+    /// Connection, concurrency and slow-client limits.
+    pub limits: LimitsSettings,
 }
 
 /// `[cache]`, validated: a bounded in-process copy of recent records in
@@ -299,6 +321,10 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         Some(v) => duration(src, "shutdown_grace", v)?,
         None => Duration::from_secs(30),
     };
+    let store_timeout = match &file.store_timeout {
+        Some(v) => positive(src, "store_timeout", v, duration(src, "store_timeout", v)?)?,
+        None => Duration::from_secs(5),
+    };
     let tenant = match &file.tenant {
         None => TenantSource::Authorization,
         Some(t) => tenant_source(src, t)?,
@@ -363,10 +389,12 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
     let redis = store.starts_with("redis://") || store.starts_with("rediss://");
     let (cleanup, monitor) = jobs(src, &file.cleanup, &file.monitor, longest_lease, !redis)?;
     let cache = cache(src, file.cache.as_ref())?;
+    let limits = limits(src, file.limits.as_ref())?;
     Ok(Settings {
         listen,
         upstream,
         store,
+        store_timeout,
         admin_listen,
         admin_token,
         routes,
@@ -376,7 +404,59 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         cleanup,
         monitor,
         cache,
+        limits,
     })
+}
+
+/// `[limits]`, each value checked against a sane range.
+fn limits(src: &Source<'_>, cfg: Option<&LimitsConfig>) -> Result<LimitsSettings, ConfigError> {
+    let mut out = LimitsSettings::default();
+    let Some(cfg) = cfg else {
+        return Ok(out);
+    };
+    let count = |key: &str, v: &Spanned<i64>, max: usize| -> Result<usize, ConfigError> {
+        usize::try_from(*v.get_ref())
+            .ok()
+            .filter(|n| (1..=max).contains(n))
+            .ok_or_else(|| src.error(key, v, format!("must be a whole number from 1 to {max}")))
+    };
+    if let Some(v) = &cfg.max_connections {
+        out.max_connections = count("limits.max_connections", v, 1_000_000)?;
+    }
+    if let Some(v) = &cfg.max_in_flight {
+        out.max_in_flight = count("limits.max_in_flight", v, 1_000_000)?;
+    }
+    if let Some(v) = &cfg.max_headers {
+        out.max_headers = count("limits.max_headers", v, 10_000)?;
+    }
+    if let Some(v) = &cfg.queue_wait {
+        out.queue_wait = duration(src, "limits.queue_wait", v)?;
+    }
+    for (key, value, slot) in [
+        (
+            "limits.header_read_timeout",
+            &cfg.header_read_timeout,
+            &mut out.header_read_timeout,
+        ),
+        (
+            "limits.body_read_timeout",
+            &cfg.body_read_timeout,
+            &mut out.body_read_timeout,
+        ),
+    ] {
+        if let Some(v) = value {
+            *slot = positive(src, key, v, duration(src, key, v)?)?;
+        }
+    }
+    if let Some(v) = &cfg.max_header_bytes {
+        let n =
+            parse_size(v.get_ref()).map_err(|why| src.error("limits.max_header_bytes", v, why))?;
+        if !(8 << 10..=16 << 20).contains(&n) {
+            return Err(src.error("limits.max_header_bytes", v, "must be from 8KiB to 16MiB"));
+        }
+        out.max_header_bytes = n;
+    }
+    Ok(out)
 }
 
 /// `[cache]`: on by default; `size = "0"` turns it off.
@@ -945,6 +1025,54 @@ on_store_error = "open"
                 "idem.toml:3: cache.max_age = \"0s\": must be greater than zero",
             ),
             ("[cache]\nttl = \"1s\"\n", "unknown field `ttl`"),
+        ] {
+            let err = from_text(&format!("upstream = \"http://x:1\"\n{text}")).expect_err(text);
+            assert!(err.0.contains(needle), "{text}: {}", err.0);
+        }
+    }
+
+    #[test]
+    fn limits_default_sane_and_refuse_nonsense() {
+        let s = from_text("upstream = \"http://x:1\"\n").expect("valid");
+        assert_eq!(s.limits, LimitsSettings::default());
+        let s = from_text(
+            "upstream = \"http://x:1\"\n[limits]\nmax_connections = 100\nmax_in_flight = 8\nqueue_wait = \"0s\"\nheader_read_timeout = \"2s\"\nbody_read_timeout = \"3s\"\nmax_headers = 20\nmax_header_bytes = \"16KiB\"\n",
+        )
+        .expect("valid");
+        assert_eq!(
+            s.limits,
+            LimitsSettings {
+                max_connections: 100,
+                max_in_flight: 8,
+                queue_wait: Duration::ZERO,
+                header_read_timeout: Duration::from_secs(2),
+                body_read_timeout: Duration::from_secs(3),
+                max_headers: 20,
+                max_header_bytes: 16 << 10,
+            }
+        );
+        for (text, needle) in [
+            (
+                "[limits]\nmax_in_flight = 0\n",
+                "idem.toml:3: limits.max_in_flight = 0: must be a whole number from 1 to 1000000",
+            ),
+            (
+                "[limits]\nmax_connections = -5\n",
+                "idem.toml:3: limits.max_connections = -5",
+            ),
+            (
+                "[limits]\nheader_read_timeout = \"0s\"\n",
+                "limits.header_read_timeout = \"0s\": must be greater than zero",
+            ),
+            (
+                "[limits]\nbody_read_timeout = \"soon\"\n",
+                "limits.body_read_timeout = \"soon\"",
+            ),
+            (
+                "[limits]\nmax_header_bytes = \"1KiB\"\n",
+                "limits.max_header_bytes = \"1KiB\": must be from 8KiB to 16MiB",
+            ),
+            ("[limits]\nmax_body = 5\n", "unknown field `max_body`"),
         ] {
             let err = from_text(&format!("upstream = \"http://x:1\"\n{text}")).expect_err(text);
             assert!(err.0.contains(needle), "{text}: {}", err.0);

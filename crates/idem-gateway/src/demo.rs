@@ -266,6 +266,7 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
             .parse()
             .map_err(|e| format!("{e}"))?,
         store: store.clone(),
+        store_timeout: Duration::from_secs(5),
         admin_listen: "127.0.0.1:0".parse().expect("valid"),
         admin_token: None,
         routes,
@@ -275,6 +276,7 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         cleanup: None,
         monitor: crate::config::MonitorSettings::default(),
         cache: Some(crate::config::CacheSettings::default()),
+        limits: crate::config::LimitsSettings::default(),
     };
     let server = crate::server::bind(&settings).await?;
     let gateway = server.local_addr().map_err(|e| e.to_string())?;

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod jobs;
+pub mod limits;
 pub mod metrics;
 pub mod proxy;
 pub mod relay;

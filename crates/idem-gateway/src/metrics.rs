@@ -24,6 +24,9 @@ pub const RECORDS_PROCESSING: &str = "idem_records_processing";
 pub const STUCK_RECORDS: &str = "idem_stuck_records";
 /// Counter: records deleted by cleanup.
 pub const CLEANUP_DELETED_TOTAL: &str = "idem_cleanup_deleted_total";
+/// Gauge: seconds the wall clock is ahead of the process' store clock
+/// (non-zero after someone stepped the wall clock).
+pub const WALL_CLOCK_OFFSET: &str = "idem_wall_clock_offset_seconds";
 /// Gauge `{version}` = 1.
 pub const BUILD_INFO: &str = "idem_build_info";
 
@@ -93,6 +96,15 @@ fn describe() {
         "Processing records without a live lease, older than the stuck threshold."
     );
     metrics::describe_counter!(CLEANUP_DELETED_TOTAL, "Expired records deleted by cleanup.");
+    metrics::describe_gauge!(
+        WALL_CLOCK_OFFSET,
+        Unit::Seconds,
+        "How far the wall clock is ahead of the store clock (stepped since start if not 0)."
+    );
+    metrics::describe_counter!(
+        crate::limits::REQUESTS_SHED_TOTAL,
+        "Requests answered 503 because every in-flight slot was taken."
+    );
     metrics::describe_gauge!(BUILD_INFO, "Always 1; the version is a label.");
 }
 

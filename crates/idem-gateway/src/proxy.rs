@@ -28,11 +28,15 @@ use hyper_util::rt::TokioExecutor;
 use idem_http::{BoxError, Problem, ProblemKind, UpstreamOutcome, hop_by_hop_names};
 use tower::Service;
 
+use crate::limits::{ClientBody, Slot};
+
 /// A request or response body on the gateway: straight from a connection,
 /// or in memory (a buffered request, a problem answer).
 #[derive(Debug)]
 pub enum ProxyBody {
-    /// Streamed from hyper.
+    /// A request body streamed from a client, with its read time-out.
+    Client(ClientBody),
+    /// Streamed from hyper (an upstream's response).
     Incoming(Incoming),
     /// In memory.
     Full(Full<Bytes>),
@@ -53,6 +57,7 @@ impl Body for ProxyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
+            Self::Client(b) => Pin::new(b).poll_frame(cx),
             Self::Incoming(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
             Self::Full(b) => Pin::new(b).poll_frame(cx).map_err(|never| match never {}),
         }
@@ -60,6 +65,7 @@ impl Body for ProxyBody {
 
     fn is_end_stream(&self) -> bool {
         match self {
+            Self::Client(b) => b.is_end_stream(),
             Self::Incoming(b) => b.is_end_stream(),
             Self::Full(b) => b.is_end_stream(),
         }
@@ -67,6 +73,7 @@ impl Body for ProxyBody {
 
     fn size_hint(&self) -> SizeHint {
         match self {
+            Self::Client(b) => b.size_hint(),
             Self::Incoming(b) => b.size_hint(),
             Self::Full(b) => b.size_hint(),
         }
@@ -145,11 +152,15 @@ impl Service<Request<ProxyBody>> for Proxy {
             .build();
         let client = self.client.clone();
         let timeout = self.timeout;
-        Box::pin(async move {
+        // The request's in-flight slot moves to the response, so that it is
+        // held until whoever handles the answer (the idempotency layer,
+        // recording it after the client left) is done with it.
+        let slot = parts.extensions.remove::<Slot>();
+        let forward = async move {
             parts.uri = match uri {
                 Ok(uri) => uri,
                 Err(e) => {
-                    return Ok(failure(
+                    return Ok::<_, Infallible>(failure(
                         Problem::new(
                             ProblemKind::UpstreamUnreachable,
                             format!("cannot build the upstream URL: {e}"),
@@ -209,6 +220,13 @@ impl Service<Request<ProxyBody>> for Proxy {
                     ))
                 }
             }
+        };
+        Box::pin(async move {
+            let mut resp = forward.await?;
+            if let Some(slot) = slot {
+                resp.extensions_mut().insert(slot);
+            }
+            Ok(resp)
         })
     }
 }

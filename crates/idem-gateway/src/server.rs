@@ -8,16 +8,18 @@ use std::time::Duration;
 use http::Request;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use idem_http::{Idempotency, IdempotencyLayer, TenantSource};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tower::{Layer, ServiceExt};
 
 use crate::admin::AdminState;
 use crate::config::Settings;
+use crate::limits::{Admission, ClientBody, LimitsSettings};
 use crate::proxy::{PeerAddr, Proxy, ProxyBody};
 use crate::store::GatewayStore;
 
@@ -55,7 +57,7 @@ pub async fn bind(settings: &Settings) -> Result<Server, String> {
     // Before anything records: the layer registers its counters on the
     // first request.
     crate::metrics::install();
-    let store = GatewayStore::open(&settings.store, settings.cache).await?;
+    let store = GatewayStore::open(&settings.store, settings.cache, settings.store_timeout).await?;
     let listener = TcpListener::bind(settings.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", settings.listen))?;
@@ -106,13 +108,21 @@ impl Server {
             settings,
         } = self;
         let grace = settings.shutdown_grace;
+        let limits = settings.limits;
         let mut jobs = crate::jobs::spawn(&store, settings.cleanup, settings.monitor);
-        let builder = auto::Builder::new(TokioExecutor::new());
+        let builder = connection_builder(&limits);
+        let admission = Admission::new(limits.max_in_flight, limits.queue_wait);
+        let connections = Arc::new(Semaphore::new(limits.max_connections));
         let graceful = GracefulShutdown::new();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             tokio::select! {
-                accepted = listener.accept() => {
+                // Past max_connections nothing is accepted: new connections
+                // wait in the listen backlog until one closes.
+                (accepted, open) = async {
+                    let open = Arc::clone(&connections).acquire_owned().await;
+                    (listener.accept().await, open)
+                } => {
                     let (stream, peer) = match accepted {
                         Ok(conn) => conn,
                         Err(err) => {
@@ -123,10 +133,26 @@ impl Server {
                     };
                     let _ = stream.set_nodelay(true);
                     let gateway = gateway.clone();
+                    let admission = admission.clone();
+                    let body_timeout = limits.body_read_timeout;
                     let svc = service_fn(move |req: Request<Incoming>| {
-                        let mut req = req.map(ProxyBody::Incoming);
-                        req.extensions_mut().insert(PeerAddr(peer));
-                        gateway.clone().oneshot(req)
+                        let gateway = gateway.clone();
+                        let admission = admission.clone();
+                        async move {
+                            let Some(slot) = admission.admit().await else {
+                                // Counted in idem_requests_shed_total; a warning per
+                                // shed request would add work exactly when there is
+                                // too much.
+                                tracing::debug!(reason = "overloaded", %peer, "request shed: every in-flight slot is taken");
+                                return Ok(crate::limits::overloaded());
+                            };
+                            let mut req = req.map(|b| ProxyBody::Client(ClientBody::new(b, body_timeout)));
+                            req.extensions_mut().insert(PeerAddr(peer));
+                            req.extensions_mut().insert(slot.clone());
+                            let answer = gateway.oneshot(req).await;
+                            drop(slot);
+                            answer
+                        }
                     });
                     let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
                     let conn = graceful.watch(conn.into_owned());
@@ -134,6 +160,7 @@ impl Server {
                         if let Err(err) = conn.await {
                             tracing::debug!(%err, %peer, "connection ended with an error");
                         }
+                        drop(open);
                     });
                 }
                 accepted = admin.accept() => {
@@ -162,6 +189,23 @@ impl Server {
         // The last handle: dropping it closes the store (SQLite finishes its queue).
         drop(store);
     }
+}
+
+/// The HTTP/1 and HTTP/2 connection settings that enforce `[limits]` on
+/// request heads.
+fn connection_builder(limits: &LimitsSettings) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_headers(limits.max_headers)
+        .max_buf_size(limits.max_header_bytes);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+    builder
 }
 
 /// Completes on SIGTERM or SIGINT.

@@ -14,6 +14,7 @@
 //! routes answer per their fail mode, while the connection is retried in
 //! the background until it succeeds — no restart needed.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -192,14 +193,21 @@ pub struct GatewayStore {
     kind: &'static str,
     ops: StoreOpMetrics,
     cache: Option<CacheSettings>,
+    timeout: Duration,
 }
 
 impl GatewayStore {
     /// Opens the store: at once for files and memory (errors are fatal);
     /// for servers, a first attempt now and, if it fails, retries in the
     /// background with backoff. With `cache`, a bounded in-process copy of
-    /// recent records sits in front of it (see [`CacheSettings`]).
-    pub async fn open(url: &str, cache: Option<CacheSettings>) -> Result<Self, String> {
+    /// recent records sits in front of it (see [`CacheSettings`]). Each
+    /// operation on the request path gets `timeout` to answer (see
+    /// [`Settings::store_timeout`](crate::config::Settings::store_timeout)).
+    pub async fn open(
+        url: &str,
+        cache: Option<CacheSettings>,
+        timeout: Duration,
+    ) -> Result<Self, String> {
         let parsed = StoreUrl::parse(url)?;
         let store = Self {
             ready: Arc::new(OnceLock::new()),
@@ -208,6 +216,7 @@ impl GatewayStore {
             ops: StoreOpMetrics::new(parsed.kind()),
             // An in-memory store needs no copy of itself.
             cache: cache.filter(|_| !matches!(parsed, StoreUrl::Memory)),
+            timeout,
         };
         match parsed.connect().await {
             Ok(s) => store.set(s),
@@ -267,16 +276,40 @@ impl GatewayStore {
     }
 }
 
+impl GatewayStore {
+    /// Runs a request-path operation within the store time-out: a store
+    /// that stops answering (a black-holed link, a hung server) holds a
+    /// request at most that long; then it counts as unavailable and the
+    /// route's fail mode answers. The operation may still take effect on
+    /// the server; the record's lease and fencing make that harmless.
+    async fn bounded<T>(
+        &self,
+        op: StoreOp,
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let timeout = self.timeout;
+        self.ops
+            .timed(op, async move {
+                tokio::time::timeout(timeout, fut)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(StoreError::unavailable(format!(
+                            "no answer from the store within {timeout:?}"
+                        )))
+                    })
+            })
+            .await
+    }
+}
+
 impl Store for GatewayStore {
     async fn reserve(&self, req: ReserveRequest<'_>) -> Result<Reservation, StoreError> {
-        self.ops
-            .timed(StoreOp::Reserve, async { self.store()?.reserve(req).await })
+        self.bounded(StoreOp::Reserve, async { self.store()?.reserve(req).await })
             .await
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
-        self.ops
-            .timed(StoreOp::Get, async { self.store()?.get(scope, key).await })
+        self.bounded(StoreOp::Get, async { self.store()?.get(scope, key).await })
             .await
     }
 
@@ -287,11 +320,10 @@ impl Store for GatewayStore {
         lease: &Lease,
         outcome: &FinalOutcome,
     ) -> Result<(), StoreError> {
-        self.ops
-            .timed(StoreOp::Resolve, async {
-                self.store()?.resolve(scope, key, lease, outcome).await
-            })
-            .await
+        self.bounded(StoreOp::Resolve, async {
+            self.store()?.resolve(scope, key, lease, outcome).await
+        })
+        .await
     }
 
     async fn release(
@@ -300,11 +332,10 @@ impl Store for GatewayStore {
         key: &IdempotencyKey,
         lease: &Lease,
     ) -> Result<(), StoreError> {
-        self.ops
-            .timed(StoreOp::Release, async {
-                self.store()?.release(scope, key, lease).await
-            })
-            .await
+        self.bounded(StoreOp::Release, async {
+            self.store()?.release(scope, key, lease).await
+        })
+        .await
     }
 
     async fn mark_unknown(
@@ -314,11 +345,10 @@ impl Store for GatewayStore {
         lease: &Lease,
         reason: &str,
     ) -> Result<(), StoreError> {
-        self.ops
-            .timed(StoreOp::MarkUnknown, async {
-                self.store()?.mark_unknown(scope, key, lease, reason).await
-            })
-            .await
+        self.bounded(StoreOp::MarkUnknown, async {
+            self.store()?.mark_unknown(scope, key, lease, reason).await
+        })
+        .await
     }
 
     async fn renew(
@@ -328,11 +358,10 @@ impl Store for GatewayStore {
         lease: &Lease,
         duration: Duration,
     ) -> Result<Timestamp, StoreError> {
-        self.ops
-            .timed(StoreOp::Renew, async {
-                self.store()?.renew(scope, key, lease, duration).await
-            })
-            .await
+        self.bounded(StoreOp::Renew, async {
+            self.store()?.renew(scope, key, lease, duration).await
+        })
+        .await
     }
 }
 
@@ -365,6 +394,8 @@ impl Purge for GatewayStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const SECOND: Duration = Duration::from_secs(1);
 
     #[test]
     fn urls_are_understood_or_refused_in_one_line() {
@@ -399,7 +430,7 @@ mod tests {
 
     #[tokio::test]
     async fn files_fail_at_once_servers_are_retried() {
-        let err = GatewayStore::open("sqlite:///nonexistent-dir/x.db", None)
+        let err = GatewayStore::open("sqlite:///nonexistent-dir/x.db", None, SECOND)
             .await
             .expect_err("missing dir");
         assert!(err.contains("/nonexistent-dir/x.db"), "{err}");
@@ -407,6 +438,7 @@ mod tests {
         let store = GatewayStore::open(
             "postgres://postgres@127.0.0.1:1/test?connect_timeout_ms=200",
             None,
+            SECOND,
         )
         .await
         .expect("starts anyway");

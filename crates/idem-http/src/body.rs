@@ -116,6 +116,9 @@ where
 pub(crate) enum RequestBodyError {
     /// Over the limit.
     TooLarge,
+    /// The body stream gave up waiting for the client: an error that is,
+    /// or wraps, an [`std::io::Error`] of kind `TimedOut`.
+    TimedOut(BoxError),
     /// The body broke off or failed.
     Unreadable(BoxError),
 }
@@ -129,8 +132,23 @@ where
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(err) if err.is::<LengthLimitError>() => Err(RequestBodyError::TooLarge),
+        Err(err) if is_timeout(&*err) => Err(RequestBodyError::TimedOut(err)),
         Err(err) => Err(RequestBodyError::Unreadable(err)),
     }
+}
+
+/// Whether an error, or one of its causes, is an I/O time-out.
+fn is_timeout(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
 }
 
 /// What reading a response body for storage found.

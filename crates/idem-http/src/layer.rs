@@ -411,6 +411,18 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         let bytes = match read_request(body, policy.max_request_body).await {
             Ok(bytes) => bytes,
             Err(RequestBodyError::TooLarge) => return Ok(too_large(&policy, &scope, &key)),
+            Err(RequestBodyError::TimedOut(err)) => {
+                tracing::info!(reason = "idempotency_body_timeout", tenant = scope.tenant(), operation = scope.operation(), %key, %err);
+                return Ok(problem(
+                    Problem::new(
+                        ProblemKind::BodyTimeout,
+                        format!(
+                            "the request body stalled: {err}; nothing was recorded or forwarded"
+                        ),
+                    ),
+                    Decision::BadRequest,
+                ));
+            }
             Err(RequestBodyError::Unreadable(err)) => {
                 tracing::info!(reason = "idempotency_body_unreadable", tenant = scope.tenant(), operation = scope.operation(), %key, %err);
                 return Ok(problem(

@@ -40,6 +40,12 @@ pub enum ProblemKind {
     BodyUnreadable,
     /// A JSON body is not valid UTF-8 (400).
     BodyEncoding,
+    /// The client paused sending the request body for longer than the
+    /// server waits (408).
+    BodyTimeout,
+    /// The server is handling as many requests as it may; nothing was
+    /// recorded or forwarded, retry after the hint (503 + Retry-After).
+    Overloaded,
     /// The tenant could not be determined (400).
     TenantInvalid,
     /// The idempotency store is unreachable and the route fails closed (503).
@@ -79,6 +85,8 @@ impl ProblemKind {
             Self::BodyTooLarge => "request-body-too-large",
             Self::BodyUnreadable => "request-body-unreadable",
             Self::BodyEncoding => "request-body-invalid-encoding",
+            Self::BodyTimeout => "request-body-timeout",
+            Self::Overloaded => "server-overloaded",
             Self::TenantInvalid => "tenant-invalid",
             Self::StoreUnavailable => "idempotency-store-unavailable",
             Self::UpstreamUnreachable => "upstream-unreachable",
@@ -110,6 +118,8 @@ impl ProblemKind {
             Self::BodyTooLarge => "Request body too large",
             Self::BodyUnreadable => "Request body could not be read",
             Self::BodyEncoding => "JSON request body is not valid UTF-8",
+            Self::BodyTimeout => "Request body not received in time",
+            Self::Overloaded => "Too many requests in progress",
             Self::TenantInvalid => "Tenant could not be determined",
             Self::StoreUnavailable => "Idempotency store unavailable",
             Self::UpstreamUnreachable => "Upstream unreachable",
@@ -142,7 +152,8 @@ impl ProblemKind {
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::InProgress => StatusCode::CONFLICT,
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::StoreUnavailable | Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::UpstreamUnreachable | Self::UpstreamBroken => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Self::ResponseNotRetained => StatusCode::OK,
@@ -282,6 +293,8 @@ mod tests {
             BodyTooLarge,
             BodyUnreadable,
             BodyEncoding,
+            BodyTimeout,
+            Overloaded,
             TenantInvalid,
             StoreUnavailable,
             UpstreamUnreachable,

@@ -1,0 +1,232 @@
+//! What one gateway takes on at once, and how long it waits for a slow
+//! client (`[limits]`).
+//!
+//! * Connections: past `max_connections` the gateway stops accepting; new
+//!   connections wait in the kernel's listen backlog.
+//! * Requests: past `max_in_flight` a request waits up to `queue_wait` for a
+//!   slot, then is answered `503` + `Retry-After` (problem type
+//!   `server-overloaded`) before anything is recorded or forwarded, so its
+//!   retry starts clean. Work carried on for a client that went away still
+//!   holds its slot until it ends.
+//! * Slow clients: the request head must arrive within
+//!   `header_read_timeout` (hyper closes the connection otherwise, also an
+//!   idle keep-alive one); the body may pause at most `body_read_timeout`
+//!   between chunks (`408`, nothing recorded or forwarded).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use idem_http::{BoxError, Problem, ProblemKind, ResponseBody};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
+use tokio::time::Sleep;
+
+/// Counter of requests answered `503` because the gateway was full.
+pub const REQUESTS_SHED_TOTAL: &str = "idem_requests_shed_total";
+
+/// `[limits]`, validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitsSettings {
+    /// Client connections open at once.
+    pub max_connections: usize,
+    /// Requests handled at once.
+    pub max_in_flight: usize,
+    /// How long a request over `max_in_flight` waits for a slot before it
+    /// is shed (zero: shed at once).
+    pub queue_wait: Duration,
+    /// Time allowed for a request head (also the idle keep-alive limit).
+    pub header_read_timeout: Duration,
+    /// Longest pause allowed between chunks of a request body.
+    pub body_read_timeout: Duration,
+    /// Header fields allowed in a request head.
+    pub max_headers: usize,
+    /// Bytes allowed in a request head (start line and headers).
+    pub max_header_bytes: usize,
+}
+
+impl Default for LimitsSettings {
+    fn default() -> Self {
+        Self {
+            max_connections: 4096,
+            max_in_flight: 1024,
+            queue_wait: Duration::from_millis(100),
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(10),
+            max_headers: 100,
+            max_header_bytes: 64 << 10,
+        }
+    }
+}
+
+/// Admission of requests: at most `max_in_flight` at once.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    slots: Arc<Semaphore>,
+    queue_wait: Duration,
+}
+
+/// One request's place among those in flight, released when the last
+/// clone drops. The server holds one until the answer is ready and puts a
+/// clone in the request's extensions, which the proxy moves to the
+/// response: work the idempotency layer finishes after its client left
+/// (reading and recording the answer) keeps the slot until it is done.
+#[derive(Debug, Clone)]
+pub struct Slot(#[allow(dead_code)] Arc<OwnedSemaphorePermit>);
+
+impl Admission {
+    /// Room for `max_in_flight` requests; a request waits up to
+    /// `queue_wait` for room.
+    pub fn new(max_in_flight: usize, queue_wait: Duration) -> Self {
+        Self {
+            slots: Arc::new(Semaphore::new(max_in_flight)),
+            queue_wait,
+        }
+    }
+
+    /// A slot, or `None` when none came free within the queue wait.
+    pub async fn admit(&self) -> Option<Slot> {
+        let permit = match Arc::clone(&self.slots).try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(TryAcquireError::Closed) => return None,
+            Err(TryAcquireError::NoPermits) if self.queue_wait.is_zero() => return None,
+            Err(TryAcquireError::NoPermits) => {
+                tokio::time::timeout(self.queue_wait, Arc::clone(&self.slots).acquire_owned())
+                    .await
+                    .ok()?
+                    .ok()?
+            }
+        };
+        Some(Slot(Arc::new(permit)))
+    }
+
+    /// Requests being handled now.
+    pub fn in_flight(&self, max_in_flight: usize) -> usize {
+        max_in_flight.saturating_sub(self.slots.available_permits())
+    }
+}
+
+/// The answer to a request shed for want of a slot: `503`, problem type
+/// `server-overloaded`, `Retry-After: 1`.
+pub fn overloaded<B>() -> Response<ResponseBody<B>> {
+    metrics::counter!(REQUESTS_SHED_TOTAL).increment(1);
+    let (parts, body) = Problem::new(
+        ProblemKind::Overloaded,
+        "the gateway is handling as many requests as it may; nothing was recorded or forwarded, retry after the hint",
+    )
+    .with_retry_after(Duration::from_secs(1))
+    .to_response()
+    .into_parts();
+    Response::from_parts(parts, ResponseBody::Full { body })
+}
+
+/// A request body from a client connection that fails with an
+/// [`std::io::ErrorKind::TimedOut`] error when the client pauses longer
+/// than the allowed time between chunks. The timer exists only while the
+/// body is waiting: a body that arrives with its head costs nothing.
+#[derive(Debug)]
+pub struct ClientBody {
+    body: Incoming,
+    idle: Duration,
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl ClientBody {
+    /// Wraps `body`, allowing pauses of at most `idle`.
+    pub fn new(body: Incoming, idle: Duration) -> Self {
+        Self {
+            body,
+            idle,
+            timer: None,
+        }
+    }
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
+            this.timer = None;
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        let idle = this.idle;
+        let timer = this
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+        ready!(timer.as_mut().poll(cx));
+        this.timer = None;
+        Poll::Ready(Some(Err(Box::new(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no request body data from the client for {idle:?}"),
+        )))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::ProxyBody;
+
+    #[tokio::test]
+    async fn a_full_gateway_sheds_after_the_queue_wait_and_admits_again() {
+        let adm = Admission::new(2, Duration::from_millis(20));
+        let a = adm.admit().await.expect("first slot");
+        let b = adm.admit().await.expect("second slot");
+        assert_eq!(adm.in_flight(2), 2);
+        assert!(adm.admit().await.is_none(), "third request is shed");
+        // A clone (the one riding with the request) keeps the slot.
+        let a2 = a.clone();
+        drop(a);
+        assert!(adm.admit().await.is_none(), "the clone still holds it");
+        drop(a2);
+        let c = adm.admit().await.expect("a slot came free");
+        drop((b, c));
+        assert_eq!(adm.in_flight(2), 0);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_request_gets_a_slot_freed_within_the_wait() {
+        let adm = Admission::new(1, Duration::from_secs(5));
+        let held = adm.admit().await.expect("slot");
+        let waiter = tokio::spawn({
+            let adm = adm.clone();
+            async move { adm.admit().await.is_some() }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(held);
+        assert!(waiter.await.expect("join"), "admitted once the slot freed");
+    }
+
+    #[tokio::test]
+    async fn zero_queue_wait_sheds_at_once() {
+        let adm = Admission::new(1, Duration::ZERO);
+        let _held = adm.admit().await.expect("slot");
+        assert!(adm.admit().await.is_none());
+    }
+
+    #[test]
+    fn the_shed_answer_is_a_503_with_a_retry_hint() {
+        let resp = overloaded::<ProxyBody>();
+        assert_eq!(resp.status(), 503);
+        assert_eq!(resp.headers()["retry-after"], "1");
+        assert_eq!(resp.headers()["content-type"], idem_http::PROBLEM_JSON);
+    }
+}

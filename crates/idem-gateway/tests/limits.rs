@@ -1,0 +1,296 @@
+//! `[limits]` through the real gateway binary: slow clients, oversized
+//! heads, a connection cap, and overload shed with `503` + `Retry-After`
+//! before anything is recorded or forwarded.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use http::{Method, StatusCode};
+use idem_testkit::client::{metric, send, try_send};
+use idem_testkit::gateway::GatewayProcess as Gateway;
+use idem_testkit::upstream::CountingUpstream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const IDEM: &str = env!("CARGO_BIN_EXE_idem");
+
+const ROUTES: &str = r#"
+[[route]]
+method = "POST"
+path = "/v1/payments"
+require_key = true
+"#;
+
+fn sqlite(dir: &Path) -> String {
+    format!("sqlite://{}", dir.join("idem.db").display())
+}
+
+async fn start(dir: &Path, limits: &str, up: &CountingUpstream) -> Gateway {
+    let config = format!("{ROUTES}\n[limits]\n{limits}");
+    Gateway::start(IDEM, dir, &config, &up.url(), &sqlite(dir), "warn", &[]).await
+}
+
+/// Writes `head` (and `body`) on a fresh connection and returns what the
+/// gateway answered before closing or within `wait`.
+async fn raw(addr: std::net::SocketAddr, bytes: &[u8], wait: Duration) -> String {
+    let mut conn = TcpStream::connect(addr).await.expect("connect");
+    conn.write_all(bytes).await.expect("write");
+    read_for(&mut conn, wait).await
+}
+
+/// Reads until the peer closes, or until `wait` passes.
+async fn read_for(conn: &mut TcpStream, wait: Duration) -> String {
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(wait, conn.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn status_of(answer: &str) -> Option<u16> {
+    answer.split(' ').nth(1)?.parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_and_oversized_heads_get_their_answers_and_forward_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = start(
+        dir.path(),
+        "header_read_timeout = \"1s\"\nbody_read_timeout = \"1s\"\nmax_headers = 20\nmax_header_bytes = \"16KiB\"\n",
+        &up,
+    )
+    .await;
+
+    // A head that never ends: the connection is closed once the header
+    // time-out passes, long before the test gives up.
+    let started = Instant::now();
+    let answer = raw(
+        gw.addr,
+        b"POST /v1/payments HTTP/1.1\r\nhost: x\r\nidempotency-key: slow-head\r\n",
+        Duration::from_secs(20),
+    )
+    .await;
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(20),
+        "closed after {took:?}: {answer:?}"
+    );
+
+    // Too many header fields, and too many header bytes: 431.
+    let mut many =
+        String::from("POST /v1/payments HTTP/1.1\r\nhost: x\r\nidempotency-key: many\r\n");
+    for i in 0..30 {
+        many.push_str(&format!("x-filler-{i}: {i}\r\n"));
+    }
+    many.push_str("content-length: 0\r\n\r\n");
+    let answer = raw(gw.addr, many.as_bytes(), Duration::from_secs(10)).await;
+    assert_eq!(status_of(&answer), Some(431), "{answer:?}");
+    let big = format!(
+        "POST /v1/payments HTTP/1.1\r\nhost: x\r\nidempotency-key: big\r\nx-big: {}\r\ncontent-length: 0\r\n\r\n",
+        "a".repeat(20 << 10)
+    );
+    let answer = raw(gw.addr, big.as_bytes(), Duration::from_secs(10)).await;
+    assert_eq!(status_of(&answer), Some(431), "{answer:?}");
+
+    // A body that stalls half-way: 408 with its problem type, nothing
+    // recorded, so the same key with the whole body then runs once.
+    let mut conn = TcpStream::connect(gw.addr).await.expect("connect");
+    conn.write_all(
+        b"POST /v1/payments HTTP/1.1\r\nhost: x\r\nidempotency-key: slow-body\r\ncontent-type: application/json\r\ncontent-length: 20\r\n\r\n{\"amount\":",
+    )
+    .await
+    .expect("write");
+    let answer = read_for(&mut conn, Duration::from_secs(20)).await;
+    assert_eq!(status_of(&answer), Some(408), "{answer:?}");
+    assert!(answer.contains("request-body-timeout"), "{answer:?}");
+    assert_eq!(up.total(), 0, "nothing reached the upstream");
+
+    let retry = gw
+        .post(
+            "/v1/payments",
+            &[
+                ("idempotency-key", "slow-body"),
+                ("content-type", "application/json"),
+            ],
+            "{\"amount\": 1234567}",
+        )
+        .await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    assert_eq!(up.executions("slow-body"), 1);
+    assert_eq!(up.total(), 1);
+    gw.terminate().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_max_connections_new_connections_wait_for_a_free_one() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = start(dir.path(), "max_connections = 2\n", &up).await;
+
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut conn = TcpStream::connect(gw.addr).await.expect("connect");
+        conn.write_all(b"GET /held HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .expect("write");
+        let mut buf = [0u8; 12];
+        conn.read_exact(&mut buf).await.expect("answered");
+        assert_eq!(&buf, b"HTTP/1.1 201", "upstream answers GET 201");
+        held.push(conn);
+    }
+    // The third connection is made by the kernel, but the gateway does not
+    // take it while two are open.
+    let mut third = TcpStream::connect(gw.addr).await.expect("connect");
+    third
+        .write_all(b"GET /third HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let early = read_for(&mut third, Duration::from_millis(700)).await;
+    assert_eq!(early, "", "answered while the gateway was full");
+    assert_eq!(up.total(), 2);
+
+    drop(held.pop());
+    let answer = read_for(&mut third, Duration::from_secs(20)).await;
+    assert_eq!(status_of(&answer), Some(201), "{answer:?}");
+    assert_eq!(up.total(), 3);
+    gw.terminate().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_times_the_capacity_is_shed_with_503_and_retries_run_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = start(
+        dir.path(),
+        "max_in_flight = 4\nqueue_wait = \"20ms\"\n",
+        &up,
+    )
+    .await;
+    let pid = gw.child.id().expect("running");
+
+    // 40 clients at once against 4 slots, each request holding its slot
+    // for 300 ms upstream: ten times what the gateway takes on.
+    let keys: Vec<String> = (0..40).map(|i| format!("storm-{i}")).collect();
+    let addr = gw.addr;
+    let first: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let key = key.clone();
+            tokio::spawn(async move {
+                let answer = send(
+                    addr,
+                    Method::POST,
+                    "/v1/payments",
+                    &[("idempotency-key", &key), ("x-delay-ms", "300")],
+                    "{}",
+                )
+                .await;
+                (key, answer)
+            })
+        })
+        .collect();
+    let mut shed = Vec::new();
+    let mut served = 0;
+    for task in first {
+        let (key, answer) = task.await.expect("join");
+        match answer.status {
+            StatusCode::CREATED => served += 1,
+            StatusCode::SERVICE_UNAVAILABLE => {
+                assert_eq!(answer.problem_type(), "server-overloaded");
+                assert_eq!(answer.header("retry-after"), Some("1"));
+                shed.push(key);
+            }
+            other => panic!("{key}: unexpected {other}: {:?}", answer.body),
+        }
+    }
+    assert!(served >= 4, "every slot served: {served}");
+    assert!(!shed.is_empty(), "ten times the capacity was all admitted");
+    assert_eq!(
+        up.total(),
+        served,
+        "a shed request never reaches the upstream"
+    );
+    let counted = metric(gw.admin, "idem_requests_shed_total", "").await;
+    assert_eq!(counted, shed.len() as f64);
+
+    // The gateway recovers on its own: each shed key, retried as its hint
+    // says, runs exactly once, and no served key runs again.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for key in &keys {
+        let answer = try_send(
+            addr,
+            Method::POST,
+            "/v1/payments",
+            &[("idempotency-key", key), ("x-delay-ms", "300")],
+            "{}",
+        )
+        .await
+        .expect("answered");
+        assert_eq!(answer.status, StatusCode::CREATED, "{key}");
+        assert_eq!(up.executions(key), 1, "{key} ran once");
+    }
+    assert_eq!(up.total(), 40);
+
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let hwm_kib: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM");
+    eprintln!(
+        "overload: {served} served, {} shed, peak RSS {} MiB",
+        shed.len(),
+        hwm_kib / 1024
+    );
+    gw.terminate().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_kept_going_for_a_client_that_left_still_holds_its_slot() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = start(dir.path(), "max_in_flight = 1\nqueue_wait = \"0s\"\n", &up).await;
+
+    // A client sends a slow protected request and hangs up.
+    let mut conn = TcpStream::connect(gw.addr).await.expect("connect");
+    conn.write_all(
+        b"POST /v1/payments HTTP/1.1\r\nhost: x\r\nidempotency-key: left\r\nx-delay-ms: 1500\r\ncontent-length: 2\r\n\r\n{}",
+    )
+    .await
+    .expect("write");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(conn);
+
+    // Its work goes on, and still counts against max_in_flight.
+    let busy = send(
+        gw.addr,
+        Method::POST,
+        "/v1/payments",
+        &[("idempotency-key", "other")],
+        "{}",
+    )
+    .await;
+    assert_eq!(
+        busy.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{:?}",
+        busy.body
+    );
+    assert_eq!(busy.problem_type(), "server-overloaded");
+
+    // Once it is recorded, the slot is free and the answer is kept.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let replay = send(
+        gw.addr,
+        Method::POST,
+        "/v1/payments",
+        &[("idempotency-key", "left"), ("x-delay-ms", "1500")],
+        "{}",
+    )
+    .await;
+    assert_eq!(replay.status, StatusCode::CREATED);
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(up.executions("left"), 1);
+    assert_eq!(up.executions("other"), 0);
+    gw.terminate().await;
+}
