@@ -61,4 +61,18 @@ else
   status=1
 fi
 
+# libfaketime for the clock-jump test (Debian's package faketime): it
+# moves the gateway's wall clock under it while it serves.
+FAKETIME_LIB=/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1
+if [ ! -f "$FAKETIME_LIB" ] && command -v apt-get >/dev/null; then
+  echo "services: installing faketime"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime; } >/dev/null 2>&1 || true
+fi
+if [ -f "$FAKETIME_LIB" ]; then
+  echo "services: libfaketime is installed"
+else
+  echo "services: faketime could not be installed" >&2
+  status=1
+fi
+
 exit $status

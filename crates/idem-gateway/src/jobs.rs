@@ -8,7 +8,7 @@ use idem::operator;
 use tokio::task::JoinSet;
 
 use crate::config::{CleanupSettings, MonitorSettings};
-use crate::metrics::{CLEANUP_DELETED_TOTAL, RECORDS_PROCESSING, STUCK_RECORDS};
+use crate::metrics::{CLEANUP_DELETED_TOTAL, RECORDS_PROCESSING, STUCK_RECORDS, WALL_CLOCK_OFFSET};
 use crate::server::error_chain;
 use crate::store::GatewayStore;
 
@@ -103,11 +103,30 @@ pub async fn census_once(store: &GatewayStore, stuck_after: Duration) {
     }
 }
 
+/// A wall clock this far from the store clock has been stepped.
+const CLOCK_STEP_MS: i64 = 1_000;
+
+/// Reports how far the wall clock has moved from the process' store clock
+/// ([`idem::Timestamp::now`]): a gauge, and a warning while it is more
+/// than a second.
+pub fn check_clock() {
+    let offset = idem::Timestamp::wall_clock_offset();
+    metrics::gauge!(WALL_CLOCK_OFFSET).set(offset as f64 / 1000.0);
+    if offset.abs() > CLOCK_STEP_MS {
+        tracing::warn!(
+            reason = "wall_clock_stepped",
+            offset_ms = offset,
+            "the wall clock was stepped while idem ran; leases and expiry keep to the time that really passed (restart to take the wall clock's time again)"
+        );
+    }
+}
+
 async fn monitor_loop(store: GatewayStore, settings: MonitorSettings) {
     let mut every = tokio::time::interval(settings.interval);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
         census_once(&store, settings.stuck_after).await;
+        check_clock();
     }
 }

@@ -12,7 +12,8 @@
 //! lease expires and the policy allows a new attempt.
 
 use std::fmt;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
@@ -39,12 +40,27 @@ impl Timestamp {
         self.0
     }
 
-    /// The current time of this process' wall clock.
+    /// The current time of this process' store clock: the wall clock as
+    /// read once, at first use, advanced by the monotonic clock since.
+    ///
+    /// Stores that keep time themselves (the embedded store, the in-memory
+    /// store and cache) take their leases and expiry from it. A step of the
+    /// wall clock while the process runs (an operator, a bad NTP server, a
+    /// resumed VM) then moves neither: a jump ahead does not hand live work
+    /// to a retry nor expire answers early, a jump back holds nothing
+    /// longer. [`Timestamp::wall_clock_offset`] tells how far the wall
+    /// clock has moved away; a restart takes the wall clock's time again.
     pub fn now() -> Self {
-        let since = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or(Duration::ZERO);
-        Self(i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
+        let (wall, since) = anchor();
+        let elapsed = i64::try_from(since.elapsed().as_millis()).unwrap_or(i64::MAX);
+        Self(wall.0.saturating_add(elapsed))
+    }
+
+    /// How far the wall clock is ahead of [`Timestamp::now`] (negative:
+    /// behind): zero, give or take a millisecond, unless the wall clock was
+    /// stepped since the process first read it.
+    pub fn wall_clock_offset() -> i64 {
+        wall_clock().0.saturating_sub(Self::now().0)
     }
 
     /// This instant moved forward by `d`, saturating.
@@ -63,6 +79,21 @@ impl Timestamp {
     pub fn since(self, earlier: Timestamp) -> Duration {
         Duration::from_millis(u64::try_from(self.0.saturating_sub(earlier.0)).unwrap_or(0))
     }
+}
+
+/// The wall clock now.
+fn wall_clock() -> Timestamp {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO);
+    Timestamp(i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The wall clock's time when the process first asked, and the monotonic
+/// instant it was read at.
+fn anchor() -> (Timestamp, Instant) {
+    static ANCHOR: OnceLock<(Timestamp, Instant)> = OnceLock::new();
+    *ANCHOR.get_or_init(|| (wall_clock(), Instant::now()))
 }
 
 /// Where a record is in its life.
@@ -392,6 +423,16 @@ mod tests {
         );
         assert_eq!(Timestamp::from_millis(0).since(t), Duration::ZERO);
         assert!(Timestamp::now().as_millis() > 1_600_000_000_000);
+    }
+
+    #[test]
+    fn the_store_clock_runs_with_the_monotonic_clock_from_the_wall_clock() {
+        let a = Timestamp::now();
+        std::thread::sleep(Duration::from_millis(20));
+        let b = Timestamp::now();
+        assert!(b.since(a) >= Duration::from_millis(20), "{a:?} {b:?}");
+        // Nobody stepped this machine's clock during the test.
+        assert!(Timestamp::wall_clock_offset().abs() < 1_000);
     }
 
     #[test]
