@@ -6,7 +6,10 @@
 //!   demand, to test what the engine does when the store breaks mid-flight;
 //! * [`mod@bench`]: the shared harness of the store benchmarks;
 //! * [`client`]: one-call HTTP requests with the answer fully read;
-//! * [`fault`]: a TCP proxy that cuts and restores the line to a server;
+//! * [`fault`]: a TCP proxy that cuts, black-holes, resets, slows or
+//!   throttles the line to a server;
+//! * [`servers`]: a private Redis and PostgreSQL a test may crash and
+//!   restart;
 //! * [`upstream`]: a counting HTTP upstream on loopback for gateway tests;
 //! * [`services`]: finds the loopback servers (PostgreSQL, Redis, NATS,
 //!   RabbitMQ); skips loudly when one is absent, or fails under
@@ -17,6 +20,7 @@ pub mod client;
 pub mod conformance;
 pub mod fault;
 pub mod gateway;
+pub mod servers;
 pub mod services;
 pub mod upstream;
 

@@ -552,9 +552,18 @@ impl<S: Store> Guard<S> {
             error_code: self.error_code.take(),
             retention: self.policy.retention,
         };
+        // The quick tries of the policy, and beyond them as long as half
+        // the lease is not spent: an answer not recorded is work a retry
+        // may run again once the lease lapses, so a store that is back
+        // within that time (a restart, a failover) must still get it. The
+        // other half of the lease is the margin before anyone may take the
+        // key over.
+        let budget = self.policy.lease / 2;
+        let started = std::time::Instant::now();
         let mut pause = RECORD_FIRST_PAUSE;
-        let mut last = None;
-        for attempt in 1..=self.policy.record_attempts {
+        let mut attempt = 0;
+        let source = loop {
+            attempt += 1;
             match self
                 .store
                 .resolve(&self.scope, &self.key, &self.lease, &outcome)
@@ -564,19 +573,16 @@ impl<S: Store> Guard<S> {
                 Err(StoreError::Fenced) => return Err(RecordError::LeaseLost),
                 Err(err) => {
                     tracing::warn!(%err, attempt, tenant = self.scope.tenant(), operation = self.scope.operation(), key = %self.key, "recording the answer failed");
-                    let transient = err.is_transient();
-                    last = Some(err);
-                    if !transient {
-                        break;
+                    let again =
+                        attempt < self.policy.record_attempts || started.elapsed() + pause < budget;
+                    if !err.is_transient() || !again {
+                        break err;
                     }
-                    if attempt < self.policy.record_attempts {
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(RECORD_MAX_PAUSE);
-                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RECORD_MAX_PAUSE);
                 }
             }
-        }
-        let source = last.unwrap_or_else(|| StoreError::unavailable("no attempt was made"));
+        };
         let marked_unknown = self
             .store
             .mark_unknown(

@@ -89,8 +89,11 @@ pub struct Policy {
     pub on_in_flight: InFlight,
     /// Statuses recorded as nothing and answered as-is: the key is released.
     pub release_statuses: Vec<u16>,
-    /// How many times recording a finished attempt's answer is tried before
-    /// the record is marked [`OUTCOME_UNKNOWN`](crate::OUTCOME_UNKNOWN).
+    /// How many times recording a finished attempt's answer is tried at
+    /// least; transient failures are tried again beyond that while half
+    /// the lease is not spent (a store restarting or failing over still
+    /// gets the answer). Then the record is marked
+    /// [`OUTCOME_UNKNOWN`](crate::OUTCOME_UNKNOWN).
     pub record_attempts: u32,
 }
 

@@ -32,10 +32,36 @@ async fn transient_record_failures_are_retried_within_the_bound() {
 }
 
 #[tokio::test]
+async fn an_answer_is_recorded_through_a_store_outage_shorter_than_half_the_lease() {
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let engine = Engine::from_arc(Arc::clone(&store))
+        .with_policy(Policy::default().with_lease(Duration::from_secs(6)));
+    let (scope, k) = (unique_scope("outage-record"), key("k"));
+    let Begin::Execute(guard) = engine.begin(&scope, &k, fp("a")).await.expect("begin") else {
+        panic!("executes");
+    };
+    // Eight failures in a row: some 1.6 s of a store that is down, more
+    // than the four quick tries cover, well within half the 6 s lease.
+    store.fail_next(Op::Resolve, 8);
+    guard
+        .complete(StoredResponse::new(201, "ok"))
+        .await
+        .expect("recorded once the store is back");
+    assert_eq!(store.calls(Op::Resolve), 9);
+    let rec = store.get(&scope, &k).await.expect("get").expect("exists");
+    assert_eq!(rec.state, RecordState::Completed);
+}
+
+#[tokio::test]
 async fn work_done_but_not_recordable_is_marked_outcome_unknown() {
     let store = Arc::new(FaultyStore::new(MemoryStore::new()));
-    let engine =
-        Engine::from_arc(Arc::clone(&store)).with_policy(Policy::default().with_record_attempts(3));
+    // A short lease: recording is given up after the tries and half the
+    // lease, whichever ends later.
+    let engine = Engine::from_arc(Arc::clone(&store)).with_policy(
+        Policy::default()
+            .with_record_attempts(3)
+            .with_lease(Duration::from_millis(100)),
+    );
     let (scope, k) = (unique_scope("unknown-record"), key("k"));
     store.fail_next(Op::Resolve, 100);
     let executions = AtomicU32::new(0);
@@ -78,8 +104,11 @@ async fn work_done_but_not_recordable_is_marked_outcome_unknown() {
 #[tokio::test]
 async fn a_guard_reports_not_recorded_when_even_marking_fails() {
     let store = Arc::new(FaultyStore::new(MemoryStore::new()));
-    let engine =
-        Engine::from_arc(Arc::clone(&store)).with_policy(Policy::default().with_record_attempts(2));
+    let engine = Engine::from_arc(Arc::clone(&store)).with_policy(
+        Policy::default()
+            .with_record_attempts(2)
+            .with_lease(Duration::from_millis(100)),
+    );
     let (scope, k) = (unique_scope("not-recorded"), key("k"));
     let Begin::Execute(guard) = engine.begin(&scope, &k, fp("a")).await.expect("begin") else {
         panic!("executes");
