@@ -432,21 +432,12 @@ fn limits(src: &Source<'_>, cfg: Option<&LimitsConfig>) -> Result<LimitsSettings
     if let Some(v) = &cfg.queue_wait {
         out.queue_wait = duration(src, "limits.queue_wait", v)?;
     }
-    for (key, value, slot) in [
-        (
-            "limits.header_read_timeout",
-            &cfg.header_read_timeout,
-            &mut out.header_read_timeout,
-        ),
-        (
-            "limits.body_read_timeout",
-            &cfg.body_read_timeout,
-            &mut out.body_read_timeout,
-        ),
-    ] {
-        if let Some(v) = value {
-            *slot = positive(src, key, v, duration(src, key, v)?)?;
-        }
+    // "0s" turns a read time-out off (behind a proxy that enforces its own).
+    if let Some(v) = &cfg.header_read_timeout {
+        out.header_read_timeout = duration(src, "limits.header_read_timeout", v)?;
+    }
+    if let Some(v) = &cfg.body_read_timeout {
+        out.body_read_timeout = duration(src, "limits.body_read_timeout", v)?;
     }
     if let Some(v) = &cfg.max_header_bytes {
         let n =
@@ -1061,8 +1052,8 @@ on_store_error = "open"
                 "idem.toml:3: limits.max_connections = -5",
             ),
             (
-                "[limits]\nheader_read_timeout = \"0s\"\n",
-                "limits.header_read_timeout = \"0s\": must be greater than zero",
+                "[limits]\nheader_read_timeout = \"-1s\"\n",
+                "limits.header_read_timeout = \"-1s\"",
             ),
             (
                 "[limits]\nbody_read_timeout = \"soon\"\n",

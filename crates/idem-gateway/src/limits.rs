@@ -39,9 +39,13 @@ pub struct LimitsSettings {
     /// How long a request over `max_in_flight` waits for a slot before it
     /// is shed (zero: shed at once).
     pub queue_wait: Duration,
-    /// Time allowed for a request head (also the idle keep-alive limit).
+    /// Time allowed for a request head (also the idle keep-alive limit);
+    /// zero: no limit (behind a proxy that enforces its own). It costs a
+    /// timer per request: about 5 µs of CPU on the pass-through path
+    /// (docs/BENCHMARKS.md).
     pub header_read_timeout: Duration,
-    /// Longest pause allowed between chunks of a request body.
+    /// Longest pause allowed between chunks of a request body; zero: no
+    /// limit.
     pub body_read_timeout: Duration,
     /// Header fields allowed in a request head.
     pub max_headers: usize,

@@ -134,7 +134,7 @@ impl Server {
                     let _ = stream.set_nodelay(true);
                     let gateway = gateway.clone();
                     let admission = admission.clone();
-                    let body_timeout = limits.body_read_timeout;
+                    let body_timeout = Some(limits.body_read_timeout).filter(|t| !t.is_zero());
                     let svc = service_fn(move |req: Request<Incoming>| {
                         let gateway = gateway.clone();
                         let admission = admission.clone();
@@ -146,7 +146,10 @@ impl Server {
                                 tracing::debug!(reason = "overloaded", %peer, "request shed: every in-flight slot is taken");
                                 return Ok(crate::limits::overloaded());
                             };
-                            let mut req = req.map(|b| ProxyBody::Client(ClientBody::new(b, body_timeout)));
+                            let mut req = req.map(|b| match body_timeout {
+                                Some(idle) => ProxyBody::Client(ClientBody::new(b, idle)),
+                                None => ProxyBody::Incoming(b),
+                            });
                             req.extensions_mut().insert(PeerAddr(peer));
                             req.extensions_mut().insert(slot.clone());
                             let answer = gateway.oneshot(req).await;
@@ -198,7 +201,7 @@ fn connection_builder(limits: &LimitsSettings) -> auto::Builder<TokioExecutor> {
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
+        .header_read_timeout(Some(limits.header_read_timeout).filter(|t| !t.is_zero()))
         .max_headers(limits.max_headers)
         .max_buf_size(limits.max_header_bytes);
     builder
