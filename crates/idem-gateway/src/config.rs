@@ -6,9 +6,11 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode, Uri};
+use idem::seal::SealKeys;
 use idem::{FailMode, InFlight, LeaseExpiry, Policy};
 use idem_http::{RoutePolicy, Routes, TenantSource};
 use serde::Deserialize;
@@ -46,6 +48,7 @@ struct FileConfig {
     admin_token: Option<Spanned<String>>,
     shutdown_grace: Option<Spanned<String>>,
     store_timeout: Option<Spanned<String>>,
+    encryption_keys_file: Option<Spanned<String>>,
     tenant: Option<TenantConfig>,
     defaults: Option<PolicyConfig>,
     #[serde(default)]
@@ -138,6 +141,9 @@ pub struct Overrides {
     pub admin_listen: Option<String>,
     /// `--admin-token` / `IDEM_ADMIN_TOKEN`.
     pub admin_token: Option<String>,
+    /// `IDEM_ENCRYPTION_KEYS` (environment only: keys never go on a
+    /// command line).
+    pub encryption_keys: Option<String>,
 }
 
 /// Everything `serve` needs, validated.
@@ -172,6 +178,9 @@ pub struct Settings {
     pub cache: Option<CacheSettings>,
     /// Connection, concurrency and slow-client limits.
     pub limits: LimitsSettings,
+    /// Keys sealing stored response bodies at rest (`None`: stored in
+    /// clear).
+    pub seal: Option<Arc<SealKeys>>,
 }
 
 /// `[cache]`, validated: a bounded in-process copy of recent records in
@@ -390,6 +399,11 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
     let (cleanup, monitor) = jobs(src, &file.cleanup, &file.monitor, longest_lease, !redis)?;
     let cache = cache(src, file.cache.as_ref())?;
     let limits = limits(src, file.limits.as_ref())?;
+    let seal = seal_keys(
+        src,
+        o.encryption_keys.as_deref(),
+        file.encryption_keys_file.as_ref(),
+    )?;
     Ok(Settings {
         listen,
         upstream,
@@ -405,7 +419,31 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         monitor,
         cache,
         limits,
+        seal,
     })
+}
+
+/// The sealing keys: `IDEM_ENCRYPTION_KEYS`, else the file named by
+/// `encryption_keys_file` (same format, one key per line). Errors name the
+/// source, never a key.
+fn seal_keys(
+    src: &Source<'_>,
+    env: Option<&str>,
+    file: Option<&Spanned<String>>,
+) -> Result<Option<Arc<SealKeys>>, ConfigError> {
+    let parsed = match (env, file) {
+        (Some(spec), _) => {
+            SealKeys::parse(spec).map_err(|e| ConfigError(format!("IDEM_ENCRYPTION_KEYS: {e}")))?
+        }
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path.get_ref()).map_err(|e| {
+                src.error("encryption_keys_file", path, format!("cannot read it: {e}"))
+            })?;
+            SealKeys::parse(&text).map_err(|e| src.error("encryption_keys_file", path, e))?
+        }
+        (None, None) => return Ok(None),
+    };
+    Ok(Some(Arc::new(parsed)))
 }
 
 /// `[limits]`, each value checked against a sane range.

@@ -277,6 +277,7 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         monitor: crate::config::MonitorSettings::default(),
         cache: Some(crate::config::CacheSettings::default()),
         limits: crate::config::LimitsSettings::default(),
+        seal: None,
     };
     let server = crate::server::bind(&settings).await?;
     let gateway = server.local_addr().map_err(|e| e.to_string())?;

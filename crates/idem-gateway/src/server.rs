@@ -57,7 +57,13 @@ pub async fn bind(settings: &Settings) -> Result<Server, String> {
     // Before anything records: the layer registers its counters on the
     // first request.
     crate::metrics::install();
-    let store = GatewayStore::open(&settings.store, settings.cache, settings.store_timeout).await?;
+    let store = GatewayStore::open_sealed(
+        &settings.store,
+        settings.cache,
+        settings.store_timeout,
+        settings.seal.clone(),
+    )
+    .await?;
     let listener = TcpListener::bind(settings.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", settings.listen))?;

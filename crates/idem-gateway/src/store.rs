@@ -26,6 +26,7 @@ use idem_postgres::{PgOptions, PgStore};
 use idem_redis::{RedisOptions, RedisStore};
 use idem_sqlite::SqliteStore;
 
+use idem::seal::{SealKeys, Sealed};
 use idem::store::redact_url as redact;
 
 use crate::config::CacheSettings;
@@ -194,6 +195,7 @@ pub struct GatewayStore {
     ops: StoreOpMetrics,
     cache: Option<CacheSettings>,
     timeout: Duration,
+    seal: Option<Arc<SealKeys>>,
 }
 
 impl GatewayStore {
@@ -208,6 +210,18 @@ impl GatewayStore {
         cache: Option<CacheSettings>,
         timeout: Duration,
     ) -> Result<Self, String> {
+        Self::open_sealed(url, cache, timeout, None).await
+    }
+
+    /// Like [`open`](Self::open), sealing response bodies at rest with
+    /// `seal` (the copies in the in-process cache stay clear: they never
+    /// leave memory).
+    pub async fn open_sealed(
+        url: &str,
+        cache: Option<CacheSettings>,
+        timeout: Duration,
+        seal: Option<Arc<SealKeys>>,
+    ) -> Result<Self, String> {
         let parsed = StoreUrl::parse(url)?;
         let store = Self {
             ready: Arc::new(OnceLock::new()),
@@ -217,6 +231,7 @@ impl GatewayStore {
             // An in-memory store needs no copy of itself.
             cache: cache.filter(|_| !matches!(parsed, StoreUrl::Memory)),
             timeout,
+            seal,
         };
         match parsed.connect().await {
             Ok(s) => store.set(s),
@@ -254,6 +269,10 @@ impl GatewayStore {
     }
 
     fn set(&self, store: DynStore) {
+        let store = match &self.seal {
+            Some(keys) => DynStore::new(Sealed::new(store, Arc::clone(keys))),
+            None => store,
+        };
         let store = match self.cache {
             Some(c) => DynStore::new(Tiered::new(MemoryStore::cache(c.size, c.max_age), store)),
             None => store,

@@ -296,6 +296,14 @@ impl<S: Store> Engine<S> {
         key: &IdempotencyKey,
     ) -> Result<Begin<S>, EngineError> {
         match self.policy.fail_mode {
+            // Fail-open is for a store that cannot be reached. One that
+            // answered with data it cannot read back (a corrupt record, a
+            // body sealed with a key no longer configured) may hold a
+            // finished answer: running the work again could repeat it.
+            FailMode::Open if !err.is_transient() => {
+                tracing::warn!(reason = "idempotency_store_error", tenant = scope.tenant(), operation = scope.operation(), %key, %err, "refusing: the store answered but its record cannot be read (fail-open covers an unreachable store only)");
+                Err(EngineError::Store(err))
+            }
             FailMode::Closed => {
                 tracing::debug!(reason = "idempotency_store_error", tenant = scope.tenant(), operation = scope.operation(), %key, %err, "refusing: fail-closed");
                 Err(EngineError::Store(err))

@@ -41,6 +41,8 @@ pub mod memory;
 pub mod operator;
 pub mod policy;
 pub mod record;
+#[cfg(feature = "seal")]
+pub mod seal;
 pub mod store;
 pub mod tiered;
 

@@ -1,0 +1,449 @@
+//! Stored response bodies encrypted at rest (feature `seal`).
+//!
+//! [`Sealed`] wraps any store: every response body it records is sealed
+//! with AES-256-GCM under the current key of a [`SealKeys`] ring, bound to
+//! its record (tenant, operation and key are the associated data, so a
+//! sealed body copied onto another record does not open), and opened again
+//! when the record is read. Status, replayed headers, fingerprints and
+//! keys stay in clear: they are what the store matches on.
+//!
+//! Keys are named (`id:64 hex digits`), and a sealed body names the key
+//! that sealed it, so keys rotate without rewriting records: put the new
+//! key first (it seals from then on), keep the old ones after it (they
+//! still open what they sealed) until the longest retention has passed,
+//! then drop them. A body stored before sealing was turned on (no seal
+//! header) is read as it is.
+//!
+//! ```
+//! # #[cfg(feature = "seal")] {
+//! use idem::seal::SealKeys;
+//! let keys = SealKeys::parse(
+//!     "k2:000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f,\
+//!      k1:1f1e1d1c1b1a191817161514131211100f0e0d0c0b0a09080706050403020100",
+//! )
+//! .expect("two keys");
+//! assert_eq!(keys.current_id(), "k2");
+//! # }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use ring::rand::{SecureRandom, SystemRandom};
+
+use crate::{
+    FinalOutcome, IdempotencyKey, Lease, ListFilter, ListRecords, Page, Purge, Record, Reservation,
+    ReserveRequest, Scope, Store, StoreError, Timestamp,
+};
+
+/// The first bytes of a sealed body (a body an application returns never
+/// starts with a NUL and this tag by accident in practice; one that does is
+/// refused at sealing time rather than misread later).
+const MAGIC: &[u8] = b"\0idem-seal1\0";
+
+/// Why a key ring could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("encryption keys: {0}")]
+pub struct SealKeyError(String);
+
+/// Named AES-256 keys: the first seals, every one opens what it sealed.
+pub struct SealKeys {
+    keys: Vec<(String, LessSafeKey)>,
+    rng: SystemRandom,
+}
+
+impl fmt::Debug for SealKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Names only: key material never reaches a log.
+        let ids: Vec<&str> = self.keys.iter().map(|(id, _)| id.as_str()).collect();
+        f.debug_struct("SealKeys").field("ids", &ids).finish()
+    }
+}
+
+impl SealKeys {
+    /// Parses `id:hex[,id:hex…]` (commas, whitespace or new lines between
+    /// keys; `#` starts a comment line). Each key is 32 bytes as 64 hex
+    /// digits (`openssl rand -hex 32`); ids are 1 to 32 letters, digits,
+    /// `-`, `_` or `.`, and unique. The first key seals.
+    pub fn parse(spec: &str) -> Result<Self, SealKeyError> {
+        let mut keys: Vec<(String, LessSafeKey)> = Vec::new();
+        let entries = spec
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .flat_map(|l| l.split([',', ' ', '\t']))
+            .map(str::trim)
+            .filter(|e| !e.is_empty());
+        for (i, entry) in entries.enumerate() {
+            let (id, hex) = entry
+                .split_once(':')
+                .ok_or_else(|| SealKeyError(format!("entry {} is not id:hex", i + 1)))?;
+            let id_ok = (1..=32).contains(&id.len())
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+            if !id_ok {
+                return Err(SealKeyError(format!(
+                    "key id {id:?}: 1 to 32 letters, digits, '-', '_' or '.'"
+                )));
+            }
+            if keys.iter().any(|(k, _)| k == id) {
+                return Err(SealKeyError(format!("key id {id:?} appears twice")));
+            }
+            let bytes = decode_hex(hex).ok_or_else(|| {
+                SealKeyError(format!("key {id:?}: must be 64 hex digits (32 bytes)"))
+            })?;
+            let key = UnboundKey::new(&AES_256_GCM, &bytes)
+                .map_err(|_| SealKeyError(format!("key {id:?}: not an AES-256 key")))?;
+            keys.push((id.to_owned(), LessSafeKey::new(key)));
+        }
+        if keys.is_empty() {
+            return Err(SealKeyError("no key given".to_owned()));
+        }
+        Ok(Self {
+            keys,
+            rng: SystemRandom::new(),
+        })
+    }
+
+    /// The id of the key that seals.
+    pub fn current_id(&self) -> &str {
+        &self.keys[0].0
+    }
+
+    /// Seals `body` for the record `(scope, key)`.
+    pub fn seal(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        body: &[u8],
+    ) -> Result<Bytes, StoreError> {
+        let (id, aead) = &self.keys[0];
+        let mut nonce = [0u8; NONCE_LEN];
+        self.rng
+            .fill(&mut nonce)
+            .map_err(|_| StoreError::Backend("no randomness for a nonce".into()))?;
+        let mut sealed = body.to_vec();
+        aead.seal_in_place_append_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(associated(scope, key)),
+            &mut sealed,
+        )
+        .map_err(|_| StoreError::Backend("sealing the response body failed".into()))?;
+        let mut out =
+            BytesMut::with_capacity(MAGIC.len() + 1 + id.len() + NONCE_LEN + sealed.len());
+        out.put_slice(MAGIC);
+        out.put_u8(id.len() as u8);
+        out.put_slice(id.as_bytes());
+        out.put_slice(&nonce);
+        out.put_slice(&sealed);
+        Ok(out.freeze())
+    }
+
+    /// Opens a body sealed for `(scope, key)`; a body without a seal header
+    /// (stored before sealing was on) comes back as it is.
+    pub fn open(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        body: Bytes,
+    ) -> Result<Bytes, StoreError> {
+        let Some(rest) = body.strip_prefix(MAGIC) else {
+            return Ok(body);
+        };
+        let corrupt =
+            |why: &str| StoreError::Corrupt(format!("sealed response body: {why}").into());
+        let (&id_len, rest) = rest.split_first().ok_or_else(|| corrupt("truncated"))?;
+        let id_len = usize::from(id_len);
+        if rest.len() < id_len + NONCE_LEN {
+            return Err(corrupt("truncated"));
+        }
+        let (id, rest) = rest.split_at(id_len);
+        let (nonce, sealed) = rest.split_at(NONCE_LEN);
+        let id = std::str::from_utf8(id).map_err(|_| corrupt("bad key id"))?;
+        let (_, aead) =
+            self.keys.iter().find(|(k, _)| k == id).ok_or_else(|| {
+                corrupt(&format!("sealed with key {id:?}, which is not configured"))
+            })?;
+        let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| corrupt("bad nonce"))?;
+        let mut buf = sealed.to_vec();
+        let plain = aead
+            .open_in_place(nonce, Aad::from(associated(scope, key)), &mut buf)
+            .map_err(|_| {
+                corrupt(&format!(
+                    "does not open with key {id:?} (altered, or another record's)"
+                ))
+            })?;
+        let len = plain.len();
+        buf.truncate(len);
+        Ok(Bytes::from(buf))
+    }
+
+    fn open_record(&self, mut record: Record) -> Result<Record, StoreError> {
+        if let Some(resp) = record.response.as_mut() {
+            resp.body = self.open(&record.scope, &record.key, std::mem::take(&mut resp.body))?;
+        }
+        Ok(record)
+    }
+}
+
+/// What binds a sealed body to its record.
+fn associated(scope: &Scope, key: &IdempotencyKey) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(scope.tenant().len() + scope.operation().len() + 64);
+    aad.extend_from_slice(scope.tenant().as_bytes());
+    aad.push(0);
+    aad.extend_from_slice(scope.operation().as_bytes());
+    aad.push(0);
+    aad.extend_from_slice(key.as_str().as_bytes());
+    aad
+}
+
+fn decode_hex(text: &str) -> Option<[u8; 32]> {
+    let text = text.as_bytes();
+    if text.len() != 64 {
+        return None;
+    }
+    let nibble = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut out = [0u8; 32];
+    for (i, pair) in text.chunks_exact(2).enumerate() {
+        out[i] = nibble(pair[0])? << 4 | nibble(pair[1])?;
+    }
+    Some(out)
+}
+
+/// A store whose recorded response bodies are sealed at rest.
+#[derive(Debug, Clone)]
+pub struct Sealed<S> {
+    inner: S,
+    keys: Arc<SealKeys>,
+}
+
+impl<S> Sealed<S> {
+    /// Wraps `inner`, sealing with `keys`.
+    pub fn new(inner: S, keys: Arc<SealKeys>) -> Self {
+        Self { inner, keys }
+    }
+}
+
+impl<S: Store> Store for Sealed<S> {
+    async fn reserve(&self, req: ReserveRequest<'_>) -> Result<Reservation, StoreError> {
+        match self.inner.reserve(req).await? {
+            Reservation::Existing(record) => Ok(Reservation::Existing(Box::new(
+                self.keys.open_record(*record)?,
+            ))),
+            other => Ok(other),
+        }
+    }
+
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
+        self.inner
+            .get(scope, key)
+            .await?
+            .map(|r| self.keys.open_record(r))
+            .transpose()
+    }
+
+    async fn resolve(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        lease: &Lease,
+        outcome: &FinalOutcome,
+    ) -> Result<(), StoreError> {
+        if outcome.response.body.starts_with(MAGIC) {
+            return Err(StoreError::Backend(
+                "a response body that starts like a sealed one cannot be stored".into(),
+            ));
+        }
+        let mut sealed = outcome.clone();
+        sealed.response.body = self.keys.seal(scope, key, &outcome.response.body)?;
+        self.inner.resolve(scope, key, lease, &sealed).await
+    }
+
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        lease: &Lease,
+    ) -> Result<(), StoreError> {
+        self.inner.release(scope, key, lease).await
+    }
+
+    async fn mark_unknown(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        lease: &Lease,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        self.inner.mark_unknown(scope, key, lease, reason).await
+    }
+
+    async fn renew(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        lease: &Lease,
+        duration: Duration,
+    ) -> Result<Timestamp, StoreError> {
+        self.inner.renew(scope, key, lease, duration).await
+    }
+}
+
+impl<S: ListRecords> ListRecords for Sealed<S> {
+    async fn list(&self, filter: &ListFilter) -> Result<Page, StoreError> {
+        let page = self.inner.list(filter).await?;
+        Ok(Page {
+            records: page
+                .records
+                .into_iter()
+                .map(|r| self.keys.open_record(r))
+                .collect::<Result<_, _>>()?,
+            next: page.next,
+        })
+    }
+}
+
+impl<S: Purge> Purge for Sealed<S> {
+    async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
+        self.inner.purge_expired(batch).await
+    }
+
+    async fn delete(&self, scope: &Scope, key: &IdempotencyKey) -> Result<bool, StoreError> {
+        self.inner.delete(scope, key).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Fingerprint, MemoryStore, OwnerToken, Policy, StoredResponse, Verdict};
+
+    const K1: &str = "k1:000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+    const K2: &str = "k2:ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
+
+    fn scope() -> Scope {
+        Scope::new("tenant", "POST /v1/payments").expect("scope")
+    }
+
+    fn key(k: &str) -> IdempotencyKey {
+        k.parse().expect("key")
+    }
+
+    #[test]
+    fn a_sealed_body_opens_only_for_its_record_and_key() {
+        let keys = SealKeys::parse(K1).expect("keys");
+        let sealed = keys.seal(&scope(), &key("a"), b"card 4242").expect("seal");
+        assert!(!sealed.windows(4).any(|w| w == b"4242"), "no clear text");
+        assert_eq!(
+            keys.open(&scope(), &key("a"), sealed.clone())
+                .expect("open"),
+            &b"card 4242"[..]
+        );
+        // Another record's body, or an altered one, does not open.
+        assert!(keys.open(&scope(), &key("b"), sealed.clone()).is_err());
+        let mut altered = sealed.to_vec();
+        *altered.last_mut().expect("bytes") ^= 1;
+        assert!(matches!(
+            keys.open(&scope(), &key("a"), Bytes::from(altered)),
+            Err(StoreError::Corrupt(_))
+        ));
+        // Two seals of the same body differ (fresh nonces).
+        assert_ne!(
+            sealed,
+            keys.seal(&scope(), &key("a"), b"card 4242").expect("seal")
+        );
+        // A body stored before sealing was on reads as it is.
+        assert_eq!(
+            keys.open(&scope(), &key("a"), Bytes::from_static(b"plain"))
+                .expect("plain"),
+            &b"plain"[..]
+        );
+    }
+
+    #[test]
+    fn keys_rotate_new_first_old_still_opening() {
+        let old = SealKeys::parse(K1).expect("old");
+        let sealed_old = old.seal(&scope(), &key("a"), b"x").expect("seal");
+        let rotated = SealKeys::parse(&format!("{K2}\n# previous\n{K1}")).expect("rotated");
+        assert_eq!(rotated.current_id(), "k2");
+        assert_eq!(
+            rotated
+                .open(&scope(), &key("a"), sealed_old.clone())
+                .expect("old opens"),
+            &b"x"[..]
+        );
+        let sealed_new = rotated.seal(&scope(), &key("a"), b"y").expect("seal");
+        let err = old
+            .open(&scope(), &key("a"), sealed_new)
+            .expect_err("k2 unknown");
+        assert!(
+            err.to_string().contains("\"k2\", which is not configured"),
+            "{err}"
+        );
+        let dropped = SealKeys::parse(K2).expect("k1 dropped");
+        assert!(dropped.open(&scope(), &key("a"), sealed_old).is_err());
+    }
+
+    #[test]
+    fn bad_key_specs_are_refused_with_the_reason_and_never_printed() {
+        for (spec, why) in [
+            ("", "no key given"),
+            ("k1", "not id:hex"),
+            ("k1:abcd", "64 hex digits"),
+            (&format!("{K1},{K1}"), "appears twice"),
+            ("bad/id:00", "1 to 32 letters"),
+        ] {
+            let err = SealKeys::parse(spec).expect_err(spec).to_string();
+            assert!(err.contains(why), "{spec}: {err}");
+        }
+        let keys = SealKeys::parse(K1).expect("keys");
+        let shown = format!("{keys:?}");
+        assert!(shown.contains("k1") && !shown.contains("0a0b0c"), "{shown}");
+    }
+
+    #[tokio::test]
+    async fn the_store_keeps_sealed_bodies_and_answers_clear_ones() {
+        let inner = Arc::new(MemoryStore::new());
+        let keys = Arc::new(SealKeys::parse(K1).expect("keys"));
+        let store = Sealed::new(Arc::clone(&inner), keys);
+        let (s, k) = (scope(), key("pay-1"));
+        let policy = Policy::default();
+        let Reservation::Acquired(lease) = store
+            .reserve(ReserveRequest {
+                scope: &s,
+                key: &k,
+                fingerprint: Fingerprint::builder().part("body", b"request").finish(),
+                owner: OwnerToken::random(),
+                lease: policy.lease,
+                retention: policy.retention,
+                on_lease_expiry: policy.on_lease_expiry,
+            })
+            .await
+            .expect("reserve")
+        else {
+            panic!("acquired");
+        };
+        let outcome = FinalOutcome {
+            verdict: Verdict::Completed,
+            response: StoredResponse::new(201, "{\"charge\":\"ch_1\"}"),
+            resource_id: None,
+            error_code: None,
+            retention: Duration::from_secs(60),
+        };
+        store
+            .resolve(&s, &k, &lease, &outcome)
+            .await
+            .expect("resolve");
+        let raw = inner.get(&s, &k).await.expect("get").expect("record");
+        let raw_body = raw.response.expect("response").body;
+        assert!(raw_body.starts_with(MAGIC), "sealed at rest");
+        let clear = store.get(&s, &k).await.expect("get").expect("record");
+        assert_eq!(
+            clear.response.expect("response").body,
+            &b"{\"charge\":\"ch_1\"}"[..]
+        );
+    }
+}
