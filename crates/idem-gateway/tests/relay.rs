@@ -191,13 +191,33 @@ async fn three_relays_one_killed_every_row_once_in_order() {
         );
     }
 
-    // Read the stream back: exactly one message per row, each aggregate's
-    // sequence numbers strictly 1, 2, 3… in stream order.
-    let client = async_nats::connect(&nats).await.expect("nats");
+    let js = stream_once_in_order(&nats, &stream, &prefix, AGGREGATES, PER_AGGREGATE).await;
+    js.delete_stream(&stream).await.expect("delete stream");
+    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(store.pool())
+        .await
+        .expect("drop schema");
+}
+
+/// Reads the stream back: exactly one message per row (no duplicate got
+/// past the broker's de-duplication), each aggregate's sequence numbers
+/// strictly 1, 2, 3… in stream order. Returns the JetStream context.
+async fn stream_once_in_order(
+    nats: &str,
+    stream: &str,
+    prefix: &str,
+    aggregates: usize,
+    per_aggregate: usize,
+) -> async_nats::jetstream::Context {
+    let client = async_nats::connect(nats).await.expect("nats");
     let js = async_nats::jetstream::new(client);
-    let mut s = js.get_stream(&stream).await.expect("stream");
+    let mut s = js.get_stream(stream).await.expect("stream");
     let messages = s.info().await.expect("info").state.messages;
-    assert_eq!(messages, total as u64, "no duplicate reached the stream");
+    assert_eq!(
+        messages,
+        (aggregates * per_aggregate) as u64,
+        "no duplicate reached the stream"
+    );
     let mut next: HashMap<String, i64> = HashMap::new();
     let mut ids = std::collections::HashSet::new();
     for seq in 1..=messages {
@@ -219,9 +239,63 @@ async fn three_relays_one_killed_every_row_once_in_order() {
         *expected += 1;
         assert_eq!(m.subject.as_str(), format!("{prefix}.order.OrderNoted"));
     }
-    assert_eq!(next.len(), AGGREGATES);
-    assert!(next.values().all(|n| *n == PER_AGGREGATE as i64 + 1));
+    assert_eq!(next.len(), aggregates);
+    assert!(next.values().all(|n| *n == per_aggregate as i64 + 1));
+    js
+}
 
+/// Waits (up to a minute) until `n` rows are published.
+async fn until_published(store: &PgStore, n: i64) {
+    for _ in 0..600 {
+        if published(store).await >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(published(store).await, n, "rows published in time");
+}
+
+/// The broker link turns slow (latency with jitter), then silent (a black
+/// hole: the relay's connection stays open and nothing comes back), then
+/// returns: nothing is marked published that the broker did not confirm,
+/// and every row reaches the stream once, in order per aggregate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_then_silent_broker_link_delivers_every_row_once_in_order() {
+    let Some(pg) = services::postgres() else {
+        return;
+    };
+    let Some(nats) = services::nats() else {
+        return;
+    };
+    let (store, store_url, schema, stream, prefix) = isolated(&pg, "hole").await;
+    let proxy = idem_testkit::fault::FaultProxy::start(services::socket_addr(&nats)).await;
+    let via_proxy = services::via(&nats, proxy.addr(), "");
+    let mut relay = start_relay(&store_url, &via_proxy, &stream, &prefix).await;
+
+    enqueue(&store, 5, 4).await;
+    until_published(&store, 20).await;
+
+    proxy.set_latency(Duration::from_millis(100), Duration::from_millis(100));
+    enqueue(&store, 5, 4).await;
+    until_published(&store, 40).await;
+
+    proxy.restore();
+    proxy.blackhole();
+    enqueue(&store, 5, 4).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        published(&store).await,
+        40,
+        "nothing confirmed through the hole"
+    );
+
+    proxy.restore();
+    until_published(&store, 60).await;
+    kill(&relay, "-TERM");
+    let _ = tokio::time::timeout(Duration::from_secs(20), relay.child.wait()).await;
+    let _ = relay.stdout.next_line().await;
+
+    let js = stream_once_in_order(&nats, &stream, &prefix, 5, 12).await;
     js.delete_stream(&stream).await.expect("delete stream");
     sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
         .execute(store.pool())
@@ -314,10 +388,7 @@ async fn a_broker_outage_leaves_rows_pending_and_spends_no_attempts() {
     let _ = tokio::time::timeout(Duration::from_secs(20), relay.child.wait()).await;
     let _ = relay.stdout.next_line().await;
 
-    let client = async_nats::connect(&nats).await.expect("nats");
-    let js = async_nats::jetstream::new(client);
-    let mut s = js.get_stream(&stream).await.expect("stream");
-    assert_eq!(s.info().await.expect("info").state.messages, 50);
+    let js = stream_once_in_order(&nats, &stream, &prefix, 5, 10).await;
 
     // The operator path: list, replay and discard dead rows by id.
     let idem = |args: &[&str]| {
