@@ -304,6 +304,36 @@ fn write_string(s: &str, out: &mut Vec<u8>) {
 mod tests {
     use super::*;
 
+    /// Found by the `canonical_json` fuzz target: a 29-digit integer whose
+    /// f64 came out one unit in the last place off with serde_json's fast
+    /// float parsing, so its canonical form did not read back to itself
+    /// (and the same number written two ways could fingerprint apart).
+    /// The fix is serde_json's `float_roundtrip` feature on idem's own
+    /// dependency. In this workspace's test builds a dev-dependency
+    /// (serde_json_canonicalizer) turns the feature on anyway, which hid
+    /// the bug from the property tests; the fuzz crate, a workspace of its
+    /// own, builds idem as the gateway binary does.
+    #[test]
+    fn a_number_canonicalises_to_a_form_that_is_its_own_canonical_form() {
+        for text in [
+            &b"30383003833333999333333330061"[..],
+            b"3.0383003833333999e28",
+            b"0.1",
+            b"123456789012345678901234567890e-30",
+            b"1.7976931348623157e308",
+            b"5e-324",
+        ] {
+            let once = canonical_json(text).expect("valid JSON");
+            let twice = canonical_json(&once).expect("canonical form parses");
+            assert_eq!(
+                String::from_utf8_lossy(&once),
+                String::from_utf8_lossy(&twice),
+                "{}",
+                String::from_utf8_lossy(text)
+            );
+        }
+    }
+
     fn json(body: &str) -> Fingerprint {
         Fingerprint::builder()
             .part("method", b"POST")
