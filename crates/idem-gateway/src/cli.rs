@@ -3,11 +3,10 @@
 //! [`idem::operator`] with the admin API, so both behave the same.
 
 use std::io::{IsTerminal, Write};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem::operator;
-use idem::seal::{SealKeys, Sealed};
+use idem::seal::Sealed;
 use idem::{DynStore, IdempotencyKey, ListRecords, Purge, RecordState, Scope, Store, Timestamp};
 
 use crate::admin::{RecordView, ResolveRequest, encode_cursor};
@@ -18,16 +17,14 @@ use crate::store::StoreUrl;
 /// and nothing is created or migrated (a mistyped SQLite path is an error,
 /// not a new empty database; a PostgreSQL schema is left for
 /// `idem migrate`).
+///
 /// With `IDEM_ENCRYPTION_KEYS` set, bodies sealed at rest read as clear
 /// text (and a resolved record is sealed), as through the gateway.
 pub async fn open(url: &str) -> Result<DynStore, String> {
     let store = StoreUrl::parse(url)?.existing()?.connect().await?;
-    match std::env::var("IDEM_ENCRYPTION_KEYS") {
-        Ok(spec) if !spec.trim().is_empty() => {
-            let keys = SealKeys::parse(&spec).map_err(|e| format!("IDEM_ENCRYPTION_KEYS: {e}"))?;
-            Ok(DynStore::new(Sealed::new(store, Arc::new(keys))))
-        }
-        _ => Ok(store),
+    match crate::config::env_seal_keys().map_err(|e| e.0)? {
+        Some(keys) => Ok(DynStore::new(Sealed::new(store, keys))),
+        None => Ok(store),
     }
 }
 

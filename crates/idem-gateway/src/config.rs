@@ -423,6 +423,31 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
     })
 }
 
+/// The environment variable holding the sealing keys (never a flag: a
+/// command line is visible to every user in `ps`).
+pub const ENCRYPTION_KEYS_ENV: &str = "IDEM_ENCRYPTION_KEYS";
+
+/// `IDEM_ENCRYPTION_KEYS`, if set and not blank.
+pub fn encryption_keys_from_env() -> Option<String> {
+    std::env::var(ENCRYPTION_KEYS_ENV)
+        .ok()
+        .filter(|k| !k.trim().is_empty())
+}
+
+/// The keys in the environment, parsed: for one-off commands, which read
+/// no config file.
+pub fn env_seal_keys() -> Result<Option<Arc<SealKeys>>, ConfigError> {
+    encryption_keys_from_env()
+        .map(|spec| env_keys(&spec))
+        .transpose()
+}
+
+fn env_keys(spec: &str) -> Result<Arc<SealKeys>, ConfigError> {
+    SealKeys::parse(spec)
+        .map(Arc::new)
+        .map_err(|e| ConfigError(format!("{ENCRYPTION_KEYS_ENV}: {e}")))
+}
+
 /// The sealing keys: `IDEM_ENCRYPTION_KEYS`, else the file named by
 /// `encryption_keys_file` (same format, one key per line). Errors name the
 /// source, never a key.
@@ -431,19 +456,26 @@ fn seal_keys(
     env: Option<&str>,
     file: Option<&Spanned<String>>,
 ) -> Result<Option<Arc<SealKeys>>, ConfigError> {
-    let parsed = match (env, file) {
-        (Some(spec), _) => {
-            SealKeys::parse(spec).map_err(|e| ConfigError(format!("IDEM_ENCRYPTION_KEYS: {e}")))?
-        }
+    match (env, file) {
+        (Some(spec), _) => env_keys(spec).map(Some),
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path.get_ref()).map_err(|e| {
                 src.error("encryption_keys_file", path, format!("cannot read it: {e}"))
             })?;
-            SealKeys::parse(&text).map_err(|e| src.error("encryption_keys_file", path, e))?
+            SealKeys::parse(&text)
+                .map(|keys| Some(Arc::new(keys)))
+                .map_err(|e| src.error("encryption_keys_file", path, e))
         }
-        (None, None) => return Ok(None),
-    };
-    Ok(Some(Arc::new(parsed)))
+        (None, None) => Ok(None),
+    }
+}
+
+/// A count from 1 to `max`, or an error naming the key, the value and the range.
+fn whole(src: &Source<'_>, key: &str, v: &Spanned<i64>, max: usize) -> Result<usize, ConfigError> {
+    usize::try_from(*v.get_ref())
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| src.error(key, v, format!("must be a whole number from 1 to {max}")))
 }
 
 /// `[limits]`, each value checked against a sane range.
@@ -452,20 +484,14 @@ fn limits(src: &Source<'_>, cfg: Option<&LimitsConfig>) -> Result<LimitsSettings
     let Some(cfg) = cfg else {
         return Ok(out);
     };
-    let count = |key: &str, v: &Spanned<i64>, max: usize| -> Result<usize, ConfigError> {
-        usize::try_from(*v.get_ref())
-            .ok()
-            .filter(|n| (1..=max).contains(n))
-            .ok_or_else(|| src.error(key, v, format!("must be a whole number from 1 to {max}")))
-    };
     if let Some(v) = &cfg.max_connections {
-        out.max_connections = count("limits.max_connections", v, 1_000_000)?;
+        out.max_connections = whole(src, "limits.max_connections", v, 1_000_000)?;
     }
     if let Some(v) = &cfg.max_in_flight {
-        out.max_in_flight = count("limits.max_in_flight", v, 1_000_000)?;
+        out.max_in_flight = whole(src, "limits.max_in_flight", v, 1_000_000)?;
     }
     if let Some(v) = &cfg.max_headers {
-        out.max_headers = count("limits.max_headers", v, 10_000)?;
+        out.max_headers = whole(src, "limits.max_headers", v, 10_000)?;
     }
     if let Some(v) = &cfg.queue_wait {
         out.queue_wait = duration(src, "limits.queue_wait", v)?;
@@ -517,15 +543,11 @@ fn jobs(
     longest_lease: Duration,
     monitor_by_default: bool,
 ) -> Result<(Option<CleanupSettings>, MonitorSettings), ConfigError> {
-    let count = |key: &str, v: &Option<Spanned<i64>>, default: i64| -> Result<usize, ConfigError> {
-        match v {
-            None => Ok(default as usize),
-            Some(n) => usize::try_from(*n.get_ref())
-                .ok()
-                .filter(|n| (1..=1_000_000).contains(n))
-                .ok_or_else(|| src.error(key, n, "must be a whole number from 1 to 1000000")),
-        }
-    };
+    let count =
+        |key: &str, v: &Option<Spanned<i64>>, default: usize| -> Result<usize, ConfigError> {
+            v.as_ref()
+                .map_or(Ok(default), |n| whole(src, key, n, 1_000_000))
+        };
     let every =
         |key: &str, v: &Option<Spanned<String>>, default: u64| -> Result<Duration, ConfigError> {
             match v {

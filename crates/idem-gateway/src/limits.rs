@@ -107,25 +107,19 @@ impl Admission {
         };
         Some(Slot(Arc::new(permit)))
     }
-
-    /// Requests being handled now.
-    pub fn in_flight(&self, max_in_flight: usize) -> usize {
-        max_in_flight.saturating_sub(self.slots.available_permits())
-    }
 }
 
 /// The answer to a request shed for want of a slot: `503`, problem type
 /// `server-overloaded`, `Retry-After: 1`.
 pub fn overloaded<B>() -> Response<ResponseBody<B>> {
     metrics::counter!(REQUESTS_SHED_TOTAL).increment(1);
-    let (parts, body) = Problem::new(
-        ProblemKind::Overloaded,
-        "the gateway is handling as many requests as it may; nothing was recorded or forwarded, retry after the hint",
+    ResponseBody::problem(
+        &Problem::new(
+            ProblemKind::Overloaded,
+            "the gateway is handling as many requests as it may; nothing was recorded or forwarded, retry after the hint",
+        )
+        .with_retry_after(Duration::from_secs(1)),
     )
-    .with_retry_after(Duration::from_secs(1))
-    .to_response()
-    .into_parts();
-    Response::from_parts(parts, ResponseBody::Full { body })
 }
 
 /// A request body from a client connection that fails with an
@@ -194,7 +188,7 @@ mod tests {
         let adm = Admission::new(2, Duration::from_millis(20));
         let a = adm.admit().await.expect("first slot");
         let b = adm.admit().await.expect("second slot");
-        assert_eq!(adm.in_flight(2), 2);
+        assert_eq!(adm.slots.available_permits(), 0, "both slots in flight");
         assert!(adm.admit().await.is_none(), "third request is shed");
         // A clone (the one riding with the request) keeps the slot.
         let a2 = a.clone();
@@ -203,7 +197,7 @@ mod tests {
         drop(a2);
         let c = adm.admit().await.expect("a slot came free");
         drop((b, c));
-        assert_eq!(adm.in_flight(2), 0);
+        assert_eq!(adm.slots.available_permits(), 2, "none in flight");
     }
 
     #[tokio::test]

@@ -410,10 +410,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         listen: args.listen,
         admin_listen: args.admin_listen,
         admin_token: args.admin_token,
-        // Secrets stay off the command line (visible to every user in ps).
-        encryption_keys: std::env::var("IDEM_ENCRYPTION_KEYS")
-            .ok()
-            .filter(|k| !k.trim().is_empty()),
+        encryption_keys: config::encryption_keys_from_env(),
     };
     let settings = config::load(args.config.as_deref(), &overrides).map_err(|e| e.to_string())?;
     let server = server::bind(&settings).await?;

@@ -57,7 +57,7 @@ pub async fn bind(settings: &Settings) -> Result<Server, String> {
     // Before anything records: the layer registers its counters on the
     // first request.
     crate::metrics::install();
-    let store = GatewayStore::open_sealed(
+    let store = GatewayStore::open(
         &settings.store,
         settings.cache,
         settings.store_timeout,

@@ -205,18 +205,9 @@ impl GatewayStore {
     /// recent records sits in front of it (see [`CacheSettings`]). Each
     /// operation on the request path gets `timeout` to answer (see
     /// [`Settings::store_timeout`](crate::config::Settings::store_timeout)).
+    /// With `seal`, response bodies are sealed at rest (the copies in
+    /// the in-process cache stay clear: they never leave memory).
     pub async fn open(
-        url: &str,
-        cache: Option<CacheSettings>,
-        timeout: Duration,
-    ) -> Result<Self, String> {
-        Self::open_sealed(url, cache, timeout, None).await
-    }
-
-    /// Like [`open`](Self::open), sealing response bodies at rest with
-    /// `seal` (the copies in the in-process cache stay clear: they never
-    /// leave memory).
-    pub async fn open_sealed(
         url: &str,
         cache: Option<CacheSettings>,
         timeout: Duration,
@@ -449,7 +440,7 @@ mod tests {
 
     #[tokio::test]
     async fn files_fail_at_once_servers_are_retried() {
-        let err = GatewayStore::open("sqlite:///nonexistent-dir/x.db", None, SECOND)
+        let err = GatewayStore::open("sqlite:///nonexistent-dir/x.db", None, SECOND, None)
             .await
             .expect_err("missing dir");
         assert!(err.contains("/nonexistent-dir/x.db"), "{err}");
@@ -458,6 +449,7 @@ mod tests {
             "postgres://postgres@127.0.0.1:1/test?connect_timeout_ms=200",
             None,
             SECOND,
+            None,
         )
         .await
         .expect("starts anyway");

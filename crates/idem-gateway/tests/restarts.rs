@@ -37,8 +37,6 @@ require_key = true
 
 const KEYS: usize = 300;
 const WORKERS: usize = 8;
-/// Copies of each key sent at once (the storm below writes two).
-const COPIES: usize = 2;
 
 /// What the clients saw.
 #[derive(Debug, Default)]
@@ -97,7 +95,7 @@ async fn until_answered(addr: SocketAddr, auth: &str, key: &str, seen: &Mutex<Se
     panic!("{key}: no answer after 1200 attempts");
 }
 
-/// `KEYS` keys, each sent `COPIES` times at once, by `WORKERS` clients
+/// `KEYS` keys, each sent twice at once, by `WORKERS` clients
 /// taking keys in turn, while `faults` runs; then every key once more.
 /// Asserts: one execution per key, one answer per key, replayed after.
 async fn storm_through(
@@ -179,7 +177,7 @@ async fn storm_through(
         assert_eq!(replay.body, bodies[0], "{key}: replayed another answer");
     }
     eprintln!(
-        "{label}: {KEYS} keys × {COPIES} copies, {} attempts, statuses {:?}, {} executions",
+        "{label}: {KEYS} keys × 2 copies, {} attempts, statuses {:?}, {} executions",
         seen.attempts,
         seen.statuses,
         up.total()

@@ -5,6 +5,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
+use http::Response;
+
+use crate::Problem;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 
@@ -41,6 +44,12 @@ impl<B> ResponseBody<B> {
         Self::Full {
             body: Full::new(bytes.into()),
         }
+    }
+
+    /// A problem's whole response (status, problem+json, `Retry-After`).
+    pub fn problem(problem: &Problem) -> Response<Self> {
+        let (parts, body) = problem.to_response().into_parts();
+        Response::from_parts(parts, Self::Full { body })
     }
 
     /// The inner service's body.

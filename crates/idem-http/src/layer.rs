@@ -315,11 +315,7 @@ fn with_decision<B>(mut resp: Response<B>, decision: Decision) -> Response<B> {
 }
 
 fn problem<B>(problem: Problem, decision: Decision) -> Response<ResponseBody<B>> {
-    let (parts, body) = problem.to_response().into_parts();
-    with_decision(
-        Response::from_parts(parts, ResponseBody::Full { body }),
-        decision,
-    )
+    with_decision(ResponseBody::problem(&problem), decision)
 }
 
 impl<S: Store, T: TenantExtractor> Shared<S, T> {

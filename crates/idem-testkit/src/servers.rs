@@ -9,6 +9,7 @@
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::services;
@@ -160,17 +161,24 @@ impl PrivatePostgres {
         self.dir.path().join("data")
     }
 
-    /// Runs one of the cluster's programs (as `postgres` when root).
-    fn run(&self, program: &str, args: &[&str]) {
+    /// One of the cluster's programs, run as `postgres` when the tests run
+    /// as root (the server refuses root).
+    fn command(&self, program: &str) -> Command {
         let path = self.bin.join(program);
-        let mut cmd = if as_root() {
+        if as_root() {
             let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(&path);
+            c.args(["-u", "postgres", "--"]).arg(path);
             c
         } else {
-            Command::new(&path)
-        };
-        let out = cmd
+            Command::new(path)
+        }
+    }
+
+    /// Runs one of the cluster's programs; panics with its output if it
+    /// fails.
+    fn run(&self, program: &str, args: &[&str]) {
+        let out = self
+            .command(program)
             .args(args)
             .stdin(Stdio::null())
             .output()
@@ -219,15 +227,8 @@ impl PrivatePostgres {
 impl Drop for PrivatePostgres {
     fn drop(&mut self) {
         let data = self.data().display().to_string();
-        let path = self.bin.join("pg_ctl");
-        let mut cmd = if as_root() {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(&path);
-            c
-        } else {
-            Command::new(&path)
-        };
-        let _ = cmd
+        let _ = self
+            .command("pg_ctl")
             .args(["-D", &data, "-m", "immediate", "stop"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -251,9 +252,13 @@ fn postgres_bin() -> Option<PathBuf> {
     found.pop()
 }
 
+/// Whether the tests run as root (asked once).
 fn as_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.trim_ascii() == b"0")
+    static ROOT: OnceLock<bool> = OnceLock::new();
+    *ROOT.get_or_init(|| {
+        Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.trim_ascii() == b"0")
+    })
 }

@@ -125,20 +125,25 @@ impl SealKeys {
         self.rng
             .fill(&mut nonce)
             .map_err(|_| StoreError::Backend("no randomness for a nonce".into()))?;
-        let mut sealed = body.to_vec();
-        aead.seal_in_place_append_tag(
-            Nonce::assume_unique_for_key(nonce),
-            Aad::from(associated(scope, key)),
-            &mut sealed,
-        )
-        .map_err(|_| StoreError::Backend("sealing the response body failed".into()))?;
+        // Header, then the body sealed in place behind it, then the tag:
+        // one buffer, one copy of the body.
+        let tag_len = AES_256_GCM.tag_len();
         let mut out =
-            BytesMut::with_capacity(MAGIC.len() + 1 + id.len() + NONCE_LEN + sealed.len());
+            BytesMut::with_capacity(MAGIC.len() + 1 + id.len() + NONCE_LEN + body.len() + tag_len);
         out.put_slice(MAGIC);
         out.put_u8(id.len() as u8);
         out.put_slice(id.as_bytes());
         out.put_slice(&nonce);
-        out.put_slice(&sealed);
+        let start = out.len();
+        out.put_slice(body);
+        let tag = aead
+            .seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(associated(scope, key)),
+                &mut out[start..],
+            )
+            .map_err(|_| StoreError::Backend("sealing the response body failed".into()))?;
+        out.put_slice(tag.as_ref());
         Ok(out.freeze())
     }
 
