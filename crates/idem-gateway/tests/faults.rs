@@ -252,3 +252,103 @@ async fn a_redis_link_slow_then_silent_then_back() {
     };
     a_store_link_slow_then_silent_then_back(&redis, "redis", "").await;
 }
+
+/// A reservation that reaches the store only after the gateway gave up on
+/// it (the store time-out answered `503`) commits with nobody to run it.
+/// The gateway that sent it releases it once the store answers again, so
+/// the key is free long before the 120 s lease would lapse. A second
+/// gateway on a direct link shows the orphan was really there.
+async fn a_reservation_committed_after_its_time_out_is_released(
+    store_url: &str,
+    label: &str,
+    extra: &str,
+) {
+    let link = FaultProxy::start(services::socket_addr(store_url)).await;
+    let slow_store = services::via(store_url, link.addr(), extra);
+    let config = CONFIG.replace("lease = \"1s\"", "lease = \"120s\"");
+    let (dir_a, dir_b) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let up = CountingUpstream::start().await;
+    let a = Gateway::start(
+        IDEM,
+        dir_a.path(),
+        &config,
+        &up.url(),
+        &slow_store,
+        "error",
+        &[],
+    )
+    .await;
+    let b = Gateway::start(
+        IDEM,
+        dir_b.path(),
+        &config,
+        &up.url(),
+        store_url,
+        "error",
+        &[],
+    )
+    .await;
+    let auth = format!("Bearer {}", unique(label));
+    let auth = auth.as_str();
+    let warm = post(a.addr, "/v1/payments", auth, "warm").await;
+    assert_eq!(warm.status, StatusCode::CREATED, "{label}: {:?}", warm.body);
+
+    // 1.5 s each way: the reservation lands half a second after the 1 s
+    // store time-out refused the request.
+    link.set_latency(Duration::from_millis(1500), Duration::ZERO);
+    let refused = post(a.addr, "/v1/payments", auth, "late").await;
+    assert_eq!(
+        refused.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{label}: {:?}",
+        refused.body
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held = post(b.addr, "/v1/payments", auth, "late").await;
+    assert_eq!(
+        held.status,
+        StatusCode::CONFLICT,
+        "{label}: the late reservation holds the key: {:?}",
+        held.body
+    );
+
+    // Freed within until_status's ~10 s, far inside the lease.
+    link.restore();
+    let freed = until_status(
+        async || post(b.addr, "/v1/payments", auth, "late").await,
+        StatusCode::CREATED,
+    )
+    .await;
+    assert_eq!(freed.header("idempotent-replayed"), None, "{label}");
+    assert_eq!(up.executions("late"), 1, "{label}: run once, by b");
+    a.terminate().await;
+    b.terminate().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_postgres_reservation_is_released() {
+    let Some(pg) = services::postgres() else {
+        return;
+    };
+    // One connection, which the warm-up prepared the reservation
+    // statement on: the late request is a single message on the link
+    // (a fresh connection would first wait for its statement to be
+    // prepared, and time out before sending the reservation at all).
+    a_reservation_committed_after_its_time_out_is_released(
+        &pg,
+        "postgres-late",
+        "ping_after_idle_ms=600000&max_connections=1",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_redis_reservation_is_released() {
+    let Some(redis) = services::redis() else {
+        return;
+    };
+    a_reservation_committed_after_its_time_out_is_released(&redis, "redis-late", "").await;
+}

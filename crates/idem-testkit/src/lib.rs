@@ -45,16 +45,20 @@ pub enum Op {
     Release,
     /// [`Store::renew`].
     Renew,
+    /// [`Store::get`].
+    Get,
 }
 
-const OPS: usize = 5;
+const OPS: usize = 6;
 
 /// A store that fails the next N calls of chosen operations with
-/// [`StoreError::Unavailable`], and otherwise delegates to a real store.
+/// [`StoreError::Unavailable`] (before or after they took effect), and
+/// otherwise delegates to a real store.
 #[derive(Debug)]
 pub struct FaultyStore<S> {
     inner: S,
     failures: [AtomicU32; OPS],
+    lost_answers: [AtomicU32; OPS],
     calls: [AtomicU32; OPS],
     delays_ms: [AtomicU32; OPS],
 }
@@ -65,6 +69,7 @@ impl<S> FaultyStore<S> {
         Self {
             inner,
             failures: Default::default(),
+            lost_answers: Default::default(),
             calls: Default::default(),
             delays_ms: Default::default(),
         }
@@ -73,6 +78,13 @@ impl<S> FaultyStore<S> {
     /// Makes the next `n` calls of `op` fail.
     pub fn fail_next(&self, op: Op, n: u32) {
         self.failures[op as usize].store(n, Ordering::SeqCst);
+    }
+
+    /// Makes the next `n` calls of `op` take effect in the store and then
+    /// fail, as when the connection drops after the commit and before its
+    /// acknowledgement reached the caller.
+    pub fn lose_answer_next(&self, op: Op, n: u32) {
+        self.lost_answers[op as usize].store(n, Ordering::SeqCst);
     }
 
     /// Makes every call of `op` answer `delay` late, after the operation
@@ -105,11 +117,23 @@ impl<S> FaultyStore<S> {
 
     fn check(&self, op: Op) -> Result<(), StoreError> {
         self.calls[op as usize].fetch_add(1, Ordering::SeqCst);
-        let left = &self.failures[op as usize];
-        match left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)) {
-            Ok(_) => Err(StoreError::unavailable(format!("injected fault in {op:?}"))),
-            Err(_) => Ok(()),
-        }
+        take_one(&self.failures[op as usize], op, "injected fault")
+    }
+
+    /// After the real operation: its delay, then a lost answer if one is
+    /// due, else its result.
+    async fn answer<T>(&self, op: Op, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        self.pause(op).await;
+        take_one(&self.lost_answers[op as usize], op, "answer lost after")?;
+        result
+    }
+}
+
+/// Counts one injected fault down; an error while any was left.
+fn take_one(left: &AtomicU32, op: Op, what: &str) -> Result<(), StoreError> {
+    match left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)) {
+        Ok(_) => Err(StoreError::unavailable(format!("{what} in {op:?}"))),
+        Err(_) => Ok(()),
     }
 }
 
@@ -117,12 +141,13 @@ impl<S: Store> Store for FaultyStore<S> {
     async fn reserve(&self, req: ReserveRequest<'_>) -> Result<Reservation, StoreError> {
         self.check(Op::Reserve)?;
         let result = self.inner.reserve(req).await;
-        self.pause(Op::Reserve).await;
-        result
+        self.answer(Op::Reserve, result).await
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
-        self.inner.get(scope, key).await
+        self.check(Op::Get)?;
+        let result = self.inner.get(scope, key).await;
+        self.answer(Op::Get, result).await
     }
 
     async fn resolve(
@@ -134,8 +159,7 @@ impl<S: Store> Store for FaultyStore<S> {
     ) -> Result<(), StoreError> {
         self.check(Op::Resolve)?;
         let result = self.inner.resolve(scope, key, lease, outcome).await;
-        self.pause(Op::Resolve).await;
-        result
+        self.answer(Op::Resolve, result).await
     }
 
     async fn release(
@@ -146,8 +170,7 @@ impl<S: Store> Store for FaultyStore<S> {
     ) -> Result<(), StoreError> {
         self.check(Op::Release)?;
         let result = self.inner.release(scope, key, lease).await;
-        self.pause(Op::Release).await;
-        result
+        self.answer(Op::Release, result).await
     }
 
     async fn mark_unknown(
@@ -159,8 +182,7 @@ impl<S: Store> Store for FaultyStore<S> {
     ) -> Result<(), StoreError> {
         self.check(Op::MarkUnknown)?;
         let result = self.inner.mark_unknown(scope, key, lease, reason).await;
-        self.pause(Op::MarkUnknown).await;
-        result
+        self.answer(Op::MarkUnknown, result).await
     }
 
     async fn renew(
@@ -172,8 +194,7 @@ impl<S: Store> Store for FaultyStore<S> {
     ) -> Result<Timestamp, StoreError> {
         self.check(Op::Renew)?;
         let result = self.inner.renew(scope, key, lease, duration).await;
-        self.pause(Op::Renew).await;
-        result
+        self.answer(Op::Renew, result).await
     }
 }
 

@@ -30,10 +30,11 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -48,6 +49,7 @@ use crate::{
 pub struct Engine<S> {
     store: Arc<S>,
     policy: Arc<Policy>,
+    unacked: Arc<OnceLock<mpsc::Sender<Unacked>>>,
 }
 
 impl<S> fmt::Debug for Engine<S> {
@@ -64,6 +66,7 @@ impl<S> Clone for Engine<S> {
         Self {
             store: Arc::clone(&self.store),
             policy: Arc::clone(&self.policy),
+            unacked: Arc::clone(&self.unacked),
         }
     }
 }
@@ -190,6 +193,7 @@ impl<S: Store> Engine<S> {
         Self {
             store,
             policy: Arc::new(Policy::default()),
+            unacked: Arc::default(),
         }
     }
 
@@ -240,7 +244,12 @@ impl<S: Store> Engine<S> {
             };
             let reservation = match self.store.reserve(req).await {
                 Ok(r) => r,
-                Err(err) => return self.store_failed(err, scope, key),
+                Err(err) => {
+                    if err.is_transient() && self.policy.fail_mode == FailMode::Closed {
+                        self.check_unacked(scope, key, owner);
+                    }
+                    return self.store_failed(err, scope, key);
+                }
             };
             match reservation {
                 Reservation::Acquired(lease) => {
@@ -312,6 +321,40 @@ impl<S: Store> Engine<S> {
                 tracing::debug!(reason = "idempotency_unprotected", tenant = scope.tenant(), operation = scope.operation(), %key, %err, "running unprotected: fail-open");
                 Ok(Begin::Unprotected(err))
             }
+        }
+    }
+
+    /// Hands a reservation whose answer never came back to the background
+    /// check that releases it once the store answers again.
+    ///
+    /// A store can commit a reservation and lose the acknowledgement (the
+    /// connection drops, the server restarts, the call times out). The
+    /// caller was refused and ran nothing, yet the record holds the key as
+    /// processing: every retry would be told "in progress" until the lease
+    /// lapses (for ever under [`LeaseExpiry::Hold`](crate::LeaseExpiry)).
+    /// The owner token is ours alone, so a processing record that carries
+    /// it is exactly that orphan, and releasing it is safe: the work never
+    /// started. Only under fail-closed: a fail-open caller goes on to run
+    /// the work unprotected, and its record then keeps duplicates out for
+    /// the lease.
+    fn check_unacked(&self, scope: &Scope, key: &IdempotencyKey, owner: OwnerToken) {
+        let queue = self.unacked.get_or_init(|| {
+            let (tx, rx) = mpsc::channel(UNACKED_QUEUE);
+            tokio::spawn(release_unacked(Arc::clone(&self.store), rx));
+            tx
+        });
+        let now = Instant::now();
+        let item = Unacked {
+            scope: scope.clone(),
+            key: key.clone(),
+            owner,
+            until: now + self.policy.lease.max(UNACKED_MIN_WATCH),
+            settled: now + UNACKED_SETTLE,
+            due: now,
+            pause: UNACKED_FIRST_PAUSE,
+        };
+        if queue.try_send(item).is_err() {
+            tracing::warn!(tenant = scope.tenant(), operation = scope.operation(), %key, "too many unanswered reservations to check; this key waits out its lease");
         }
     }
 
@@ -605,6 +648,106 @@ impl<S: Store> Guard<S> {
             marked_unknown,
             source,
         })
+    }
+}
+
+/// How many unanswered reservations wait for their check; more are left
+/// to lapse with their lease.
+const UNACKED_QUEUE: usize = 4096;
+/// How long an unanswered reservation is watched at least: under
+/// [`LeaseExpiry::Hold`](crate::LeaseExpiry) its lapsed lease does not free
+/// the key.
+const UNACKED_MIN_WATCH: Duration = Duration::from_secs(300);
+/// How long "no such reservation" is not believed: a statement the caller
+/// gave up on (a time-out) may still reach the store and commit.
+const UNACKED_SETTLE: Duration = Duration::from_secs(5);
+const UNACKED_FIRST_PAUSE: Duration = Duration::from_millis(20);
+const UNACKED_MAX_PAUSE: Duration = Duration::from_secs(1);
+
+/// A reservation sent to the store whose answer was an error.
+struct Unacked {
+    scope: Scope,
+    key: IdempotencyKey,
+    owner: OwnerToken,
+    /// Watched until then.
+    until: Instant,
+    /// Absent until then means "not arrived yet".
+    settled: Instant,
+    /// The next check.
+    due: Instant,
+    pause: Duration,
+}
+
+impl Unacked {
+    /// Looks once; `true` when there is nothing more to do.
+    async fn check<S: Store>(&mut self, store: &S) -> bool {
+        let found = match store.get(&self.scope, &self.key).await {
+            Ok(found) => found,
+            Err(err) => return self.failed(&err),
+        };
+        match found {
+            Some(record)
+                if record.state == RecordState::Processing && record.lease.owner == self.owner =>
+            {
+                match store.release(&self.scope, &self.key, &record.lease).await {
+                    Ok(()) => {
+                        tracing::info!(tenant = self.scope.tenant(), operation = self.scope.operation(), key = %self.key, "released a reservation whose acknowledgement was lost");
+                        true
+                    }
+                    Err(StoreError::Fenced) => true,
+                    Err(err) => self.failed(&err),
+                }
+            }
+            // Someone else's by now: never ours to release.
+            Some(_) => true,
+            None => Instant::now() >= self.settled,
+        }
+    }
+
+    fn failed(&self, err: &StoreError) -> bool {
+        if err.is_transient() {
+            return false;
+        }
+        tracing::warn!(tenant = self.scope.tenant(), operation = self.scope.operation(), key = %self.key, %err, "could not check a reservation whose acknowledgement was lost");
+        true
+    }
+}
+
+/// The background check of [`Engine::check_unacked`]: every unanswered
+/// reservation is looked up, with growing pauses, while the store is
+/// unreachable and while it might still arrive. Ends when the engine and
+/// all its clones are gone.
+async fn release_unacked<S: Store>(store: Arc<S>, mut queue: mpsc::Receiver<Unacked>) {
+    let mut pending: Vec<Unacked> = Vec::new();
+    loop {
+        let next = pending.iter().map(|u| u.due).min();
+        let arrived = match next {
+            Some(due) => tokio::time::timeout_at(due, queue.recv()).await.ok(),
+            None => Some(queue.recv().await),
+        };
+        match arrived {
+            Some(Some(u)) => pending.push(u),
+            Some(None) => return,
+            None => {}
+        }
+        let now = Instant::now();
+        let mut i = 0;
+        while i < pending.len() {
+            let u = &mut pending[i];
+            let done = if u.due > now {
+                false
+            } else {
+                let done = u.check(&*store).await || Instant::now() >= u.until;
+                u.due = Instant::now() + u.pause;
+                u.pause = (u.pause * 2).min(UNACKED_MAX_PAUSE);
+                done
+            };
+            if done {
+                pending.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
     }
 }
 

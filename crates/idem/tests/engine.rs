@@ -363,3 +363,100 @@ async fn memory_purge_deletes_exactly_its_batch() {
     assert_eq!(store.purge_expired(3).await.expect("purge"), 0);
     assert_eq!(store.len(), 1, "the processing record stays");
 }
+
+/// Polls `begin` until it stops answering "in progress"; the first other
+/// answer, or `None` if `within` ran out.
+async fn first_decision<S: Store>(
+    engine: &Engine<S>,
+    scope: &idem::Scope,
+    k: &idem::IdempotencyKey,
+    within: Duration,
+) -> Option<Begin<S>> {
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        match engine.begin(scope, k, fp("a")).await {
+            Ok(Begin::InProgress { .. }) | Err(_) => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(other) => return Some(other),
+        }
+    }
+    None
+}
+
+#[tokio::test]
+async fn a_reservation_whose_answer_was_lost_is_released_once_the_store_answers() {
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    // The default 30 s lease: without the check the retry below would be
+    // told "in progress" for all of it.
+    let engine = Engine::from_arc(Arc::clone(&store));
+    let (scope, k) = (unique_scope("lost-ack"), key("k"));
+    store.lose_answer_next(Op::Reserve, 1);
+    // The store stays unreachable for the first checks too.
+    store.fail_next(Op::Get, 3);
+    let refused = engine.begin(&scope, &k, fp("a")).await;
+    assert!(
+        matches!(refused, Err(EngineError::Store(ref e)) if e.is_transient()),
+        "{refused:?}"
+    );
+    let rec = store.inner().get(&scope, &k).await.expect("get");
+    assert_eq!(
+        rec.map(|r| r.state),
+        Some(RecordState::Processing),
+        "the reservation did commit"
+    );
+
+    let Some(Begin::Execute(guard)) =
+        first_decision(&engine, &scope, &k, Duration::from_secs(5)).await
+    else {
+        panic!("the retry should own the key well before the 30 s lease lapses");
+    };
+    assert_eq!(guard.attempt(), 1, "a fresh record, not a takeover");
+    assert!(store.calls(Op::Get) >= 4, "checked through the outage");
+    guard
+        .complete(StoredResponse::new(201, "once"))
+        .await
+        .expect("recorded");
+}
+
+#[tokio::test]
+async fn a_live_reservation_of_another_owner_is_never_released_by_the_check() {
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let engine = Engine::from_arc(Arc::clone(&store));
+    let (scope, k) = (unique_scope("lost-ack-other"), key("k"));
+    let Begin::Execute(first) = engine.begin(&scope, &k, fp("a")).await.expect("begin") else {
+        panic!("executes");
+    };
+    // A duplicate's reservation attempt fails after reaching the store:
+    // the record it finds is the first owner's, which must stay.
+    store.lose_answer_next(Op::Reserve, 1);
+    assert!(engine.begin(&scope, &k, fp("a")).await.is_err());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(store.calls(Op::Get) >= 1, "the check ran");
+    first
+        .complete(StoredResponse::new(201, "first"))
+        .await
+        .expect("the first owner still records");
+}
+
+#[tokio::test]
+async fn fail_open_keeps_a_reservation_whose_answer_was_lost() {
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let engine = Engine::from_arc(Arc::clone(&store))
+        .with_policy(Policy::default().with_fail_mode(FailMode::Open));
+    let (scope, k) = (unique_scope("lost-ack-open"), key("k"));
+    store.lose_answer_next(Op::Reserve, 1);
+    let ran = engine
+        .run(&scope, &k, fp("a"), || async {
+            StoredResponse::new(200, "x")
+        })
+        .await
+        .expect("runs unprotected");
+    assert!(matches!(ran, Run::Unprotected(_)));
+    // The work ran: its record keeps a retry out for the lease.
+    assert!(
+        first_decision(&engine, &scope, &k, Duration::from_millis(500))
+            .await
+            .is_none()
+    );
+}
