@@ -26,7 +26,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -77,7 +78,13 @@ pub fn router(state: AdminState) -> Router {
         .route("/dashboard/", get(|| async { asset("index.html") }))
         .route(
             "/dashboard/{file}",
-            get(|Path(file): Path<String>| async move { asset(&file) }),
+            get(|file: Result<Path<String>, _>| async move {
+                match file {
+                    Ok(Path(file)) => asset(&file),
+                    // Not even a file name (bad percent-encoding).
+                    Err(_) => not_found().await,
+                }
+            }),
         )
         .merge(protected)
         .with_state(state)
@@ -458,10 +465,7 @@ fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
         .into_response()
 }
 
-async fn list(
-    State(state): State<AdminState>,
-    Query(query): Query<HashMap<String, String>>,
-) -> Response {
+async fn list(State(state): State<AdminState>, Params(query): Params) -> Response {
     let filter = match list_filter(&query) {
         Ok(f) => f,
         Err(why) => return problem(ProblemKind::InvalidParameter, why),
@@ -482,21 +486,48 @@ async fn list(
     }
 }
 
-type RecordPath = Path<(String, String, String)>;
+/// The record a `/api/v1/records/{tenant}/{operation}/{key}` path names,
+/// validated. A path that does not decode (bad percent-encoding, not
+/// UTF-8) or names no valid record is refused as problem+json, like every
+/// other admin error.
+struct RecordId(Scope, IdempotencyKey);
 
-fn identify(
-    Path((tenant, operation, key)): RecordPath,
-) -> Result<(Scope, IdempotencyKey), Problem> {
-    let scope = Scope::new(&tenant, &operation).map_err(|e| {
-        Problem::new(
-            ProblemKind::InvalidParameter,
-            format!("tenant/operation: {e}"),
-        )
-    })?;
-    let key = key
-        .parse::<IdempotencyKey>()
-        .map_err(|e| Problem::new(ProblemKind::InvalidParameter, format!("key: {e}")))?;
-    Ok((scope, key))
+impl<S: Send + Sync> FromRequestParts<S> for RecordId {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+        let invalid = |why: String| problem(ProblemKind::InvalidParameter, why);
+        let Path((tenant, operation, key)) =
+            Path::<(String, String, String)>::from_request_parts(parts, state)
+                .await
+                .map_err(|e| invalid(format!("path: {}", e.body_text())))?;
+        let scope = Scope::new(&tenant, &operation)
+            .map_err(|e| invalid(format!("tenant/operation: {e}")))?;
+        let key = key
+            .parse::<IdempotencyKey>()
+            .map_err(|e| invalid(format!("key: {e}")))?;
+        Ok(Self(scope, key))
+    }
+}
+
+/// The query parameters, decoded; a query that does not decode is
+/// refused as problem+json.
+struct Params(HashMap<String, String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Params {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+        Query::<HashMap<String, String>>::from_request_parts(parts, state)
+            .await
+            .map(|Query(q)| Self(q))
+            .map_err(|e| {
+                problem(
+                    ProblemKind::InvalidParameter,
+                    format!("query: {}", e.body_text()),
+                )
+            })
+    }
 }
 
 fn operator_problem(err: &OperatorError) -> Response {
@@ -515,13 +546,9 @@ fn operator_problem(err: &OperatorError) -> Response {
 
 async fn show(
     State(state): State<AdminState>,
-    path: RecordPath,
-    Query(query): Query<HashMap<String, String>>,
+    RecordId(scope, key): RecordId,
+    Params(query): Params,
 ) -> Response {
-    let (scope, key) = match identify(path) {
-        Ok(id) => id,
-        Err(p) => return p.to_response().into_response(),
-    };
     let body = match query.get("body").map(String::as_str) {
         None | Some("false") => false,
         Some("true") => true,
@@ -565,12 +592,11 @@ fn expected_attempt(query: &HashMap<String, String>) -> Result<Option<u32>, Prob
 
 async fn release(
     State(state): State<AdminState>,
-    path: RecordPath,
-    Query(query): Query<HashMap<String, String>>,
+    RecordId(scope, key): RecordId,
+    Params(query): Params,
 ) -> Response {
-    let ids = identify(path).and_then(|id| Ok((id, expected_attempt(&query)?)));
-    let ((scope, key), attempt) = match ids {
-        Ok(ids) => ids,
+    let attempt = match expected_attempt(&query) {
+        Ok(attempt) => attempt,
         Err(p) => return p.to_response().into_response(),
     };
     match operator::release(&state.store, &scope, &key, attempt).await {
@@ -659,14 +685,13 @@ impl ResolveRequest {
 
 async fn resolve(
     State(state): State<AdminState>,
-    path: RecordPath,
-    Query(query): Query<HashMap<String, String>>,
+    RecordId(scope, key): RecordId,
+    Params(query): Params,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let ids = identify(path).and_then(|id| Ok((id, expected_attempt(&query)?)));
-    let ((scope, key), attempt) = match ids {
-        Ok(ids) => ids,
+    let attempt = match expected_attempt(&query) {
+        Ok(attempt) => attempt,
         Err(p) => return p.to_response().into_response(),
     };
     let is_json = headers
@@ -695,11 +720,7 @@ async fn resolve(
     }
 }
 
-async fn delete(State(state): State<AdminState>, path: RecordPath) -> Response {
-    let (scope, key) = match identify(path) {
-        Ok(id) => id,
-        Err(p) => return p.to_response().into_response(),
-    };
+async fn delete(State(state): State<AdminState>, RecordId(scope, key): RecordId) -> Response {
     match state.store.delete(&scope, &key).await {
         Ok(true) => {
             tracing::warn!(reason = "idempotency_operator_delete", tenant = scope.tenant(), operation = scope.operation(), %key, "record deleted by an operator");

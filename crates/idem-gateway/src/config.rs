@@ -278,12 +278,16 @@ pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, Conf
         }
         None => (PathBuf::from("(no config file)"), String::new()),
     };
+    parse(&path, &text, overrides)
+}
+
+/// Validates config `text` as read from `file` (named in errors), then
+/// the overrides. Reads no file itself, except the one
+/// `encryption_keys_file` names.
+pub fn parse(file: &Path, text: &str, overrides: &Overrides) -> Result<Settings, ConfigError> {
     let parsed: FileConfig =
-        toml::from_str(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
-    let src = Source {
-        file: &path,
-        text: &text,
-    };
+        toml::from_str(text).map_err(|e| ConfigError(format!("{}: {e}", file.display())))?;
+    let src = Source { file, text };
     build(parsed, &src, overrides)
 }
 
