@@ -694,3 +694,77 @@ async fn a_rabbitmq_outage_leaves_rows_pending_and_the_relay_reconnects() {
         .await
         .expect("drop schema");
 }
+
+/// The RabbitMQ link turns slow, then every connection is reset while
+/// rows flow, then it goes silent (a black hole: connections stay open,
+/// nothing comes back), then returns: nothing is marked published that the
+/// broker did not confirm, and every row reaches the queue, in order per
+/// aggregate (a copy after a lost confirm carries its row's `message_id`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_reset_then_silent_rabbitmq_link_delivers_every_row_in_order() {
+    let Some(pg) = services::postgres() else {
+        return;
+    };
+    let Some(amqp) = services::rabbitmq() else {
+        return;
+    };
+    let (store, store_url, schema, _, prefix) = isolated(&pg, "amqphole").await;
+    let exchange = prefix.clone();
+    let (_conn, ch) = rabbit_queue(&amqp, &exchange).await;
+    let proxy = idem_testkit::fault::FaultProxy::start(services::socket_addr(&amqp)).await;
+    let via_proxy = services::via(&amqp, proxy.addr(), "");
+    let mut relay = start_relay_with(
+        &store_url,
+        &via_proxy,
+        "unused",
+        &prefix,
+        &["--exchange", &exchange],
+        Stdio::inherit(),
+    )
+    .await;
+
+    enqueue(&store, 5, 4).await;
+    until_published(&store, 20).await;
+
+    proxy.set_latency(Duration::from_millis(100), Duration::from_millis(100));
+    enqueue(&store, 5, 4).await;
+    until_published(&store, 40).await;
+    proxy.restore();
+
+    // Reset under way: 50 rows at 20 ms a chunk each way take well over
+    // the 150 ms after which the relay's connection breaks.
+    proxy.set_latency(Duration::from_millis(20), Duration::ZERO);
+    enqueue(&store, 5, 10).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    proxy.reset_all();
+    let at_reset = published(&store).await;
+    assert!(at_reset < 90, "the reset came after the rows: {at_reset}");
+    proxy.restore();
+    until_published(&store, 90).await;
+
+    // Silent for longer than the relay's 5 s confirm time-out.
+    proxy.blackhole();
+    enqueue(&store, 5, 4).await;
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert_eq!(
+        published(&store).await,
+        90,
+        "nothing confirmed through the hole"
+    );
+
+    proxy.restore();
+    until_published(&store, 110).await;
+    kill(&relay, "-TERM");
+    let _ = tokio::time::timeout(Duration::from_secs(20), relay.child.wait()).await;
+
+    let (got, distinct) = drain_in_order(&store, &ch, &exchange).await;
+    assert!(got >= 110, "{got}");
+    assert_eq!(distinct, 110, "every row reached the queue");
+    eprintln!(
+        "rabbitmq link: {at_reset} of 90 published at the reset; {got} messages for 110 rows"
+    );
+    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(store.pool())
+        .await
+        .expect("drop schema");
+}
