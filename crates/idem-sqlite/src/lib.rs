@@ -207,9 +207,9 @@ impl SqliteStore {
         )
         .map_err(|e| opened(e.into()))?;
         // Not query_only: a checkpoint writes to the database file.
-        let checkpointer = checkpoint::Checkpointer::spawn(
+        let (checkpointer, kick) = checkpoint::Checkpointer::spawn(
             open_connection(&opts, true).map_err(opened)?,
-            Duration::from_millis(250),
+            checkpoint::MIN_GAP,
         )
         .map_err(|e| opened(SqliteError::Thread("checkpoint", e)))?;
         let readers = (0..opts.readers.max(1))
@@ -222,7 +222,7 @@ impl SqliteStore {
         let thread_stats = Arc::clone(&stats);
         let writer_thread = std::thread::Builder::new()
             .name("idem-sqlite-writer".to_owned())
-            .spawn(move || writer::run(conn, rx, max_batch, thread_stats))
+            .spawn(move || writer::run(conn, rx, max_batch, thread_stats, kick))
             .map_err(|e| opened(SqliteError::Thread("writer", e)))?;
         Ok(Self {
             writer: Some(tx),

@@ -372,7 +372,8 @@ async fn the_wal_is_checkpointed_in_the_background() {
         assert!(matches!(reserved, Reservation::Acquired(_)));
     }
     // 2,000 records are far below the writer's own threshold; only the
-    // background rounds (250 ms apart) copy them into the file.
+    // background checkpoints, kicked by the commits, copy them into the
+    // file.
     let mut grown = false;
     for _ in 0..40 {
         tokio::time::sleep(Duration::from_millis(100)).await;
