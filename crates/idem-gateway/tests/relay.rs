@@ -633,6 +633,62 @@ fn an_unknown_broker_scheme_is_refused() {
     );
 }
 
+/// A relay publishing to RabbitMQ through a fault proxy, with its own
+/// schema, exchange and queue.
+struct RabbitLink {
+    store: PgStore,
+    schema: String,
+    exchange: String,
+    _conn: lapin::Connection,
+    ch: lapin::Channel,
+    proxy: idem_testkit::fault::FaultProxy,
+    relay: RelayProcess,
+}
+
+impl RabbitLink {
+    /// `None` (after the notice) when PostgreSQL or RabbitMQ is absent.
+    async fn start(label: &str) -> Option<Self> {
+        let pg = services::postgres()?;
+        let amqp = services::rabbitmq()?;
+        let (store, store_url, schema, _, prefix) = isolated(&pg, label).await;
+        let exchange = prefix.clone();
+        let (conn, ch) = rabbit_queue(&amqp, &exchange).await;
+        let proxy = idem_testkit::fault::FaultProxy::start(services::socket_addr(&amqp)).await;
+        let via_proxy = services::via(&amqp, proxy.addr(), "");
+        let relay = start_relay_with(
+            &store_url,
+            &via_proxy,
+            "unused",
+            &prefix,
+            &["--exchange", &exchange],
+            Stdio::inherit(),
+        )
+        .await;
+        Some(Self {
+            store,
+            schema,
+            exchange,
+            _conn: conn,
+            ch,
+            proxy,
+            relay,
+        })
+    }
+
+    /// Stops the relay, drains the queue ([`drain_in_order`]) and drops
+    /// the schema; (messages, distinct rows).
+    async fn finish(mut self) -> (usize, usize) {
+        kill(&self.relay, "-TERM");
+        let _ = tokio::time::timeout(Duration::from_secs(20), self.relay.child.wait()).await;
+        let counts = drain_in_order(&self.store, &self.ch, &self.exchange).await;
+        sqlx::query(&format!("DROP SCHEMA \"{}\" CASCADE", self.schema))
+            .execute(self.store.pool())
+            .await
+            .expect("drop schema");
+        counts
+    }
+}
+
 /// RabbitMQ goes away under the relay: rows stay pending with no attempt
 /// spent and `/readyz` says not ready; when it is back, the relay opens a
 /// new connection and every row reaches the queue, in order per aggregate.
@@ -641,39 +697,22 @@ fn an_unknown_broker_scheme_is_refused() {
 /// do.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_rabbitmq_outage_leaves_rows_pending_and_the_relay_reconnects() {
-    let Some(pg) = services::postgres() else {
+    let Some(t) = RabbitLink::start("amqpdown").await else {
         return;
     };
-    let Some(amqp) = services::rabbitmq() else {
-        return;
-    };
-    let (store, store_url, schema, _, prefix) = isolated(&pg, "amqpdown").await;
-    let exchange = prefix.clone();
-    let (_conn, ch) = rabbit_queue(&amqp, &exchange).await;
-
-    let proxy = idem_testkit::fault::FaultProxy::start(services::socket_addr(&amqp)).await;
-    let via_proxy = services::via(&amqp, proxy.addr(), "");
-    let mut relay = start_relay_with(
-        &store_url,
-        &via_proxy,
-        "unused",
-        &prefix,
-        &["--exchange", &exchange],
-        Stdio::inherit(),
-    )
-    .await;
+    let (store, proxy) = (&t.store, &t.proxy);
 
     proxy.cut();
-    enqueue(&store, 5, 10).await;
+    enqueue(store, 5, 10).await;
     tokio::time::sleep(Duration::from_secs(6)).await;
     let ready =
-        idem_testkit::client::send(relay.admin, http::Method::GET, "/readyz", &[], "").await;
+        idem_testkit::client::send(t.relay.admin, http::Method::GET, "/readyz", &[], "").await;
     assert_eq!(ready.status, http::StatusCode::SERVICE_UNAVAILABLE);
-    assert_nothing_spent(&store).await;
+    assert_nothing_spent(store).await;
 
     proxy.restore();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while published(&store).await < 50 {
+    while published(store).await < 50 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the relay did not come back"
@@ -681,18 +720,11 @@ async fn a_rabbitmq_outage_leaves_rows_pending_and_the_relay_reconnects() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let ready =
-        idem_testkit::client::send(relay.admin, http::Method::GET, "/readyz", &[], "").await;
+        idem_testkit::client::send(t.relay.admin, http::Method::GET, "/readyz", &[], "").await;
     assert_eq!(ready.status, http::StatusCode::OK);
-    kill(&relay, "-TERM");
-    let _ = tokio::time::timeout(Duration::from_secs(20), relay.child.wait()).await;
-
-    let (got, distinct) = drain_in_order(&store, &ch, &exchange).await;
+    let (got, distinct) = t.finish().await;
     assert!(got >= 50, "{got}");
     assert_eq!(distinct, 50, "every row reached the queue");
-    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(store.pool())
-        .await
-        .expect("drop schema");
 }
 
 /// The RabbitMQ link turns slow, then every connection is reset while
@@ -702,69 +734,46 @@ async fn a_rabbitmq_outage_leaves_rows_pending_and_the_relay_reconnects() {
 /// aggregate (a copy after a lost confirm carries its row's `message_id`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_reset_then_silent_rabbitmq_link_delivers_every_row_in_order() {
-    let Some(pg) = services::postgres() else {
+    let Some(t) = RabbitLink::start("amqphole").await else {
         return;
     };
-    let Some(amqp) = services::rabbitmq() else {
-        return;
-    };
-    let (store, store_url, schema, _, prefix) = isolated(&pg, "amqphole").await;
-    let exchange = prefix.clone();
-    let (_conn, ch) = rabbit_queue(&amqp, &exchange).await;
-    let proxy = idem_testkit::fault::FaultProxy::start(services::socket_addr(&amqp)).await;
-    let via_proxy = services::via(&amqp, proxy.addr(), "");
-    let mut relay = start_relay_with(
-        &store_url,
-        &via_proxy,
-        "unused",
-        &prefix,
-        &["--exchange", &exchange],
-        Stdio::inherit(),
-    )
-    .await;
+    let (store, proxy) = (&t.store, &t.proxy);
 
-    enqueue(&store, 5, 4).await;
-    until_published(&store, 20).await;
+    enqueue(store, 5, 4).await;
+    until_published(store, 20).await;
 
     proxy.set_latency(Duration::from_millis(100), Duration::from_millis(100));
-    enqueue(&store, 5, 4).await;
-    until_published(&store, 40).await;
+    enqueue(store, 5, 4).await;
+    until_published(store, 40).await;
     proxy.restore();
 
     // Reset under way: 50 rows at 20 ms a chunk each way take well over
     // the 150 ms after which the relay's connection breaks.
     proxy.set_latency(Duration::from_millis(20), Duration::ZERO);
-    enqueue(&store, 5, 10).await;
+    enqueue(store, 5, 10).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
     proxy.reset_all();
-    let at_reset = published(&store).await;
+    let at_reset = published(store).await;
     assert!(at_reset < 90, "the reset came after the rows: {at_reset}");
     proxy.restore();
-    until_published(&store, 90).await;
+    until_published(store, 90).await;
 
     // Silent for longer than the relay's 5 s confirm time-out.
     proxy.blackhole();
-    enqueue(&store, 5, 4).await;
+    enqueue(store, 5, 4).await;
     tokio::time::sleep(Duration::from_secs(7)).await;
     assert_eq!(
-        published(&store).await,
+        published(store).await,
         90,
         "nothing confirmed through the hole"
     );
 
     proxy.restore();
-    until_published(&store, 110).await;
-    kill(&relay, "-TERM");
-    let _ = tokio::time::timeout(Duration::from_secs(20), relay.child.wait()).await;
-
-    let (got, distinct) = drain_in_order(&store, &ch, &exchange).await;
+    until_published(store, 110).await;
+    let (got, distinct) = t.finish().await;
     assert!(got >= 110, "{got}");
     assert_eq!(distinct, 110, "every row reached the queue");
     eprintln!(
         "rabbitmq link: {at_reset} of 90 published at the reset; {got} messages for 110 rows"
     );
-    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(store.pool())
-        .await
-        .expect("drop schema");
 }
