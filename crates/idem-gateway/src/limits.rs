@@ -40,9 +40,9 @@ pub struct LimitsSettings {
     /// is shed (zero: shed at once).
     pub queue_wait: Duration,
     /// Time allowed for a request head (also the idle keep-alive limit);
-    /// zero: no limit (behind a proxy that enforces its own). It costs a
-    /// timer per request: about 5 µs of CPU on the pass-through path
-    /// (docs/BENCHMARKS.md).
+    /// zero: no limit (behind a proxy that enforces its own). Turning it
+    /// off saved no measurable CPU (docs/BENCHMARKS.md, "What the limits
+    /// cost").
     pub header_read_timeout: Duration,
     /// Longest pause allowed between chunks of a request body; zero: no
     /// limit.

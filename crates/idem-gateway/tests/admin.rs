@@ -3,12 +3,11 @@
 //! background cleanup and stuck-record monitor, the `idem records` and
 //! `idem cleanup` commands, and what the logs carry (and never carry).
 
-use std::path::Path;
 use std::time::Duration;
 
 use http::{Method, StatusCode};
 use idem_testkit::client::Answer;
-use idem_testkit::gateway::GatewayProcess as Gateway;
+use idem_testkit::gateway::{GatewayProcess as Gateway, sqlite_store};
 use idem_testkit::upstream::CountingUpstream;
 use serde_json::Value;
 
@@ -35,10 +34,6 @@ batch = 2
 interval = "200ms"
 stuck_after_leases = 1
 "#;
-
-fn sqlite(dir: &Path) -> String {
-    format!("sqlite://{}", dir.join("idem.db").display())
-}
 
 fn json(answer: &Answer) -> Value {
     serde_json::from_slice(&answer.body)
@@ -83,7 +78,7 @@ async fn admin_routes_need_the_token_and_disclose_nothing() {
         dir.path(),
         CONFIG,
         &up.url(),
-        &sqlite(dir.path()),
+        &sqlite_store(dir.path()),
         "warn",
         &["--admin-token", "s3cret-admin"],
     )
@@ -157,7 +152,7 @@ async fn metrics_and_records_follow_real_traffic() {
         dir.path(),
         CONFIG,
         &up.url(),
-        &sqlite(dir.path()),
+        &sqlite_store(dir.path()),
         "warn",
         &[],
     )
@@ -332,7 +327,7 @@ async fn operators_release_and_resolve_processing_records() {
         dir.path(),
         CONFIG,
         &up.url(),
-        &sqlite(dir.path()),
+        &sqlite_store(dir.path()),
         "warn",
         &[],
     )
@@ -494,7 +489,7 @@ async fn serve_cleans_up_expired_records_in_the_background() {
         dir.path(),
         &config,
         &up.url(),
-        &sqlite(dir.path()),
+        &sqlite_store(dir.path()),
         "warn",
         &[],
     )
@@ -519,7 +514,7 @@ async fn serve_cleans_up_expired_records_in_the_background() {
 async fn records_and_cleanup_commands() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
-    let store = sqlite(dir.path());
+    let store = sqlite_store(dir.path());
     let config = CONFIG.replace("[cleanup]\n", "[cleanup]\nenabled = false\n");
     let gw = Gateway::start(IDEM, dir.path(), &config, &up.url(), &store, "warn", &[]).await;
     let timed_out = gw
@@ -630,7 +625,7 @@ async fn decision_logs_are_structured_and_keep_secrets_out() {
         dir.path(),
         CONFIG,
         &up.url(),
-        &sqlite(dir.path()),
+        &sqlite_store(dir.path()),
         "info",
         &["--log-format", "json"],
     )
@@ -697,7 +692,7 @@ async fn interrupted_cleanup_loses_nothing_and_resumes() {
     };
     const EXPIRED: usize = 6_000;
     let dir = tempfile::tempdir().expect("temp dir");
-    let url = sqlite(dir.path());
+    let url = sqlite_store(dir.path());
     {
         let store = std::sync::Arc::new(
             idem_sqlite::SqliteStore::open_url(&format!("{url}?synchronous=normal")).expect("open"),

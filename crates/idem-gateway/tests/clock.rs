@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 use idem_testkit::client::{Answer, metric, send};
-use idem_testkit::gateway::GatewayProcess as Gateway;
+use idem_testkit::gateway::{GatewayProcess as Gateway, sqlite_store};
 use idem_testkit::services;
 use idem_testkit::upstream::CountingUpstream;
 
@@ -83,7 +83,7 @@ async fn wall_clock_jumps_break_no_lease_and_expire_no_answer() {
         ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
     ];
     let up = CountingUpstream::start().await;
-    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let store = sqlite_store(dir.path());
     let gw =
         Gateway::start_with_env(IDEM, dir.path(), CONFIG, &up.url(), &store, "warn", &env).await;
     let addr = gw.addr;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
 use idem_testkit::client::try_send;
-use idem_testkit::gateway::GatewayProcess as Gateway;
+use idem_testkit::gateway::{GatewayProcess as Gateway, sqlite_store};
 use idem_testkit::upstream::CountingUpstream;
 use tokio::sync::RwLock;
 
@@ -67,7 +67,7 @@ async fn pay(gateway: &RwLock<SocketAddr>, key: &str) -> bytes::Bytes {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkilled_ten_times_under_load_nothing_acknowledged_is_lost() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let store = sqlite_store(dir.path());
     let up = CountingUpstream::start().await;
     let upstream = up.url();
     let start = || Gateway::start(IDEM, dir.path(), CONFIG, &upstream, &store, "error", &[]);

@@ -14,7 +14,7 @@ use std::time::Duration;
 use fantoccini::{Client, ClientBuilder, Locator};
 use http::{Method, StatusCode};
 use idem_testkit::client::send;
-use idem_testkit::gateway::GatewayProcess as Gateway;
+use idem_testkit::gateway::{GatewayProcess as Gateway, sqlite_store};
 use idem_testkit::services;
 use idem_testkit::upstream::CountingUpstream;
 use serde_json::{Value, json};
@@ -181,7 +181,7 @@ async fn dashboard_loads_updates_under_traffic_and_inspects_records() {
     };
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
-    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let store = sqlite_store(dir.path());
     let gw = Gateway::start(
         IDEM,
         dir.path(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 use idem_testkit::client::send;
-use idem_testkit::gateway::GatewayProcess as Gateway;
+use idem_testkit::gateway::{GatewayProcess as Gateway, sqlite_store};
 use idem_testkit::upstream::CountingUpstream;
 use tokio::process::Command;
 
@@ -46,15 +46,11 @@ path = "/v1/open"
 on_store_error = "open"
 "#;
 
-fn sqlite(dir: &Path) -> String {
-    format!("sqlite://{}", dir.join("idem.db").display())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_contract_through_the_real_gateway() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
-    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
+    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite_store(dir.path())).await;
 
     // First request executes; the key is forwarded upstream, hop-by-hop
     // headers are not.
@@ -255,7 +251,7 @@ async fn the_contract_through_the_real_gateway() {
 async fn sixty_four_concurrent_identical_requests_execute_once() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
-    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
+    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite_store(dir.path())).await;
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..64 {
         let addr = gw.addr;
@@ -295,10 +291,10 @@ async fn replays_survive_a_gateway_restart() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
     let h = [JSON, AUTH, ("idempotency-key", "restart-1")];
-    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
+    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite_store(dir.path())).await;
     let first = gw.post("/v1/payments", &h, r#"{"amount":1}"#).await;
     assert!(gw.terminate().await.success());
-    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
+    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite_store(dir.path())).await;
     let again = gw.post("/v1/payments", &h, r#"{"amount":1}"#).await;
     assert_eq!((again.status, &again.body), (first.status, &first.body));
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
@@ -310,7 +306,7 @@ async fn replays_survive_a_gateway_restart() {
 async fn sigterm_lets_in_flight_requests_finish() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
-    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
+    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite_store(dir.path())).await;
     let addr = gw.addr;
     let inflight = tokio::spawn(async move {
         send(
@@ -336,7 +332,7 @@ async fn sigterm_lets_in_flight_requests_finish() {
         "finished, not cut"
     );
     // The answer was recorded before exit: a new gateway replays it.
-    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
+    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite_store(dir.path())).await;
     let again = gw
         .post(
             "/v1/payments",
@@ -357,7 +353,7 @@ async fn upstream_unreachable_is_502_and_releases_the_key() {
         dir.path(),
         CONFIG,
         "http://127.0.0.1:1",
-        &sqlite(dir.path()),
+        &sqlite_store(dir.path()),
     )
     .await;
     let h = [JSON, AUTH, ("idempotency-key", "down")];
@@ -581,7 +577,7 @@ async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> String {
 async fn truncated_bodies_and_oversized_headers_forward_nothing_and_leave_no_record() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
-    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite(dir.path())).await;
+    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite_store(dir.path())).await;
     // A body cut short: Content-Length says 100, 10 bytes arrive, the
     // client goes away.
     let truncated = format!(

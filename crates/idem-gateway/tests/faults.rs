@@ -3,13 +3,12 @@
 //! store that goes silent (black hole) or slow — on PostgreSQL and Redis.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
 use idem_testkit::client::{Answer, metric, send, until_status};
 use idem_testkit::fault::FaultProxy;
-use idem_testkit::gateway::GatewayProcess as Gateway;
+use idem_testkit::gateway::{GatewayProcess as Gateway, sqlite_store};
 use idem_testkit::services;
 use idem_testkit::upstream::CountingUpstream;
 
@@ -33,10 +32,6 @@ path = "/v1/open"
 require_key = true
 on_store_error = "open"
 "#;
-
-fn sqlite(dir: &Path) -> String {
-    format!("sqlite://{}", dir.join("idem.db").display())
-}
 
 fn unique(label: &str) -> String {
     format!("{label}-{}", idem::OwnerToken::random())
@@ -76,7 +71,7 @@ async fn an_upstream_link_slower_than_the_lease_does_not_run_the_work_twice() {
         dir.path(),
         CONFIG,
         &upstream,
-        &sqlite(dir.path()),
+        &sqlite_store(dir.path()),
         "warn",
         &[],
     )
@@ -118,7 +113,7 @@ async fn an_upstream_answer_that_breaks_off_is_outcome_unknown_and_not_rerun() {
         dir.path(),
         &config,
         &upstream,
-        &sqlite(dir.path()),
+        &sqlite_store(dir.path()),
         "error",
         &[],
     )

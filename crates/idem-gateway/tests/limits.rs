@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
 use idem_testkit::client::{metric, send, try_send};
-use idem_testkit::gateway::GatewayProcess as Gateway;
+use idem_testkit::gateway::{GatewayProcess as Gateway, sqlite_store};
 use idem_testkit::upstream::CountingUpstream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -21,13 +21,18 @@ path = "/v1/payments"
 require_key = true
 "#;
 
-fn sqlite(dir: &Path) -> String {
-    format!("sqlite://{}", dir.join("idem.db").display())
-}
-
 async fn start(dir: &Path, limits: &str, up: &CountingUpstream) -> Gateway {
     let config = format!("{ROUTES}\n[limits]\n{limits}");
-    Gateway::start(IDEM, dir, &config, &up.url(), &sqlite(dir), "warn", &[]).await
+    Gateway::start(
+        IDEM,
+        dir,
+        &config,
+        &up.url(),
+        &sqlite_store(dir),
+        "warn",
+        &[],
+    )
+    .await
 }
 
 /// Writes `head` (and `body`) on a fresh connection and returns what the

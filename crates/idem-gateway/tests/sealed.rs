@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use http::StatusCode;
-use idem_testkit::gateway::GatewayProcess as Gateway;
+use idem_testkit::gateway::{GatewayProcess as Gateway, sqlite_store};
 use idem_testkit::upstream::CountingUpstream;
 
 const IDEM: &str = env!("CARGO_BIN_EXE_idem");
@@ -31,7 +31,7 @@ on_store_error = "open"
 const BODY_LEN: &str = "2000";
 
 async fn start(dir: &Path, up: &CountingUpstream, keys: &str) -> Gateway {
-    let store = format!("sqlite://{}", dir.join("idem.db").display());
+    let store = sqlite_store(dir);
     let env = [("IDEM_ENCRYPTION_KEYS", keys)];
     Gateway::start_with_env(IDEM, dir, CONFIG, &up.url(), &store, "error", &env).await
 }
@@ -69,7 +69,7 @@ async fn bodies_are_sealed_at_rest_replayed_in_clear_and_keys_rotate() {
 
     // The control: without keys the body is on disk, and found.
     let plain = tempfile::tempdir().expect("temp dir");
-    let store = format!("sqlite://{}", plain.path().join("idem.db").display());
+    let store = sqlite_store(plain.path());
     let gw = Gateway::start(IDEM, plain.path(), CONFIG, &up.url(), &store, "error", &[]).await;
     assert_eq!(pay(&gw, "plain-1").await.status, StatusCode::CREATED);
     gw.terminate().await;
@@ -142,7 +142,7 @@ async fn bad_keys_stop_the_gateway_at_start_without_echoing_them() {
         ])
         .args(["--admin-listen", "127.0.0.1:0"])
         .arg("--store")
-        .arg(format!("sqlite://{}", dir.path().join("idem.db").display()))
+        .arg(sqlite_store(dir.path()))
         .env("IDEM_ENCRYPTION_KEYS", secret)
         .output()
         .await

@@ -12,6 +12,11 @@ use tokio::process::{Child, Command};
 
 use crate::client::{Answer, send};
 
+/// The embedded store's URL for a database `idem.db` in `dir`.
+pub fn sqlite_store(dir: &Path) -> String {
+    format!("sqlite://{}", dir.join("idem.db").display())
+}
+
 /// A running `idem serve` (killed when dropped).
 #[derive(Debug)]
 pub struct GatewayProcess {

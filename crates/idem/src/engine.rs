@@ -651,8 +651,9 @@ impl<S: Store> Guard<S> {
     }
 }
 
-/// How many unanswered reservations wait for their check; more are left
-/// to lapse with their lease.
+/// How many unanswered reservations are being checked, and how many more
+/// may wait for a place; beyond that they are left to lapse with their
+/// lease.
 const UNACKED_QUEUE: usize = 4096;
 /// How long an unanswered reservation is watched at least: under
 /// [`LeaseExpiry::Hold`](crate::LeaseExpiry) its lapsed lease does not free
@@ -722,8 +723,15 @@ async fn release_unacked<S: Store>(store: Arc<S>, mut queue: mpsc::Receiver<Unac
     loop {
         let next = pending.iter().map(|u| u.due).min();
         let arrived = match next {
-            Some(due) => tokio::time::timeout_at(due, queue.recv()).await.ok(),
             None => Some(queue.recv().await),
+            Some(due) if pending.len() < UNACKED_QUEUE => {
+                tokio::time::timeout_at(due, queue.recv()).await.ok()
+            }
+            // Full: new ones wait in the queue (and past it are refused).
+            Some(due) => {
+                tokio::time::sleep_until(due).await;
+                None
+            }
         };
         match arrived {
             Some(Some(u)) => pending.push(u),

@@ -97,27 +97,22 @@ impl FromStr for Fingerprint {
         let hex = s
             .strip_prefix("v1:")
             .ok_or(FingerprintParseError::UnknownVersion)?;
-        let hex = hex.as_bytes();
-        if hex.len() != 64 {
-            return Err(FingerprintParseError::BadDigest);
-        }
-        let mut digest = [0u8; 32];
-        for (i, pair) in hex.chunks_exact(2).enumerate() {
-            let hi = hex_value(pair[0]).ok_or(FingerprintParseError::BadDigest)?;
-            let lo = hex_value(pair[1]).ok_or(FingerprintParseError::BadDigest)?;
-            digest[i] = hi << 4 | lo;
-        }
-        Ok(Self(digest))
+        hex32(hex).map(Self).ok_or(FingerprintParseError::BadDigest)
     }
 }
 
-fn hex_value(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
+/// 32 bytes written as exactly 64 hex digits (either case).
+pub(crate) fn hex32(text: &str) -> Option<[u8; 32]> {
+    let text = text.as_bytes();
+    if text.len() != 64 {
+        return None;
     }
+    let nibble = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut out = [0u8; 32];
+    for (i, pair) in text.chunks_exact(2).enumerate() {
+        out[i] = nibble(pair[0])? << 4 | nibble(pair[1])?;
+    }
+    Some(out)
 }
 
 /// Accumulates the labelled parts of a request; see the [module

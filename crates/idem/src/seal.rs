@@ -92,7 +92,7 @@ impl SealKeys {
             if keys.iter().any(|(k, _)| k == id) {
                 return Err(SealKeyError(format!("key id {id:?} appears twice")));
             }
-            let bytes = decode_hex(hex).ok_or_else(|| {
+            let bytes = crate::fingerprint::hex32(hex).ok_or_else(|| {
                 SealKeyError(format!("key {id:?}: must be 64 hex digits (32 bytes)"))
             })?;
             let key = UnboundKey::new(&AES_256_GCM, &bytes)
@@ -203,19 +203,6 @@ fn associated(scope: &Scope, key: &IdempotencyKey) -> Vec<u8> {
     aad.push(0);
     aad.extend_from_slice(key.as_str().as_bytes());
     aad
-}
-
-fn decode_hex(text: &str) -> Option<[u8; 32]> {
-    let text = text.as_bytes();
-    if text.len() != 64 {
-        return None;
-    }
-    let nibble = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    let mut out = [0u8; 32];
-    for (i, pair) in text.chunks_exact(2).enumerate() {
-        out[i] = nibble(pair[0])? << 4 | nibble(pair[1])?;
-    }
-    Some(out)
 }
 
 /// A store whose recorded response bodies are sealed at rest.
