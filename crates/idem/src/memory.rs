@@ -281,8 +281,12 @@ fn new_record(req: &ReserveRequest<'_>, now: Timestamp, attempt: u32) -> Record 
 
 impl Store for MemoryStore {
     async fn reserve(&self, req: ReserveRequest<'_>) -> Result<Reservation, StoreError> {
-        let now = Timestamp::now();
         let mut shard = self.shard(req.scope, req.key);
+        // Read under the lock: a racer that read the clock before the winner
+        // but locked after it would otherwise see the winner's lease end more
+        // than a whole lease ahead (`conformance::reservation_race` caught a
+        // retry hint a few µs over the lease).
+        let now = Timestamp::now();
         let id = (req.scope.clone(), req.key.clone());
         let existing = match shard.map.get_mut(&id) {
             Some(e) if !self.is_stale(e, now) => Some(&mut e.record),
