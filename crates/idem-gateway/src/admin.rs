@@ -20,6 +20,7 @@
 //! problems; the actions go through [`idem::operator`], so they are fenced
 //! against owners recording at the same moment.
 
+use idem::fingerprint::to_hex;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -339,7 +340,7 @@ impl RecordView {
                     .collect(),
                 body_bytes: r.body.len(),
                 body: text.flatten().map(str::to_owned),
-                body_hex: matches!(text, Some(None)).then(|| hex(&r.body)),
+                body_hex: matches!(text, Some(None)).then(|| to_hex(&r.body)),
             }
         });
         Self {
@@ -361,17 +362,6 @@ impl RecordView {
     }
 }
 
-/// Bytes as lowercase hex.
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
-}
-
 fn unhex(text: &str) -> Option<Vec<u8>> {
     if !text.len().is_multiple_of(2) {
         return None;
@@ -385,7 +375,7 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
 /// A page cursor as an opaque, URL-safe string.
 pub fn encode_cursor(c: &Cursor) -> String {
     let json = serde_json::json!([c.created_at.as_millis(), c.tenant, c.operation, c.key]);
-    hex(json.to_string().as_bytes())
+    to_hex(json.to_string().as_bytes())
 }
 
 /// Reads a cursor made by [`encode_cursor`].
@@ -746,7 +736,7 @@ mod tests {
         let text = encode_cursor(&c);
         assert!(text.bytes().all(|b| b.is_ascii_hexdigit()));
         assert_eq!(decode_cursor(&text), Some(c));
-        for bad in ["", "zz", "abc", &hex(b"[1,2]")] {
+        for bad in ["", "zz", "abc", &to_hex(b"[1,2]")] {
             assert_eq!(decode_cursor(bad), None, "{bad}");
         }
     }

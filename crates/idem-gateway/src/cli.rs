@@ -111,7 +111,7 @@ impl ResolveArgs {
         // Text stays text; other bytes travel hex-encoded.
         let (body, body_hex) = match String::from_utf8(bytes) {
             Ok(text) => (Some(text), None),
-            Err(e) => (None, Some(crate::admin::hex(e.as_bytes()))),
+            Err(e) => (None, Some(idem::fingerprint::to_hex(e.as_bytes()))),
         };
         let headers = self
             .headers

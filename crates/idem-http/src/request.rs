@@ -104,7 +104,7 @@ impl TenantExtractor for TenantSource {
     fn tenant(&self, parts: &Parts) -> Result<String, Problem> {
         match self {
             Self::Authorization => Ok(match parts.headers.get(header::AUTHORIZATION) {
-                Some(v) => hex(&Sha256::digest(v.as_bytes())),
+                Some(v) => idem::fingerprint::to_hex(&Sha256::digest(v.as_bytes())),
                 None => ANONYMOUS_TENANT.to_owned(),
             }),
             Self::Header(name) => {
@@ -134,16 +134,6 @@ impl TenantExtractor for TenantSource {
             Self::Single(tenant) => Ok(tenant.clone()),
         }
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
 }
 
 /// Whether a `Content-Type` names JSON (`application/json`, `…+json`).

@@ -653,3 +653,52 @@ async fn a_handler_may_record_its_own_answer() {
     );
     assert_eq!(counter.get(), 1);
 }
+
+/// A panic in the inner service is answered `502` with the outcome
+/// unknown, whether it happens on the first poll (which the layer runs in
+/// the caller's task, so that a cached replay needs no task of its own) or
+/// after the work went pending and moved to its own task. The key is not
+/// run again: the retry finds it still in progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_leaves_its_outcome_unknown_and_is_not_rerun() {
+    use std::convert::Infallible;
+    use tower::{Layer, ServiceExt};
+
+    for pending_first in [false, true] {
+        let runs = Counter::default();
+        let inner = tower::service_fn({
+            let runs = runs.clone();
+            move |_req: http::Request<Full<Bytes>>| {
+                let runs = runs.clone();
+                async move {
+                    runs.0.fetch_add(1, Ordering::SeqCst);
+                    if pending_first {
+                        tokio::task::yield_now().await;
+                    }
+                    panic!("handler bug (pending_first = {pending_first})");
+                    #[allow(unreachable_code)]
+                    Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::new())))
+                }
+            }
+        });
+        let svc = IdempotencyLayer::new(MemoryStore::new())
+            .with_routes(routes())
+            .layer(inner);
+        let request = || {
+            http::Request::post("/v1/payments")
+                .header(JSON.0, JSON.1)
+                .header("idempotency-key", "panics")
+                .body(Full::new(Bytes::from_static(b"{}")))
+                .expect("request")
+        };
+        let first = svc.clone().oneshot(request()).await.expect("answered");
+        assert_eq!(first.status(), StatusCode::BAD_GATEWAY, "{pending_first}");
+        assert_eq!(
+            first.extensions().get::<idem_http::Decision>(),
+            Some(&idem_http::Decision::OutcomeUnknown)
+        );
+        let retry = svc.oneshot(request()).await.expect("answered");
+        assert_eq!(retry.status(), StatusCode::CONFLICT, "{pending_first}");
+        assert_eq!(runs.get(), 1, "run once ({pending_first})");
+    }
+}
