@@ -14,3 +14,4 @@ pub mod proxy;
 pub mod relay;
 pub mod server;
 pub mod store;
+pub mod upstream;

@@ -1,5 +1,6 @@
-//! The reverse proxy the idempotency layer wraps: a pooled HTTP/1.1
-//! keep-alive client to one upstream origin.
+//! The reverse proxy the idempotency layer wraps: HTTP/1.1 keep-alive
+//! connections to one upstream origin, each driven by the request that
+//! uses it ([`crate::upstream`]).
 //!
 //! It tells the layer what happened to a request it could not complete,
 //! through [`UpstreamOutcome`]: refused or unreachable before sending →
@@ -12,23 +13,21 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
-use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use idem_http::{BoxError, Problem, ProblemKind, UpstreamOutcome, hop_by_hop_names};
 use tower::Service;
 
 use crate::limits::{ClientBody, Slot};
+use crate::upstream::{ExchangeError, Upstream, UpstreamBody};
 
 /// A request or response body on the gateway: straight from a connection,
 /// or in memory (a buffered request, a problem answer).
@@ -36,8 +35,10 @@ use crate::limits::{ClientBody, Slot};
 pub enum ProxyBody {
     /// A request body streamed from a client, with its read time-out.
     Client(ClientBody),
-    /// Streamed from hyper (an upstream's response).
+    /// Streamed from hyper without a read time-out.
     Incoming(Incoming),
+    /// An upstream's response, driving its connection as it is read.
+    Upstream(UpstreamBody),
     /// In memory.
     Full(Full<Bytes>),
 }
@@ -59,6 +60,7 @@ impl Body for ProxyBody {
         match self.get_mut() {
             Self::Client(b) => Pin::new(b).poll_frame(cx),
             Self::Incoming(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            Self::Upstream(b) => Pin::new(b).poll_frame(cx),
             Self::Full(b) => Pin::new(b).poll_frame(cx).map_err(|never| match never {}),
         }
     }
@@ -67,6 +69,7 @@ impl Body for ProxyBody {
         match self {
             Self::Client(b) => b.is_end_stream(),
             Self::Incoming(b) => b.is_end_stream(),
+            Self::Upstream(b) => b.is_end_stream(),
             Self::Full(b) => b.is_end_stream(),
         }
     }
@@ -75,6 +78,7 @@ impl Body for ProxyBody {
         match self {
             Self::Client(b) => b.size_hint(),
             Self::Incoming(b) => b.size_hint(),
+            Self::Upstream(b) => b.size_hint(),
             Self::Full(b) => b.size_hint(),
         }
     }
@@ -84,32 +88,24 @@ impl Body for ProxyBody {
 #[derive(Debug, Clone, Copy)]
 pub struct PeerAddr(pub SocketAddr);
 
-/// Forwards requests to one upstream origin.
+/// Forwards requests to one upstream origin. Cloned for every request
+/// (tower's clone-and-swap): one `Arc`.
 #[derive(Debug, Clone)]
 pub struct Proxy {
-    client: Client<HttpConnector, ProxyBody>,
-    scheme: Scheme,
-    authority: Authority,
+    upstream: Arc<Upstream>,
     timeout: Duration,
 }
 
 impl Proxy {
     /// A proxy to `upstream` (an `http://host:port` origin).
     pub fn new(upstream: &Uri, timeout: Duration) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(5)));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(1024)
-            .build(connector);
         Self {
-            client,
-            scheme: upstream.scheme().cloned().unwrap_or(Scheme::HTTP),
-            authority: upstream
-                .authority()
-                .cloned()
-                .expect("validated upstream has an authority"),
+            upstream: Upstream::new(
+                upstream
+                    .authority()
+                    .cloned()
+                    .expect("validated upstream has an authority"),
+            ),
             timeout,
         }
     }
@@ -140,35 +136,13 @@ impl Service<Request<ProxyBody>> for Proxy {
 
     fn call(&mut self, req: Request<ProxyBody>) -> Self::Future {
         let (mut parts, body) = req.into_parts();
-        let path = parts
-            .uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        let uri = Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(path)
-            .build();
-        let client = self.client.clone();
+        let upstream = Arc::clone(&self.upstream);
         let timeout = self.timeout;
         // The request's in-flight slot moves to the response, so that it is
         // held until whoever handles the answer (the idempotency layer,
         // recording it after the client left) is done with it.
         let slot = parts.extensions.remove::<Slot>();
         let forward = async move {
-            parts.uri = match uri {
-                Ok(uri) => uri,
-                Err(e) => {
-                    return Ok::<_, Infallible>(failure(
-                        Problem::new(
-                            ProblemKind::UpstreamUnreachable,
-                            format!("cannot build the upstream URL: {e}"),
-                        ),
-                        UpstreamOutcome::NotSent,
-                    ));
-                }
-            };
             strip_hop_by_hop(&mut parts.headers);
             if let Some(PeerAddr(peer)) = parts.extensions.get::<PeerAddr>().copied()
                 && let Ok(v) = HeaderValue::from_str(&peer.ip().to_string())
@@ -178,13 +152,13 @@ impl Service<Request<ProxyBody>> for Proxy {
                     .append(HeaderName::from_static("x-forwarded-for"), v);
             }
             let req = Request::from_parts(parts, body);
-            match tokio::time::timeout(timeout, client.request(req)).await {
+            match tokio::time::timeout(timeout, upstream.send(req)).await {
                 Ok(Ok(resp)) => {
                     let (mut parts, body) = resp.into_parts();
                     strip_hop_by_hop(&mut parts.headers);
-                    Ok(Response::from_parts(parts, ProxyBody::Incoming(body)))
+                    Ok::<_, Infallible>(Response::from_parts(parts, ProxyBody::Upstream(body)))
                 }
-                Ok(Err(err)) if err.is_connect() => {
+                Ok(Err(ExchangeError::NotSent(err))) => {
                     tracing::warn!(reason = "upstream_unreachable", %err);
                     Ok(failure(
                         Problem::new(
@@ -194,7 +168,7 @@ impl Service<Request<ProxyBody>> for Proxy {
                         UpstreamOutcome::NotSent,
                     ))
                 }
-                Ok(Err(err)) => {
+                Ok(Err(ExchangeError::MaybeSent(err))) => {
                     tracing::warn!(reason = "upstream_broken", %err);
                     Ok(failure(
                         Problem::new(

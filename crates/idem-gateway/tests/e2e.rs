@@ -368,6 +368,133 @@ async fn upstream_unreachable_is_502_and_releases_the_key() {
     assert!(gw.terminate().await.success());
 }
 
+/// The gateway keeps its upstream connections open and reuses them, for
+/// pass-through and protected requests alike; a large answer streams
+/// through whole and leaves its connection reusable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_connections_are_reused_and_large_answers_stream_whole() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let upstream = CountingUpstream::start().await;
+    let gw = start(
+        dir.path(),
+        CONFIG,
+        &upstream.url(),
+        &sqlite_store(dir.path()),
+    )
+    .await;
+    for i in 0..10 {
+        let a = send(gw.addr, Method::GET, "/v1/things", &[], "").await;
+        assert_eq!(a.status, StatusCode::CREATED, "pass-through {i}");
+        let key = format!("reuse-{i}");
+        let a = gw
+            .post(
+                "/v1/payments",
+                &[JSON, AUTH, ("idempotency-key", &key)],
+                "{}",
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::CREATED, "protected {i}");
+    }
+    let size = 3 << 20;
+    let big = send(
+        gw.addr,
+        Method::GET,
+        "/v1/things",
+        &[("x-size", &size.to_string())],
+        "",
+    )
+    .await;
+    assert_eq!((big.status, big.body.len()), (StatusCode::CREATED, size));
+    assert!(
+        big.body.iter().all(|&b| b == b'x'),
+        "the bytes the upstream sent"
+    );
+    let a = send(gw.addr, Method::GET, "/v1/things", &[], "").await;
+    assert_eq!(a.status, StatusCode::CREATED);
+    assert_eq!(upstream.total(), 22);
+    assert_eq!(upstream.connections(), 1, "one connection carried them all");
+    assert!(gw.terminate().await.success());
+}
+
+/// An upstream that closes keep-alive connections soon after answering
+/// (as many servers do after an idle time-out): each next request finds
+/// its pooled connection closed and gets a fresh one, never a `502`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_closing_idle_connections_costs_no_request() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    tokio::spawn({
+        let accepted = std::sync::Arc::clone(&accepted);
+        async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    // One request (head and body), one answer, then the
+                    // connection closes 20 ms later.
+                    let mut seen = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        if let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
+                            let length: usize = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length:"))
+                                .and_then(|v| v.trim().parse().ok())
+                                .unwrap_or(0);
+                            if seen.len() >= end + 4 + length {
+                                break;
+                            }
+                        }
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => seen.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let _ = stream
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                        .await;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                });
+            }
+        }
+    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let gw = start(dir.path(), CONFIG, &url, "memory://").await;
+    for i in 0..4 {
+        let a = send(gw.addr, Method::GET, "/v1/things", &[], "").await;
+        assert_eq!(
+            (a.status, &a.body[..]),
+            (StatusCode::OK, &b"ok"[..]),
+            "GET {i}"
+        );
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let key = format!("closing-{i}");
+        let a = gw
+            .post(
+                "/v1/payments",
+                &[JSON, AUTH, ("idempotency-key", &key)],
+                "{}",
+            )
+            .await;
+        assert_eq!(
+            (a.status, &a.body[..]),
+            (StatusCode::OK, &b"ok"[..]),
+            "POST {i}"
+        );
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        8,
+        "one connection each"
+    );
+    assert!(gw.terminate().await.success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_down_fails_closed_or_open_per_route() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -29,6 +29,7 @@ use tokio::net::TcpListener;
 #[derive(Debug, Default)]
 struct State {
     total: AtomicU64,
+    connections: AtomicU64,
     per_key: Mutex<HashMap<String, u64>>,
     last_headers: Mutex<Option<HeaderMap>>,
 }
@@ -54,6 +55,7 @@ impl CountingUpstream {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
+                shared.connections.fetch_add(1, Ordering::SeqCst);
                 let state = Arc::clone(&shared);
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| handle(req, Arc::clone(&state)));
@@ -79,6 +81,11 @@ impl CountingUpstream {
     /// Requests received in total.
     pub fn total(&self) -> u64 {
         self.state.total.load(Ordering::SeqCst)
+    }
+
+    /// Connections accepted in total.
+    pub fn connections(&self) -> u64 {
+        self.state.connections.load(Ordering::SeqCst)
     }
 
     /// Requests received with this `Idempotency-Key` (as forwarded).
