@@ -444,7 +444,11 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         // task then holds a pointer, not the whole state machine, which
         // spawning copied into place on every request (`bench/cpu-budget`:
         // replays 24.4–24.8 → 22.7–22.8 µs of gateway CPU per request).
-        let mut task = Box::pin(decide(
+        // Even an answer the record cache holds goes through the task:
+        // answering it in the caller's task (one poll before spawning) was
+        // tried and measured slower on replays (`bench/ab`, same minutes:
+        // 0.82–0.89× the requests/s at 1 and 64 connections).
+        let task = tokio::spawn(Box::pin(decide(
             engine.clone(),
             inner,
             parts,
@@ -453,23 +457,8 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
             key,
             fp,
             policy,
-        ));
-        // Polled once here first: an answer the record cache holds (a
-        // replay, a mismatch, a conflict) is complete on that poll and needs
-        // no task. Anything still pending moves to its task before this
-        // future can be dropped, as there is no await point in between.
-        let first = std::future::poll_fn(|cx| {
-            Poll::Ready(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
-                || task.as_mut().poll(cx),
-            )))
-        })
-        .await;
-        let joined = match first {
-            Ok(Poll::Ready(answer)) => return answer,
-            Ok(Poll::Pending) => tokio::spawn(task).await.map_err(|e| e.to_string()),
-            Err(panic) => Err(panic_message(panic.as_ref())),
-        };
-        match joined {
+        )));
+        match task.await {
             Ok(answer) => answer,
             Err(join) => {
                 // A panic in the inner service: its guard was dropped and the
@@ -485,16 +474,6 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
             }
         }
     }
-}
-
-/// What a panic carried, for the log.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    let text = panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(no message)");
-    format!("task panicked: {text}")
 }
 
 /// Asks the engine and acts on its answer; runs detached from the client.

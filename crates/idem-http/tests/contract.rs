@@ -654,11 +654,9 @@ async fn a_handler_may_record_its_own_answer() {
     assert_eq!(counter.get(), 1);
 }
 
-/// A panic in the inner service is answered `502` with the outcome
-/// unknown, whether it happens on the first poll (which the layer runs in
-/// the caller's task, so that a cached replay needs no task of its own) or
-/// after the work went pending and moved to its own task. The key is not
-/// run again: the retry finds it still in progress.
+/// A panic in the inner service, at once or after the work went pending,
+/// is answered `502` with the outcome unknown (the request's task catches
+/// it), and the key is not run again: the retry finds it in progress.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_handler_leaves_its_outcome_unknown_and_is_not_rerun() {
     use std::convert::Infallible;
