@@ -144,21 +144,32 @@ def main():
         lines += ["Raw store limits measured right after, on the same machine (`bench/stores.sh`):", "", "```", raw.strip(), "```", ""]
         tps = {m.group(1) + "/" + m.group(2): float(m.group(3)) for m in re.finditer(r"pgbench (\S+)\s+clients=(\d+)\s+tps=([\d.]+)", raw)}
         best = max((v for k, v in tps.items() if k.startswith("reserve/")), default=None)
-        if best and any(s == "idem_unique_keys_postgres" for s, _ in present):
+        pairs = max((v for k, v in tps.items() if k.startswith("reserve_complete/")), default=None)
+        if best and pairs and any(s == "idem_unique_keys_postgres" for s, _ in present):
             gw = max(data[("idem_unique_keys_postgres", c)]["rps"] for c in conns)
+            met = lambda ok: "met" if ok else "not met"
             lines.append(
-                f"PostgreSQL target: gateway unique keys {gw:,.0f} req/s vs 0.7 × (best pgbench reserve {best:,.0f} tps ÷ 2) = "
-                f"{0.35 * best:,.0f}: **{'met' if gw >= 0.35 * best else 'not met'}** ({gw / (best / 2):.2f} × the half-rate)."
+                f"PostgreSQL target, as the shared-stores issue puts it: gateway unique keys {gw:,.0f} req/s vs "
+                f"0.7 × (best pgbench reserve {best:,.0f} tps ÷ 2) = {0.35 * best:,.0f}: "
+                f"**{met(gw >= 0.35 * best)}** ({gw / (best / 2):.2f} × the half-rate); as the performance issue "
+                f"puts it: vs 0.7 × best pgbench reserve-and-complete {pairs:,.0f} tps = {0.7 * pairs:,.0f}: "
+                f"**{met(gw >= 0.7 * pairs)}** ({gw / pairs:.2f} × that rate)."
             )
         if any(s == "idem_unique_keys_redis" for s, _ in present):
             redis = {c: data[("idem_unique_keys_redis", c)]["rps"] / data[("nginx", c)]["rps"] for c in conns}
             lines.append("Redis target (unique keys ≥ 0.5 × nginx): " + ", ".join(f"{c} conn {r:.2f}×" for c, r in redis.items()) + ".")
         if any(s == "idem_replays_tiered" for s, _ in present):
-            cmp = ", ".join(
-                f"{c} conn {data[('idem_replays_tiered', c)]['rps']:,.0f} vs {data[('idem_unique_keys_redis', c)]['rps']:,.0f}"
-                for c in conns
+            for other, label in (("idem_replays_redis", "Redis replays"), ("idem_unique_keys_redis", "Redis unique keys")):
+                cmp = ", ".join(
+                    f"{c} conn {data[('idem_replays_tiered', c)]['rps']:,.0f} vs {data[(other, c)]['rps']:,.0f}"
+                    f" ({'met' if data[('idem_replays_tiered', c)]['rps'] >= data[(other, c)]['rps'] else 'not met'})"
+                    for c in conns
+                )
+                lines.append(f"Tiered replays vs {label} (target ≥): {cmp}.")
+            lines.append(
+                "(Replays on every store are answered from the gateway's in-process record cache, so tiered "
+                "and Redis replays differ by the window's noise.)"
             )
-            lines.append(f"Tiered replays vs Redis-backed unique keys (target ≥): {cmp}.")
         lines.append("")
     lines += [END]
     section = "\n".join(lines)
