@@ -368,6 +368,90 @@ async fn upstream_unreachable_is_502_and_releases_the_key() {
     assert!(gw.terminate().await.success());
 }
 
+/// HTTP/2 clients (prior knowledge, cleartext): pass-through and protected
+/// requests reach the upstream over HTTP/1.1, and the replay comes back
+/// over HTTP/2 with the first answer's bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_are_proxied_and_replayed() {
+    use http_body_util::{BodyExt, Full};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let upstream = CountingUpstream::start().await;
+    let gw = start(
+        dir.path(),
+        CONFIG,
+        &upstream.url(),
+        &sqlite_store(dir.path()),
+    )
+    .await;
+    let stream = tokio::net::TcpStream::connect(gw.addr)
+        .await
+        .expect("connect");
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("HTTP/2 handshake");
+    tokio::spawn(conn);
+    let mut call = async |method: Method, key: Option<&str>| {
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(format!("http://{}/v1/payments", gw.addr))
+            .header(JSON.0, JSON.1)
+            .header(AUTH.0, AUTH.1);
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
+        let req = req
+            .body(Full::new(bytes::Bytes::from_static(b"{}")))
+            .expect("request");
+        let resp = h2.send_request(req).await.expect("HTTP/2 answer");
+        assert_eq!(resp.version(), http::Version::HTTP_2);
+        let (parts, body) = resp.into_parts();
+        (parts, body.collect().await.expect("body").to_bytes())
+    };
+    let (get, _) = call(Method::GET, None).await;
+    assert_eq!(get.status, StatusCode::CREATED, "passed through");
+    let (first, first_body) = call(Method::POST, Some("h2-once")).await;
+    let (again, again_body) = call(Method::POST, Some("h2-once")).await;
+    assert_eq!(
+        (first.status, again.status),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
+    assert_eq!(
+        again
+            .headers
+            .get("idempotent-replayed")
+            .map(|v| v.as_bytes()),
+        Some(&b"true"[..])
+    );
+    assert_eq!(
+        first_body, again_body,
+        "the replay carries the first answer's bytes"
+    );
+    assert_eq!(upstream.executions("h2-once"), 1);
+    assert_eq!(upstream.total(), 2);
+    assert!(gw.terminate().await.success());
+}
+
+/// A `GET` passed through, then after `pause` a protected `POST` with `key`.
+async fn pass_through_then_protected(
+    gw: &Gateway,
+    key: &str,
+    pause: Duration,
+) -> (idem_testkit::client::Answer, idem_testkit::client::Answer) {
+    let get = send(gw.addr, Method::GET, "/v1/things", &[], "").await;
+    tokio::time::sleep(pause).await;
+    let post = gw
+        .post(
+            "/v1/payments",
+            &[JSON, AUTH, ("idempotency-key", key)],
+            "{}",
+        )
+        .await;
+    (get, post)
+}
+
 /// The gateway keeps its upstream connections open and reuses them, for
 /// pass-through and protected requests alike; a large answer streams
 /// through whole and leaves its connection reusable.
@@ -383,17 +467,13 @@ async fn upstream_connections_are_reused_and_large_answers_stream_whole() {
     )
     .await;
     for i in 0..10 {
-        let a = send(gw.addr, Method::GET, "/v1/things", &[], "").await;
-        assert_eq!(a.status, StatusCode::CREATED, "pass-through {i}");
-        let key = format!("reuse-{i}");
-        let a = gw
-            .post(
-                "/v1/payments",
-                &[JSON, AUTH, ("idempotency-key", &key)],
-                "{}",
-            )
-            .await;
-        assert_eq!(a.status, StatusCode::CREATED, "protected {i}");
+        let (get, post) =
+            pass_through_then_protected(&gw, &format!("reuse-{i}"), Duration::ZERO).await;
+        assert_eq!(
+            (get.status, post.status),
+            (StatusCode::CREATED, StatusCode::CREATED),
+            "{i}"
+        );
     }
     let size = 3 << 20;
     let big = send(
@@ -464,28 +544,13 @@ async fn an_upstream_closing_idle_connections_costs_no_request() {
     });
     let dir = tempfile::tempdir().expect("temp dir");
     let gw = start(dir.path(), CONFIG, &url, "memory://").await;
+    let pause = Duration::from_millis(150);
     for i in 0..4 {
-        let a = send(gw.addr, Method::GET, "/v1/things", &[], "").await;
-        assert_eq!(
-            (a.status, &a.body[..]),
-            (StatusCode::OK, &b"ok"[..]),
-            "GET {i}"
-        );
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        let key = format!("closing-{i}");
-        let a = gw
-            .post(
-                "/v1/payments",
-                &[JSON, AUTH, ("idempotency-key", &key)],
-                "{}",
-            )
-            .await;
-        assert_eq!(
-            (a.status, &a.body[..]),
-            (StatusCode::OK, &b"ok"[..]),
-            "POST {i}"
-        );
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        let (get, post) = pass_through_then_protected(&gw, &format!("closing-{i}"), pause).await;
+        for a in [get, post] {
+            assert_eq!((a.status, &a.body[..]), (StatusCode::OK, &b"ok"[..]), "{i}");
+        }
+        tokio::time::sleep(pause).await;
     }
     assert_eq!(
         accepted.load(std::sync::atomic::Ordering::SeqCst),
