@@ -453,8 +453,8 @@ async fn pass_through_then_protected(
 }
 
 /// The gateway keeps its upstream connections open and reuses them, for
-/// pass-through and protected requests alike; a large answer streams
-/// through whole and leaves its connection reusable.
+/// pass-through and protected requests alike; a large answer and a large
+/// upload stream through whole and leave their connection reusable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_connections_are_reused_and_large_answers_stream_whole() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -485,13 +485,18 @@ async fn upstream_connections_are_reused_and_large_answers_stream_whole() {
     )
     .await;
     assert_eq!((big.status, big.body.len()), (StatusCode::CREATED, size));
+    // A large upload without a key streams through to the upstream whole.
+    let upload = send(gw.addr, Method::POST, "/v1/uploads", &[], vec![b'u'; size]).await;
+    assert_eq!(upload.status, StatusCode::CREATED);
+    let echoed = String::from_utf8_lossy(&upload.body).into_owned();
+    assert!(echoed.contains(&format!("\"body_len\":{size}")), "{echoed}");
     assert!(
         big.body.iter().all(|&b| b == b'x'),
         "the bytes the upstream sent"
     );
     let a = send(gw.addr, Method::GET, "/v1/things", &[], "").await;
     assert_eq!(a.status, StatusCode::CREATED);
-    assert_eq!(upstream.total(), 22);
+    assert_eq!(upstream.total(), 23);
     assert_eq!(upstream.connections(), 1, "one connection carried them all");
     assert!(gw.terminate().await.success());
 }
