@@ -20,7 +20,6 @@
 //! problems; the actions go through [`idem::operator`], so they are fenced
 //! against owners recording at the same moment.
 
-use idem::fingerprint::to_hex;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -33,6 +32,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use idem::fingerprint::{from_hex, to_hex};
 use idem::operator::{self, OperatorError};
 use idem::store::Cursor;
 use idem::{
@@ -362,16 +362,6 @@ impl RecordView {
     }
 }
 
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
 /// A page cursor as an opaque, URL-safe string.
 pub fn encode_cursor(c: &Cursor) -> String {
     let json = serde_json::json!([c.created_at.as_millis(), c.tenant, c.operation, c.key]);
@@ -381,7 +371,7 @@ pub fn encode_cursor(c: &Cursor) -> String {
 /// Reads a cursor made by [`encode_cursor`].
 pub fn decode_cursor(text: &str) -> Option<Cursor> {
     let (created_at, tenant, operation, key): (i64, String, String, String) =
-        serde_json::from_slice(&unhex(text)?).ok()?;
+        serde_json::from_slice(&from_hex(text)?).ok()?;
     Some(Cursor {
         created_at: Timestamp::from_millis(created_at),
         tenant,
@@ -643,9 +633,8 @@ impl ResolveRequest {
         let body = match (&self.body, &self.body_hex) {
             (Some(_), Some(_)) => return Err("body, body_hex: give one or the other".to_owned()),
             (Some(text), None) => text.clone().into_bytes(),
-            (None, Some(hex)) => {
-                unhex(hex).ok_or_else(|| "body_hex: not an even number of hex digits".to_owned())?
-            }
+            (None, Some(hex)) => from_hex(hex)
+                .ok_or_else(|| "body_hex: not an even number of hex digits".to_owned())?,
             (None, None) => Vec::new(),
         };
         let mut response = StoredResponse::new(self.status, body);

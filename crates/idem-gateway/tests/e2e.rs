@@ -375,14 +375,8 @@ async fn upstream_unreachable_is_502_and_releases_the_key() {
 async fn http2_clients_are_proxied_and_replayed() {
     use http_body_util::{BodyExt, Full};
     let dir = tempfile::tempdir().expect("temp dir");
-    let upstream = CountingUpstream::start().await;
-    let gw = start(
-        dir.path(),
-        CONFIG,
-        &upstream.url(),
-        &sqlite_store(dir.path()),
-    )
-    .await;
+    let up = CountingUpstream::start().await;
+    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite_store(dir.path())).await;
     let stream = tokio::net::TcpStream::connect(gw.addr)
         .await
         .expect("connect");
@@ -429,8 +423,8 @@ async fn http2_clients_are_proxied_and_replayed() {
         first_body, again_body,
         "the replay carries the first answer's bytes"
     );
-    assert_eq!(upstream.executions("h2-once"), 1);
-    assert_eq!(upstream.total(), 2);
+    assert_eq!(up.executions("h2-once"), 1);
+    assert_eq!(up.total(), 2);
     assert!(gw.terminate().await.success());
 }
 
@@ -458,14 +452,8 @@ async fn pass_through_then_protected(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_connections_are_reused_and_large_answers_stream_whole() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let upstream = CountingUpstream::start().await;
-    let gw = start(
-        dir.path(),
-        CONFIG,
-        &upstream.url(),
-        &sqlite_store(dir.path()),
-    )
-    .await;
+    let up = CountingUpstream::start().await;
+    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite_store(dir.path())).await;
     for i in 0..10 {
         let (get, post) =
             pass_through_then_protected(&gw, &format!("reuse-{i}"), Duration::ZERO).await;
@@ -496,8 +484,8 @@ async fn upstream_connections_are_reused_and_large_answers_stream_whole() {
     );
     let a = send(gw.addr, Method::GET, "/v1/things", &[], "").await;
     assert_eq!(a.status, StatusCode::CREATED);
-    assert_eq!(upstream.total(), 23);
-    assert_eq!(upstream.connections(), 1, "one connection carried them all");
+    assert_eq!(up.total(), 23);
+    assert_eq!(up.connections(), 1, "one connection carried them all");
     assert!(gw.terminate().await.success());
 }
 

@@ -112,18 +112,22 @@ pub fn to_hex(bytes: &[u8]) -> String {
     String::from_utf8(out).expect("hex digits are ASCII")
 }
 
-/// 32 bytes written as exactly 64 hex digits (either case).
-pub(crate) fn hex32(text: &str) -> Option<[u8; 32]> {
+/// The bytes written by [`to_hex`] (digits in either case); `None` for an
+/// odd number of digits or anything that is not a hex digit.
+pub fn from_hex(text: &str) -> Option<Vec<u8>> {
     let text = text.as_bytes();
-    if text.len() != 64 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     let nibble = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    let mut out = [0u8; 32];
-    for (i, pair) in text.chunks_exact(2).enumerate() {
-        out[i] = nibble(pair[0])? << 4 | nibble(pair[1])?;
-    }
-    Some(out)
+    text.chunks_exact(2)
+        .map(|pair| Some(nibble(pair[0])? << 4 | nibble(pair[1])?))
+        .collect()
+}
+
+/// 32 bytes written as exactly 64 hex digits (either case).
+pub(crate) fn hex32(text: &str) -> Option<[u8; 32]> {
+    from_hex(text)?.try_into().ok()
 }
 
 /// Accumulates the labelled parts of a request; see the [module
@@ -318,6 +322,11 @@ mod tests {
         assert_eq!(to_hex(&[]), "");
         let digest = [0xa5; 32];
         assert_eq!(hex32(&to_hex(&digest)), Some(digest));
+        assert_eq!(from_hex(&to_hex(&all)), Some(all));
+        for bad in ["a", "zz", "0g", "+1"] {
+            assert_eq!(from_hex(bad), None, "{bad}");
+        }
+        assert_eq!(hex32(&"ab".repeat(31)), None, "31 bytes");
     }
 
     /// Found by the `canonical_json` fuzz target: a 29-digit integer whose
