@@ -18,11 +18,15 @@
 //! [`restore`](FaultProxy::restore) clears every fault. Connections that
 //! were black-holed are reset then: bytes were lost on them, so their
 //! protocol state is garbage, as after a real partition heals.
+//!
+//! [`quiet_for`](FaultProxy::quiet_for) waits until nothing has crossed the
+//! line for a while, so that a fault set next meets no exchange already
+//! under way (a connection pool's check on a connection it took back, say).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{ReadHalf, WriteHalf};
@@ -57,6 +61,12 @@ struct State {
     /// Bumped (with how) to end every link open at that moment.
     end: watch::Sender<(u64, End)>,
     seed: AtomicU64,
+    /// When the proxy started: the origin of `last_traffic`.
+    started: Instant,
+    /// Nanoseconds from `started` to the last chunk read or written.
+    last_traffic: AtomicU64,
+    /// Chunks read and not yet written on (or dropped).
+    held: AtomicU64,
 }
 
 impl State {
@@ -69,6 +79,18 @@ impl State {
         let before = *faults;
         f(&mut faults);
         before
+    }
+
+    fn traffic(&self) {
+        let nanos = u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.last_traffic.fetch_max(nanos, Ordering::Relaxed);
+    }
+
+    /// Counts a chunk as on the line until the returned guard drops.
+    fn hold(&self) -> Held<'_> {
+        self.traffic();
+        self.held.fetch_add(1, Ordering::Relaxed);
+        Held(self)
     }
 
     fn end_links(&self, how: End) {
@@ -94,6 +116,16 @@ impl State {
     }
 }
 
+/// A chunk read from one side and not yet passed to the other.
+struct Held<'a>(&'a State);
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.held.fetch_sub(1, Ordering::Relaxed);
+        self.0.traffic();
+    }
+}
+
 /// A running fault proxy; it stops with the test's runtime.
 #[derive(Debug, Clone)]
 pub struct FaultProxy {
@@ -113,6 +145,9 @@ impl FaultProxy {
             faults: Mutex::new(Faults::default()),
             end,
             seed: AtomicU64::new(0x9E37_79B9_7F4A_7C15 ^ u64::from(addr.port())),
+            started: Instant::now(),
+            last_traffic: AtomicU64::new(0),
+            held: AtomicU64::new(0),
         });
         let shared = Arc::clone(&state);
         tokio::spawn(async move {
@@ -173,6 +208,28 @@ impl FaultProxy {
     /// no cap).
     pub fn set_bandwidth(&self, bytes_per_sec: Option<u64>) {
         self.state.update(|f| f.bytes_per_sec = bytes_per_sec);
+    }
+
+    /// Returns once no byte has crossed the proxy, either way, for `quiet`,
+    /// and none is held back by a delay.
+    ///
+    /// An exchange the client started before a fault is set can still be
+    /// under way when the fault takes effect, and then takes the fault's
+    /// time: sqlx, for one, checks every connection it takes back into its
+    /// pool with a round trip that outlives the request that used it.
+    pub async fn quiet_for(&self, quiet: Duration) {
+        loop {
+            let last = Duration::from_nanos(self.state.last_traffic.load(Ordering::Relaxed));
+            let idle = self.state.started.elapsed().saturating_sub(last);
+            if self.state.held.load(Ordering::Relaxed) > 0 {
+                tokio::time::sleep(quiet).await;
+                continue;
+            }
+            if idle >= quiet {
+                return;
+            }
+            tokio::time::sleep(quiet - idle).await;
+        }
     }
 
     /// Clears every fault. Connections black-holed until now are reset.
@@ -272,6 +329,7 @@ async fn pump(
             }
             Ok(n) => n,
         };
+        let _held = state.hold();
         let faults = state.faults();
         if faults.blackhole {
             continue;
@@ -370,6 +428,23 @@ mod tests {
             .expect("echo");
         // 32 KiB at 64 KiB/s, each way.
         assert!(started.elapsed() >= Duration::from_millis(500));
+    }
+
+    #[tokio::test]
+    async fn quiet_for_waits_out_a_chunk_still_on_the_line() {
+        let proxy = FaultProxy::start(echo().await).await;
+        let mut conn = TcpStream::connect(proxy.addr()).await.expect("connect");
+        proxy.set_latency(Duration::from_millis(300), Duration::ZERO);
+        conn.write_all(b"late").await.expect("write");
+        // Read at once, held 300 ms, then echoed and held 300 ms more: the
+        // line is not quiet until the echo has been written back.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let started = Instant::now();
+        proxy.quiet_for(Duration::from_millis(100)).await;
+        assert!(started.elapsed() >= Duration::from_millis(500));
+        let mut buf = [0u8; 4];
+        conn.read_exact(&mut buf).await.expect("echo arrived");
+        assert_eq!(&buf, b"late");
     }
 
     #[tokio::test]
