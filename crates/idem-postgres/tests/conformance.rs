@@ -21,3 +21,16 @@ mod tiered_memory_postgres {
             .map(|store| Arc::new(Tiered::new(MemoryStore::new(), store)))
     });
 }
+
+mod postgres_without_group_commit {
+    use super::*;
+    idem_testkit::store_conformance!(async {
+        let mut opts = common::options()?;
+        opts.group_commit = false;
+        Some(Arc::new(
+            idem_postgres::PgStore::connect_with(opts)
+                .await
+                .expect("connect"),
+        ))
+    });
+}

@@ -1,0 +1,274 @@
+//! Group commit: concurrent reservations share one statement and one
+//! commit, and so do concurrent resolutions.
+//!
+//! Each request of the gateway costs PostgreSQL a reservation and a
+//! resolution, two statements and two commits. Under load most of that
+//! cost is per statement (parse-free but still bind, plan, executor start,
+//! a commit record), not per row. A [`Batcher`] hands every operation to
+//! one collector task; the collector takes whatever has queued up while
+//! the batches before it ran (up to [`GroupCommit::max_batch`]) and runs it
+//! as one statement over arrays, at most [`GroupCommit::in_flight`] batches
+//! at once. An idle store pays one task hand-off; a busy one pays one
+//! statement for many requests.
+//!
+//! What a batch keeps from the statements it replaces:
+//!
+//! * **one key once per batch**: a second operation on a key already in
+//!   the batch waits for the next one, so a batch never races itself;
+//! * **one lock order**: a batch is sorted by `(tenant, operation, key)`,
+//!   so two batches touching the same keys wait on each other in one
+//!   order, never in a cycle. Should PostgreSQL still report a deadlock
+//!   or a serialization failure, the batch rolled back whole and each of
+//!   its callers runs its operation on its own;
+//! * **nothing for a caller that left**: an operation whose caller stopped
+//!   waiting (a store time-out) before its batch was formed is dropped, not
+//!   run; one already running finishes, like a single statement would;
+//! * **errors for everyone**: a batch that fails (connection lost, server
+//!   down) fails every operation in it, with the same classification
+//!   (transient or not) as a single statement's error.
+
+use std::collections::{HashSet, VecDeque};
+use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use idem::StoreError;
+use sqlx::PgPool;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+
+use crate::error::PgError;
+
+/// How operations are grouped; see [`PgOptions`](crate::PgOptions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GroupCommit {
+    /// Most operations one statement carries.
+    pub max_batch: usize,
+    /// Most batches of one kind running at once (each holds a connection).
+    pub in_flight: usize,
+}
+
+/// How many grouped statements ran, and how many operations they carried.
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    statements: AtomicU64,
+    operations: AtomicU64,
+}
+
+impl Counts {
+    /// `(statements, operations)` so far.
+    pub(crate) fn read(&self) -> (u64, u64) {
+        (
+            self.statements.load(Ordering::Relaxed),
+            self.operations.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// A `(tenant, operation, key)`: what a batch may hold only once.
+pub(crate) type RecordId = (String, String, String);
+
+/// An operation a batch can carry.
+pub(crate) trait Batched: Send + 'static {
+    /// The record it touches.
+    fn record(&self) -> &RecordId;
+}
+
+/// What a batch answers one of its operations.
+pub(crate) enum Answer<O> {
+    /// The batch ran; this operation's part of its result.
+    Done(O),
+    /// The batch rolled back on a conflict with another transaction
+    /// (deadlock, serialization failure): run the operation on its own.
+    Alone,
+}
+
+struct Job<I, O> {
+    item: I,
+    reply: oneshot::Sender<Result<Answer<O>, StoreError>>,
+}
+
+/// Queues operations of one kind for the collector task.
+pub(crate) struct Batcher<I, O> {
+    jobs: mpsc::UnboundedSender<Job<I, O>>,
+}
+
+impl<I, O> std::fmt::Debug for Batcher<I, O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher").finish_non_exhaustive()
+    }
+}
+
+impl<I: Batched, O: Send + 'static> Batcher<I, O> {
+    /// Spawns the collector. `run` executes one batch: it gets the
+    /// operations sorted by record and answers one output per operation,
+    /// in their order. The collector stops when the batcher is dropped.
+    pub(crate) fn start<F, Fut>(
+        pool: PgPool,
+        settings: GroupCommit,
+        counts: Arc<Counts>,
+        run: F,
+    ) -> Self
+    where
+        F: Fn(PgPool, Vec<I>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Vec<O>, sqlx::Error>> + Send + 'static,
+    {
+        let (jobs, queue) = mpsc::unbounded_channel();
+        tokio::spawn(collect(pool, settings, counts, queue, Arc::new(run)));
+        Self { jobs }
+    }
+
+    /// Runs `item` in the next batch that has room for it.
+    pub(crate) async fn submit(&self, item: I) -> Result<Answer<O>, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.jobs
+            .send(Job { item, reply })
+            .map_err(|_| StoreError::unavailable("the PostgreSQL store is shutting down"))?;
+        answer
+            .await
+            .unwrap_or_else(|_| Err(StoreError::unavailable("a batch was abandoned")))
+    }
+}
+
+async fn collect<I, O, F, Fut>(
+    pool: PgPool,
+    settings: GroupCommit,
+    counts: Arc<Counts>,
+    mut queue: mpsc::UnboundedReceiver<Job<I, O>>,
+    run: Arc<F>,
+) where
+    I: Batched,
+    O: Send + 'static,
+    F: Fn(PgPool, Vec<I>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Vec<O>, sqlx::Error>> + Send + 'static,
+{
+    let permits = Arc::new(Semaphore::new(settings.in_flight.max(1)));
+    let max = settings.max_batch.max(1);
+    // Operations on a key that was already in the batch being formed.
+    let mut deferred: VecDeque<Job<I, O>> = VecDeque::new();
+    // Records are told apart by hash: a collision only defers an operation
+    // to the next batch.
+    let hasher = RandomState::new();
+    loop {
+        let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
+            return;
+        };
+        let first = match deferred.pop_front() {
+            Some(job) => job,
+            None => match queue.recv().await {
+                Some(job) => job,
+                None => return,
+            },
+        };
+        let mut batch = Vec::with_capacity(max.min(64));
+        let mut records = HashSet::new();
+        let mut later = Vec::new();
+        let mut take = |job: Job<I, O>, batch: &mut Vec<Job<I, O>>| {
+            if job.reply.is_closed() {
+                // Its caller gave up before anything was sent.
+            } else if records.insert(hasher.hash_one(job.item.record())) {
+                batch.push(job);
+            } else {
+                later.push(job);
+            }
+        };
+        take(first, &mut batch);
+        for _ in 0..deferred.len() {
+            if batch.len() >= max {
+                break;
+            }
+            if let Some(job) = deferred.pop_front() {
+                take(job, &mut batch);
+            }
+        }
+        while batch.len() < max {
+            match queue.try_recv() {
+                Ok(job) => take(job, &mut batch),
+                Err(_) => break,
+            }
+        }
+        // Deferred operations keep their turn ahead of newer ones.
+        for job in later.into_iter().rev() {
+            deferred.push_front(job);
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        batch.sort_by(|a, b| a.item.record().cmp(b.item.record()));
+        counts.statements.fetch_add(1, Ordering::Relaxed);
+        counts
+            .operations
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        tokio::spawn(run_batch(pool.clone(), batch, Arc::clone(&run), permit));
+    }
+}
+
+async fn run_batch<I, O, F, Fut>(
+    pool: PgPool,
+    batch: Vec<Job<I, O>>,
+    run: Arc<F>,
+    _permit: OwnedSemaphorePermit,
+) where
+    F: Fn(PgPool, Vec<I>) -> Fut,
+    Fut: Future<Output = Result<Vec<O>, sqlx::Error>>,
+{
+    let (items, replies): (Vec<I>, Vec<_>) = batch.into_iter().map(|j| (j.item, j.reply)).unzip();
+    let expected = items.len();
+    match run(pool, items).await {
+        Ok(outputs) if outputs.len() == expected => {
+            for (reply, output) in replies.into_iter().zip(outputs) {
+                let _ = reply.send(Ok(Answer::Done(output)));
+            }
+        }
+        Ok(outputs) => {
+            let err = PgError::Corrupt(format!(
+                "a batch of {expected} answered {} results",
+                outputs.len()
+            ));
+            answer_all(replies, &StoreError::from(err));
+        }
+        Err(err) if is_conflict(&err) => {
+            for reply in replies {
+                let _ = reply.send(Ok(Answer::Alone));
+            }
+        }
+        Err(err) => answer_all(replies, &StoreError::from(PgError::Sqlx(err))),
+    }
+}
+
+/// A deadlock or serialization failure: the statement rolled back whole.
+fn is_conflict(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40P01" | "40001")))
+}
+
+/// Gives every caller the batch's error, classified as it was.
+fn answer_all<O>(replies: Vec<oneshot::Sender<Result<Answer<O>, StoreError>>>, err: &StoreError) {
+    let shared = Arc::new(match err {
+        StoreError::Unavailable(inner)
+        | StoreError::Corrupt(inner)
+        | StoreError::Backend(inner) => inner.to_string(),
+        other => other.to_string(),
+    });
+    for reply in replies {
+        let text = SharedText(Arc::clone(&shared));
+        let each = match err {
+            StoreError::Fenced => StoreError::Fenced,
+            StoreError::Unavailable(_) => StoreError::Unavailable(Box::new(text)),
+            StoreError::Corrupt(_) => StoreError::Corrupt(Box::new(text)),
+            _ => StoreError::Backend(Box::new(text)),
+        };
+        let _ = reply.send(Err(each));
+    }
+}
+
+/// One error's text, shared by every operation of the batch it failed.
+#[derive(Debug)]
+struct SharedText(Arc<String>);
+
+impl std::fmt::Display for SharedText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "a batched statement failed: {}", self.0)
+    }
+}
+
+impl std::error::Error for SharedText {}
