@@ -3,13 +3,15 @@
 //!
 //! Each request of the gateway costs PostgreSQL a reservation and a
 //! resolution, two statements and two commits. Under load most of that
-//! cost is per statement (parse-free but still bind, plan, executor start,
-//! a commit record), not per row. A [`Batcher`] hands every operation to
-//! one collector task; the collector takes whatever has queued up while
-//! the batches before it ran (up to [`GroupCommit::max_batch`]) and runs it
-//! as one statement over arrays, at most [`GroupCommit::in_flight`] batches
-//! at once. An idle store pays one task hand-off; a busy one pays one
-//! statement for many requests.
+//! cost is per statement (bind, plan, executor start, a commit and its
+//! WAL flush), not per row. A [`Batcher`] lets at most
+//! [`GroupCommit::in_flight`] statements of its kind run at once. While
+//! one of those slots is free, an operation takes it and runs alone, as a
+//! plain statement, with no hand-off: an idle store answers as fast as
+//! without grouping. When every slot is busy, operations queue; the
+//! collector task waits for the next free slot and runs everything queued
+//! by then (up to [`GroupCommit::max_batch`]) as one statement over
+//! arrays. So a busy store pays one statement for many requests.
 //!
 //! What a batch keeps from the statements it replaces:
 //!
@@ -48,19 +50,22 @@ pub(crate) struct GroupCommit {
     pub in_flight: usize,
 }
 
-/// How many grouped statements ran, and how many operations they carried.
+/// How many grouped statements ran, how many operations they carried,
+/// and how many operations ran alone in a free slot.
 #[derive(Debug, Default)]
 pub(crate) struct Counts {
     statements: AtomicU64,
     operations: AtomicU64,
+    alone: AtomicU64,
 }
 
 impl Counts {
-    /// `(statements, operations)` so far.
-    pub(crate) fn read(&self) -> (u64, u64) {
+    /// `(statements, operations, alone)` so far.
+    pub(crate) fn read(&self) -> (u64, u64, u64) {
         (
             self.statements.load(Ordering::Relaxed),
             self.operations.load(Ordering::Relaxed),
+            self.alone.load(Ordering::Relaxed),
         )
     }
 }
@@ -91,6 +96,9 @@ struct Job<I, O> {
 /// Queues operations of one kind for the collector task.
 pub(crate) struct Batcher<I, O> {
     jobs: mpsc::UnboundedSender<Job<I, O>>,
+    /// The slots: one per statement of this kind running.
+    slots: Arc<Semaphore>,
+    counts: Arc<Counts>,
 }
 
 impl<I, O> std::fmt::Debug for Batcher<I, O> {
@@ -114,8 +122,29 @@ impl<I: Batched, O: Send + 'static> Batcher<I, O> {
         Fut: Future<Output = Result<Vec<O>, sqlx::Error>> + Send + 'static,
     {
         let (jobs, queue) = mpsc::unbounded_channel();
-        tokio::spawn(collect(pool, settings, counts, queue, Arc::new(run)));
-        Self { jobs }
+        let slots = Arc::new(Semaphore::new(settings.in_flight.max(1)));
+        tokio::spawn(collect(
+            pool,
+            settings.max_batch,
+            Arc::clone(&slots),
+            Arc::clone(&counts),
+            queue,
+            Arc::new(run),
+        ));
+        Self {
+            jobs,
+            slots,
+            counts,
+        }
+    }
+
+    /// A free slot, if there is one and nothing waits for it: the caller
+    /// runs its operation alone, as a plain statement, while it holds the
+    /// slot. `None`: [`submit`](Self::submit) it.
+    pub(crate) fn try_alone(&self) -> Option<OwnedSemaphorePermit> {
+        let slot = Arc::clone(&self.slots).try_acquire_owned().ok()?;
+        self.counts.alone.fetch_add(1, Ordering::Relaxed);
+        Some(slot)
     }
 
     /// Runs `item` in the next batch that has room for it.
@@ -132,7 +161,8 @@ impl<I: Batched, O: Send + 'static> Batcher<I, O> {
 
 async fn collect<I, O, F, Fut>(
     pool: PgPool,
-    settings: GroupCommit,
+    max: usize,
+    slots: Arc<Semaphore>,
     counts: Arc<Counts>,
     mut queue: mpsc::UnboundedReceiver<Job<I, O>>,
     run: Arc<F>,
@@ -142,23 +172,23 @@ async fn collect<I, O, F, Fut>(
     F: Fn(PgPool, Vec<I>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Vec<O>, sqlx::Error>> + Send + 'static,
 {
-    let permits = Arc::new(Semaphore::new(settings.in_flight.max(1)));
-    let max = settings.max_batch.max(1);
+    let max = max.max(1);
     // Operations on a key that was already in the batch being formed.
     let mut deferred: VecDeque<Job<I, O>> = VecDeque::new();
     // Records are told apart by hash: a collision only defers an operation
     // to the next batch.
     let hasher = RandomState::new();
     loop {
-        let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
-            return;
-        };
         let first = match deferred.pop_front() {
             Some(job) => job,
             None => match queue.recv().await {
                 Some(job) => job,
                 None => return,
             },
+        };
+        // Whatever queues while the slots are busy joins this batch.
+        let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
+            return;
         };
         let mut batch = Vec::with_capacity(max.min(64));
         let mut records = HashSet::new();

@@ -168,14 +168,17 @@ pub struct PgOptions {
     /// server's default (usually `public`).
     pub schema: Option<String>,
     /// Whether concurrent reservations (and concurrent resolutions) are
-    /// grouped into one statement and one commit (on by default). An idle
-    /// store runs each alone, as it comes; a busy one runs whatever queued
-    /// up meanwhile together. Off, every operation is its own statement.
+    /// grouped into one statement and one commit (on by default). While
+    /// fewer than [`group_commit_in_flight`](Self::group_commit_in_flight)
+    /// statements of a kind run, an operation runs alone, as it comes;
+    /// when they all run, operations queue and the next free slot runs
+    /// them together. Off, every operation is its own statement.
     pub group_commit: bool,
     /// Most operations one grouped statement carries (default 64).
     pub group_commit_max: u32,
-    /// Most grouped statements of one kind running at once, each on a
-    /// connection of the pool (default 2). Fewer make larger groups: on
+    /// Most statements of one kind (reservations, resolutions) running at
+    /// once, each on a connection of the pool (default 2). Fewer make
+    /// larger groups: on
     /// two cores, 2 served 1.3× the requests of 4, and 8 fewer still
     /// (docs/BENCHMARKS.md). A grouped statement that waits (on a row
     /// another transaction holds uncommitted, say a caller's own
@@ -423,6 +426,9 @@ pub struct GroupCommitStats {
     pub statements: u64,
     /// Operations they carried; over `statements`, the mean group size.
     pub operations: u64,
+    /// Operations that found a slot free and ran alone, as plain
+    /// statements.
+    pub alone: u64,
 }
 
 /// The collector of each kind of grouped operation.
@@ -517,10 +523,11 @@ impl PgStore {
     /// How many grouped statements ran and how many operations they
     /// carried, since this store (and its clones) started.
     pub fn group_commit_stats(&self) -> GroupCommitStats {
-        let (statements, operations) = self.counts.read();
+        let (statements, operations, alone) = self.counts.read();
         GroupCommitStats {
             statements,
             operations,
+            alone,
         }
     }
 
@@ -931,18 +938,26 @@ async fn release_on<'e, E: Executor<'e, Database = Postgres>>(
 
 impl Store for PgStore {
     async fn reserve(&self, req: ReserveRequest<'_>) -> Result<Reservation, StoreError> {
+        // A free slot: run alone in it, as a plain statement.
+        let mut slot = None;
         if let Some(batches) = self.batches() {
-            let answer = batches.reserve.submit(ReserveItem::new(&req)).await?;
-            if let batch::Answer::Done(Some(row)) = answer
-                && let Some(reservation) = settle(&self.pool, &req, &row).await?
-            {
-                return Ok(reservation);
+            slot = batches.reserve.try_alone();
+            if slot.is_none() {
+                let answer = batches.reserve.submit(ReserveItem::new(&req)).await?;
+                if let batch::Answer::Done(Some(row)) = answer
+                    && let Some(reservation) = settle(&self.pool, &req, &row).await?
+                {
+                    return Ok(reservation);
+                }
+                // Not visible to the batch, changed since, or the batch
+                // yielded to another transaction: the single statement
+                // decides.
             }
-            // Not visible to the batch, changed since, or the batch yielded
-            // to another transaction: the single statement decides.
         }
         let mut conn = self.pool.acquire().await.map_err(error::to_store)?;
-        reserve_on(&mut conn, &req).await
+        let reserved = reserve_on(&mut conn, &req).await;
+        drop(slot);
+        reserved
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
@@ -966,7 +981,11 @@ impl Store for PgStore {
         lease: &Lease,
         outcome: &FinalOutcome,
     ) -> Result<(), StoreError> {
-        if let Some(batches) = self.batches() {
+        // A free slot: run alone in it, as a plain statement.
+        let slot = self.batches().and_then(|b| b.resolve.try_alone());
+        if slot.is_none()
+            && let Some(batches) = self.batches()
+        {
             let state: idem::RecordState = outcome.verdict.into();
             let item = ResolveItem {
                 record: (
@@ -988,7 +1007,9 @@ impl Store for PgStore {
                 return fenced(u64::from(matched));
             }
         }
-        resolve_on(&self.pool, scope, key, lease, outcome).await
+        let resolved = resolve_on(&self.pool, scope, key, lease, outcome).await;
+        drop(slot);
+        resolved
     }
 
     async fn release(

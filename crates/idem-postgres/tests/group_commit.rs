@@ -142,6 +142,31 @@ async fn concurrent_operations_share_statements_and_each_gets_its_own_answer() {
     );
 }
 
+/// One operation at a time finds a slot free every time: each runs alone,
+/// as a plain statement, and no group is formed.
+#[tokio::test]
+async fn operations_one_at_a_time_run_alone() {
+    let Some(opts) = common::options() else {
+        return;
+    };
+    let store = PgStore::connect_with(opts).await.expect("connect");
+    let scope = idem_testkit::conformance::unique_scope("pg-group-alone");
+    for n in 0..5 {
+        let k = key(n);
+        let Reservation::Acquired(lease) =
+            store.reserve(request(&scope, &k)).await.expect("reserve")
+        else {
+            panic!("a fresh key is acquired");
+        };
+        store
+            .resolve(&scope, &k, &lease, &outcome(format!("alone {n}")))
+            .await
+            .expect("resolve");
+    }
+    let stats = store.group_commit_stats();
+    assert_eq!((stats.statements, stats.alone), (0, 10), "{stats:?}");
+}
+
 /// With group commit off, every operation is its own statement and no
 /// group is counted.
 #[tokio::test]
@@ -168,7 +193,7 @@ async fn group_commit_off_runs_each_operation_alone() {
         .resolve(&scope, &k, &lease, &outcome("alone".to_owned()))
         .await
         .expect("resolve");
-    assert_eq!(store.group_commit_stats().statements, 0);
+    assert_eq!(store.group_commit_stats(), Default::default());
 }
 
 /// A batch that cannot reach the server fails each of its operations with
