@@ -31,29 +31,26 @@ inserted AS (
     ORDER BY i.n
     ON CONFLICT (tenant, operation, key) DO NOTHING
     RETURNING *
+),
+found AS (
+    SELECT i.n, true AS inserted, r.*
+    FROM inserted AS r
+    JOIN input AS i ON i.tenant = r.tenant AND i.operation = r.operation AND i.key = r.key
+    UNION ALL
+    SELECT i.n, false AS inserted, r.*
+    FROM input AS i
+    JOIN idem_records AS r ON r.tenant = i.tenant AND r.operation = i.operation AND r.key = i.key
+    WHERE NOT EXISTS (
+        SELECT FROM inserted AS x
+        WHERE x.tenant = i.tenant AND x.operation = i.operation AND x.key = i.key
+    )
 )
-SELECT i.n, true AS inserted, r.tenant, r.operation, r.key, r.fingerprint, r.state,
-       (extract(epoch FROM r.created_at) * 1000)::bigint AS created_at_ms,
-       (extract(epoch FROM r.updated_at) * 1000)::bigint AS updated_at_ms,
-       (extract(epoch FROM r.expires_at) * 1000)::bigint AS expires_at_ms,
-       (extract(epoch FROM r.locked_until) * 1000)::bigint AS locked_until_ms,
-       r.owner, r.attempt, r.response_status, r.response_headers, r.response_body,
-       r.resource_id, r.error_code,
+SELECT n, inserted, tenant, operation, key, fingerprint, state,
+       (extract(epoch FROM created_at) * 1000)::bigint AS created_at_ms,
+       (extract(epoch FROM updated_at) * 1000)::bigint AS updated_at_ms,
+       (extract(epoch FROM expires_at) * 1000)::bigint AS expires_at_ms,
+       (extract(epoch FROM locked_until) * 1000)::bigint AS locked_until_ms,
+       owner, attempt, response_status, response_headers, response_body,
+       resource_id, error_code,
        (SELECT (extract(epoch FROM now) * 1000)::bigint FROM clock) AS now_ms
-FROM inserted AS r
-JOIN input AS i ON i.tenant = r.tenant AND i.operation = r.operation AND i.key = r.key
-UNION ALL
-SELECT i.n, false AS inserted, r.tenant, r.operation, r.key, r.fingerprint, r.state,
-       (extract(epoch FROM r.created_at) * 1000)::bigint AS created_at_ms,
-       (extract(epoch FROM r.updated_at) * 1000)::bigint AS updated_at_ms,
-       (extract(epoch FROM r.expires_at) * 1000)::bigint AS expires_at_ms,
-       (extract(epoch FROM r.locked_until) * 1000)::bigint AS locked_until_ms,
-       r.owner, r.attempt, r.response_status, r.response_headers, r.response_body,
-       r.resource_id, r.error_code,
-       (SELECT (extract(epoch FROM now) * 1000)::bigint FROM clock) AS now_ms
-FROM input AS i
-JOIN idem_records AS r ON r.tenant = i.tenant AND r.operation = i.operation AND r.key = i.key
-WHERE NOT EXISTS (
-    SELECT FROM inserted AS x
-    WHERE x.tenant = i.tenant AND x.operation = i.operation AND x.key = i.key
-)
+FROM found

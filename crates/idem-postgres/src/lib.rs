@@ -835,14 +835,20 @@ async fn reserve_batch(
         .await?;
     let mut answers: Vec<Option<PgRow>> = items.iter().map(|_| None).collect();
     for row in rows {
-        let n: i64 = row.try_get("n")?;
-        let slot = usize::try_from(n - 1)
-            .ok()
-            .and_then(|i| answers.get_mut(i))
-            .ok_or_else(|| sqlx::Error::Protocol(format!("batch position {n} out of range")))?;
-        *slot = Some(row);
+        let at = batch_position(&row, answers.len())?;
+        answers[at] = Some(row);
     }
     Ok(answers)
+}
+
+/// The 0-based item a batch's result row answers (its column `n` counts
+/// from 1).
+fn batch_position(row: &PgRow, items: usize) -> Result<usize, sqlx::Error> {
+    let n: i64 = row.try_get("n")?;
+    usize::try_from(n - 1)
+        .ok()
+        .filter(|at| *at < items)
+        .ok_or_else(|| sqlx::Error::Protocol(format!("batch position {n} out of range")))
 }
 
 /// A resolution as a batch carries it.
@@ -888,12 +894,7 @@ async fn resolve_batch(pool: PgPool, items: Vec<ResolveItem>) -> Result<Vec<bool
         .await?;
     let mut matched = vec![false; items.len()];
     for row in rows {
-        let n: i64 = row.try_get("n")?;
-        let slot = usize::try_from(n - 1)
-            .ok()
-            .and_then(|i| matched.get_mut(i))
-            .ok_or_else(|| sqlx::Error::Protocol(format!("batch position {n} out of range")))?;
-        *slot = true;
+        matched[batch_position(&row, items.len())?] = true;
     }
     Ok(matched)
 }
