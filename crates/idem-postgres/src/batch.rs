@@ -148,14 +148,19 @@ impl<I: Batched, O: Send + 'static> Batcher<I, O> {
     }
 
     /// Runs `item` in the next batch that has room for it.
+    ///
+    /// The collector runs on the Tokio runtime of the store's first
+    /// operation. Should it be gone (that runtime shutting down), or a
+    /// batch be dropped with it, the answer is [`Answer::Alone`]: running
+    /// the plain statement then is safe, as a reservation that did commit
+    /// reads back as in progress, and a resolution is the same fenced
+    /// update again.
     pub(crate) async fn submit(&self, item: I) -> Result<Answer<O>, StoreError> {
         let (reply, answer) = oneshot::channel();
-        self.jobs
-            .send(Job { item, reply })
-            .map_err(|_| StoreError::unavailable("the PostgreSQL store is shutting down"))?;
-        answer
-            .await
-            .unwrap_or_else(|_| Err(StoreError::unavailable("a batch was abandoned")))
+        if self.jobs.send(Job { item, reply }).is_err() {
+            return Ok(Answer::Alone);
+        }
+        answer.await.unwrap_or(Ok(Answer::Alone))
     }
 }
 

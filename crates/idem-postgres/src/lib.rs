@@ -178,10 +178,9 @@ pub struct PgOptions {
     pub group_commit_max: u32,
     /// Most statements of one kind (reservations, resolutions) running at
     /// once, each on a connection of the pool (default 2). Fewer make
-    /// larger groups: on
-    /// two cores, 2 served 1.3× the requests of 4, and 8 fewer still
-    /// (docs/BENCHMARKS.md). A grouped statement that waits (on a row
-    /// another transaction holds uncommitted, say a caller's own
+    /// larger groups: on two cores, 2 served 1.3× the requests of 4, and 8
+    /// fewer still (docs/BENCHMARKS.md). A grouped statement that waits (on
+    /// a row another transaction holds uncommitted, say a caller's own
     /// [`PgStore::reserve_in`]) holds up the operations queued behind it.
     pub group_commit_in_flight: u32,
 }
@@ -410,7 +409,7 @@ impl PgOptions {
 pub struct PgStore {
     pool: PgPool,
     schema: Option<String>,
-    /// How operations are grouped; `None`: each alone.
+    /// How operations are grouped; `None`: group commit is off.
     group: Option<batch::GroupCommit>,
     /// The collectors, started by the first operation (inside a runtime).
     batches: Arc<OnceLock<Batches>>,
@@ -520,8 +519,9 @@ impl PgStore {
         }
     }
 
-    /// How many grouped statements ran and how many operations they
-    /// carried, since this store (and its clones) started.
+    /// How many grouped statements ran, how many operations they carried,
+    /// and how many operations ran alone, since this store (and its
+    /// clones) started.
     pub fn group_commit_stats(&self) -> GroupCommitStats {
         let (statements, operations, alone) = self.counts.read();
         GroupCommitStats {
