@@ -4,10 +4,11 @@
 //! Request counts and latencies come from the layer
 //! ([`idem_http::metrics`]); store latencies from [`GatewayStore`](crate::store::GatewayStore);
 //! the processing / stuck gauges and the cleanup counter from the
-//! background jobs ([`crate::jobs`]).
+//! background jobs ([`crate::jobs`]); PostgreSQL group commit's counts from
+//! the stores registered with [`watch_group_commit`], read at each render.
 
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use idem::StoreError;
@@ -29,6 +30,13 @@ pub const CLEANUP_DELETED_TOTAL: &str = "idem_cleanup_deleted_total";
 pub const WALL_CLOCK_OFFSET: &str = "idem_wall_clock_offset_seconds";
 /// Gauge `{version}` = 1.
 pub const BUILD_INFO: &str = "idem_build_info";
+/// Counter: grouped PostgreSQL statements run (group commit).
+pub const GROUPED_STATEMENTS_TOTAL: &str = "idem_store_grouped_statements_total";
+/// Counter: operations those grouped statements carried.
+pub const GROUPED_OPERATIONS_TOTAL: &str = "idem_store_grouped_operations_total";
+/// Counter: PostgreSQL operations that found a statement slot free and ran
+/// alone.
+pub const ALONE_OPERATIONS_TOTAL: &str = "idem_store_alone_operations_total";
 
 /// Latency buckets (seconds) for requests and store operations: 50 µs to
 /// 10 s, dense where an embedded store and a loopback upstream answer.
@@ -38,6 +46,35 @@ const LATENCY_BUCKETS: [f64; 17] = [
 ];
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// PostgreSQL stores whose group-commit counts `/metrics` reports.
+static GROUP_COMMIT: Mutex<Vec<idem_postgres::PgStore>> = Mutex::new(Vec::new());
+
+/// Reports `store`'s group-commit counts in `/metrics` from now on.
+pub fn watch_group_commit(store: &idem_postgres::PgStore) {
+    GROUP_COMMIT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(store.clone());
+}
+
+/// Sets the group-commit counters to the watched stores' totals.
+fn publish_group_commit() {
+    let stores = GROUP_COMMIT.lock().unwrap_or_else(|p| p.into_inner());
+    if stores.is_empty() {
+        return;
+    }
+    let (mut statements, mut operations, mut alone) = (0, 0, 0);
+    for store in stores.iter() {
+        let s = store.group_commit_stats();
+        statements += s.statements;
+        operations += s.operations;
+        alone += s.alone;
+    }
+    metrics::counter!(GROUPED_STATEMENTS_TOTAL).absolute(statements);
+    metrics::counter!(GROUPED_OPERATIONS_TOTAL).absolute(operations);
+    metrics::counter!(ALONE_OPERATIONS_TOTAL).absolute(alone);
+}
 
 /// Installs the process-wide Prometheus recorder (once; later calls return
 /// the same handle) and spawns its upkeep. Call it before serving: the
@@ -71,7 +108,9 @@ pub fn install() -> &'static PrometheusHandle {
 
 /// The Prometheus text exposition of everything recorded so far.
 pub fn render() -> String {
-    install().render()
+    let handle = install();
+    publish_group_commit();
+    handle.render()
 }
 
 fn describe() {
@@ -106,6 +145,18 @@ fn describe() {
         "Requests answered 503 because every in-flight slot was taken."
     );
     metrics::describe_gauge!(BUILD_INFO, "Always 1; the version is a label.");
+    metrics::describe_counter!(
+        GROUPED_STATEMENTS_TOTAL,
+        "PostgreSQL statements that carried a group of queued reservations or resolutions."
+    );
+    metrics::describe_counter!(
+        GROUPED_OPERATIONS_TOTAL,
+        "Reservations and resolutions carried by grouped PostgreSQL statements."
+    );
+    metrics::describe_counter!(
+        ALONE_OPERATIONS_TOTAL,
+        "PostgreSQL reservations and resolutions that found a statement slot free and ran alone."
+    );
 }
 
 /// The store operations timed in [`STORE_OP_SECONDS`], by their `op` label.

@@ -136,7 +136,10 @@ impl StoreUrl {
             Self::Memory => Ok(DynStore::new(MemoryStore::new())),
             Self::Postgres(o) => PgStore::connect_with((**o).clone())
                 .await
-                .map(DynStore::new)
+                .map(|store| {
+                    crate::metrics::watch_group_commit(&store);
+                    DynStore::new(store)
+                })
                 .map_err(|e| error_chain(&e)),
             Self::Redis(o) => RedisStore::connect_with((**o).clone())
                 .await
@@ -149,6 +152,7 @@ impl StoreUrl {
                 let fast = RedisStore::connect_with((**fast).clone())
                     .await
                     .map_err(|e| error_chain(&e))?;
+                crate::metrics::watch_group_commit(&durable);
                 Ok(DynStore::new(Tiered::new(fast, durable)))
             }
         }

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use http::{Method, StatusCode};
-use idem_testkit::client::{Answer, send, until_status};
+use idem_testkit::client::{Answer, metric, send, until_status};
 use idem_testkit::fault::FaultProxy;
 use idem_testkit::gateway::GatewayProcess as Gateway;
 use idem_testkit::services;
@@ -51,7 +51,9 @@ fn unique(label: &str) -> String {
 }
 
 /// Three gateways on one store; 200 keys, each sent 10 times at once,
-/// spread over the three: exactly 200 executions, identical answers.
+/// spread over the three: exactly 200 executions, identical answers. On
+/// PostgreSQL (alone or tiered), `/metrics` accounts for the store's
+/// reservations and resolutions as grouped or alone.
 async fn three_gateways_one_store(store: &str) {
     const KEYS: usize = 200;
     const COPIES: usize = 10;
@@ -108,6 +110,23 @@ async fn three_gateways_one_store(store: &str) {
             a.iter().all(|x| x.body == a[0].body),
             "key {k}: answers differ"
         );
+    }
+    if store.contains("postgres") {
+        let (mut statements, mut grouped, mut alone) = (0.0, 0.0, 0.0);
+        for gw in &running {
+            statements += metric(gw.admin, "idem_store_grouped_statements_total", "").await;
+            grouped += metric(gw.admin, "idem_store_grouped_operations_total", "").await;
+            alone += metric(gw.admin, "idem_store_alone_operations_total", "").await;
+        }
+        eprintln!(
+            "group commit over 3 gateways: {statements} statements carried {grouped} operations; {alone} alone"
+        );
+        // Each key's winner reserved and resolved in PostgreSQL.
+        assert!(
+            grouped + alone >= 2.0 * KEYS as f64,
+            "{grouped} grouped + {alone} alone"
+        );
+        assert!(grouped >= statements);
     }
 }
 
