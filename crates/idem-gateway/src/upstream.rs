@@ -124,6 +124,11 @@ impl Conn {
     /// without a waker, a connection the upstream closed finishes.
     fn still_open(&mut self) -> bool {
         self.link.poll(&mut Context::from_waker(Waker::noop()));
+        self.usable()
+    }
+
+    /// Neither the connection nor its sending half has ended.
+    fn usable(&self) -> bool {
         !self.link.done && !self.sender.is_closed()
     }
 }
@@ -226,7 +231,7 @@ impl Upstream {
 
     /// Keeps a connection whose exchange ended cleanly for the next request.
     fn checkin(&self, conn: Box<Conn>) {
-        if conn.link.done || conn.sender.is_closed() {
+        if !conn.usable() {
             return;
         }
         let now = Instant::now();

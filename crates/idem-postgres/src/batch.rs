@@ -45,9 +45,18 @@ use crate::error::PgError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct GroupCommit {
     /// Most operations one statement carries.
-    pub max_batch: usize,
-    /// Most batches of one kind running at once (each holds a connection).
-    pub in_flight: usize,
+    pub max_batch: u32,
+    /// Most statements of one kind running at once (each holds a
+    /// connection).
+    pub in_flight: u32,
+}
+
+impl GroupCommit {
+    /// 64 operations a statement, 2 statements of a kind at once.
+    pub(crate) const DEFAULT: Self = Self {
+        max_batch: 64,
+        in_flight: 2,
+    };
 }
 
 /// How many grouped statements ran, how many operations they carried,
@@ -79,13 +88,15 @@ pub(crate) trait Batched: Send + 'static {
     fn record(&self) -> &RecordId;
 }
 
-/// What a batch answers one of its operations.
+/// How an operation ran, or is to run.
 pub(crate) enum Answer<O> {
-    /// The batch ran; this operation's part of its result.
+    /// A batch ran it; this is its part of the batch's result.
     Done(O),
-    /// The batch rolled back on a conflict with another transaction
-    /// (deadlock, serialization failure): run the operation on its own.
-    Alone,
+    /// Run the plain statement: in a free slot (held until the permit is
+    /// dropped), or without one when its batch rolled back on a conflict
+    /// with another transaction (deadlock, serialization failure) or the
+    /// collector is gone.
+    Alone(Option<OwnedSemaphorePermit>),
 }
 
 struct Job<I, O> {
@@ -122,10 +133,10 @@ impl<I: Batched, O: Send + 'static> Batcher<I, O> {
         Fut: Future<Output = Result<Vec<O>, sqlx::Error>> + Send + 'static,
     {
         let (jobs, queue) = mpsc::unbounded_channel();
-        let slots = Arc::new(Semaphore::new(settings.in_flight.max(1)));
+        let slots = Arc::new(Semaphore::new(settings.in_flight.max(1) as usize));
         tokio::spawn(collect(
             pool,
-            settings.max_batch,
+            settings.max_batch as usize,
             Arc::clone(&slots),
             Arc::clone(&counts),
             queue,
@@ -138,29 +149,32 @@ impl<I: Batched, O: Send + 'static> Batcher<I, O> {
         }
     }
 
-    /// A free slot, if there is one and nothing waits for it: the caller
-    /// runs its operation alone, as a plain statement, while it holds the
-    /// slot. `None`: [`submit`](Self::submit) it.
-    pub(crate) fn try_alone(&self) -> Option<OwnedSemaphorePermit> {
-        let slot = Arc::clone(&self.slots).try_acquire_owned().ok()?;
-        self.counts.alone.fetch_add(1, Ordering::Relaxed);
-        Some(slot)
-    }
-
-    /// Runs `item` in the next batch that has room for it.
+    /// An operation's turn: a free slot, if there is one and nothing
+    /// waits for it (the caller runs the plain statement while it holds
+    /// it); otherwise `item()` goes into the next batch with room for it.
     ///
     /// The collector runs on the Tokio runtime of the store's first
     /// operation. Should it be gone (that runtime shutting down), or a
-    /// batch be dropped with it, the answer is [`Answer::Alone`]: running
-    /// the plain statement then is safe, as a reservation that did commit
-    /// reads back as in progress, and a resolution is the same fenced
-    /// update again.
-    pub(crate) async fn submit(&self, item: I) -> Result<Answer<O>, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        if self.jobs.send(Job { item, reply }).is_err() {
-            return Ok(Answer::Alone);
+    /// batch be dropped with it, the answer is to run alone: safe, as a
+    /// reservation that did commit reads back as in progress, and a
+    /// resolution is the same fenced update again.
+    pub(crate) async fn turn(&self, item: impl FnOnce() -> I) -> Result<Answer<O>, StoreError> {
+        if let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() {
+            self.counts.alone.fetch_add(1, Ordering::Relaxed);
+            return Ok(Answer::Alone(Some(slot)));
         }
-        answer.await.unwrap_or(Ok(Answer::Alone))
+        let (reply, answer) = oneshot::channel();
+        if self
+            .jobs
+            .send(Job {
+                item: item(),
+                reply,
+            })
+            .is_err()
+        {
+            return Ok(Answer::Alone(None));
+        }
+        answer.await.unwrap_or(Ok(Answer::Alone(None)))
     }
 }
 
@@ -264,7 +278,7 @@ async fn run_batch<I, O, F, Fut>(
         }
         Err(err) if is_conflict(&err) => {
             for reply in replies {
-                let _ = reply.send(Ok(Answer::Alone));
+                let _ = reply.send(Ok(Answer::Alone(None)));
             }
         }
         Err(err) => answer_all(replies, &StoreError::from(PgError::Sqlx(err))),

@@ -228,8 +228,8 @@ impl PgOptions {
             ping_after_idle: Duration::from_secs(1),
             schema: None,
             group_commit: true,
-            group_commit_max: 64,
-            group_commit_in_flight: 2,
+            group_commit_max: batch::GroupCommit::DEFAULT.max_batch,
+            group_commit_in_flight: batch::GroupCommit::DEFAULT.in_flight,
         }
     }
 
@@ -368,8 +368,8 @@ impl PgOptions {
     /// How operations are grouped; `None` when group commit is off.
     fn group(&self) -> Option<batch::GroupCommit> {
         self.group_commit.then_some(batch::GroupCommit {
-            max_batch: self.group_commit_max as usize,
-            in_flight: self.group_commit_in_flight as usize,
+            max_batch: self.group_commit_max,
+            in_flight: self.group_commit_in_flight,
         })
     }
 
@@ -513,7 +513,7 @@ impl PgStore {
         Self {
             pool,
             schema: None,
-            group: PgOptions::new(PgConnectOptions::new()).group(),
+            group: Some(batch::GroupCommit::DEFAULT),
             batches: Arc::default(),
             counts: Arc::default(),
         }
@@ -866,6 +866,28 @@ struct ResolveItem {
     error_code: Option<String>,
 }
 
+impl ResolveItem {
+    fn new(scope: &Scope, key: &IdempotencyKey, lease: &Lease, outcome: &FinalOutcome) -> Self {
+        let state: idem::RecordState = outcome.verdict.into();
+        Self {
+            record: (
+                scope.tenant().to_owned(),
+                scope.operation().to_owned(),
+                key.as_str().to_owned(),
+            ),
+            owner: lease.owner.to_bytes(),
+            attempt: attempt_param(lease.attempt),
+            state: state.as_str(),
+            retention_ms: millis(outcome.retention),
+            status: i32::from(outcome.response.status),
+            headers: outcome.response.encode_headers(),
+            body: outcome.response.body.clone(),
+            resource_id: outcome.resource_id.clone(),
+            error_code: outcome.error_code.clone(),
+        }
+    }
+}
+
 impl batch::Batched for ResolveItem {
     fn record(&self) -> &batch::RecordId {
         &self.record
@@ -939,22 +961,22 @@ async fn release_on<'e, E: Executor<'e, Database = Postgres>>(
 
 impl Store for PgStore {
     async fn reserve(&self, req: ReserveRequest<'_>) -> Result<Reservation, StoreError> {
-        // A free slot: run alone in it, as a plain statement.
-        let mut slot = None;
-        if let Some(batches) = self.batches() {
-            slot = batches.reserve.try_alone();
-            if slot.is_none() {
-                let answer = batches.reserve.submit(ReserveItem::new(&req)).await?;
-                if let batch::Answer::Done(Some(row)) = answer
-                    && let Some(reservation) = settle(&self.pool, &req, &row).await?
-                {
-                    return Ok(reservation);
+        let slot = match self.batches() {
+            Some(batches) => match batches.reserve.turn(|| ReserveItem::new(&req)).await? {
+                batch::Answer::Done(Some(row)) => {
+                    if let Some(reservation) = settle(&self.pool, &req, &row).await? {
+                        return Ok(reservation);
+                    }
+                    // Changed since the batch read it: the single
+                    // statement decides.
+                    None
                 }
-                // Not visible to the batch, changed since, or the batch
-                // yielded to another transaction: the single statement
-                // decides.
-            }
-        }
+                // Not visible to the batch's snapshot.
+                batch::Answer::Done(None) => None,
+                batch::Answer::Alone(slot) => slot,
+            },
+            None => None,
+        };
         let mut conn = self.pool.acquire().await.map_err(error::to_store)?;
         let reserved = reserve_on(&mut conn, &req).await;
         drop(slot);
@@ -982,32 +1004,16 @@ impl Store for PgStore {
         lease: &Lease,
         outcome: &FinalOutcome,
     ) -> Result<(), StoreError> {
-        // A free slot: run alone in it, as a plain statement.
-        let slot = self.batches().and_then(|b| b.resolve.try_alone());
-        if slot.is_none()
-            && let Some(batches) = self.batches()
-        {
-            let state: idem::RecordState = outcome.verdict.into();
-            let item = ResolveItem {
-                record: (
-                    scope.tenant().to_owned(),
-                    scope.operation().to_owned(),
-                    key.as_str().to_owned(),
-                ),
-                owner: lease.owner.to_bytes(),
-                attempt: attempt_param(lease.attempt),
-                state: state.as_str(),
-                retention_ms: millis(outcome.retention),
-                status: i32::from(outcome.response.status),
-                headers: outcome.response.encode_headers(),
-                body: outcome.response.body.clone(),
-                resource_id: outcome.resource_id.clone(),
-                error_code: outcome.error_code.clone(),
-            };
-            if let batch::Answer::Done(matched) = batches.resolve.submit(item).await? {
-                return fenced(u64::from(matched));
+        let slot = match self.batches() {
+            Some(batches) => {
+                let item = || ResolveItem::new(scope, key, lease, outcome);
+                match batches.resolve.turn(item).await? {
+                    batch::Answer::Done(matched) => return fenced(u64::from(matched)),
+                    batch::Answer::Alone(slot) => slot,
+                }
             }
-        }
+            None => None,
+        };
         let resolved = resolve_on(&self.pool, scope, key, lease, outcome).await;
         drop(slot);
         resolved
