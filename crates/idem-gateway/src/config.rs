@@ -25,6 +25,11 @@ pub const DEFAULT_STORE: &str = "sqlite://idem.db";
 /// The admin listener.
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
 
+/// Serving threads when `workers` is not set: one per CPU.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
 /// A configuration error, ready to print.
 #[derive(Debug)]
 pub struct ConfigError(pub String);
@@ -47,6 +52,7 @@ struct FileConfig {
     admin_listen: Option<Spanned<String>>,
     admin_token: Option<Spanned<String>>,
     shutdown_grace: Option<Spanned<String>>,
+    workers: Option<Spanned<i64>>,
     store_timeout: Option<Spanned<String>>,
     encryption_keys_file: Option<Spanned<String>>,
     tenant: Option<TenantConfig>,
@@ -170,6 +176,9 @@ pub struct Settings {
     pub upstream_timeout: Duration,
     /// How long in-flight requests may take to finish at shutdown.
     pub shutdown_grace: Duration,
+    /// Threads serving client connections, each with an event loop of its
+    /// own (default: one per CPU).
+    pub workers: usize,
     /// Background cleanup of expired records (`None`: disabled).
     pub cleanup: Option<CleanupSettings>,
     /// The stuck-record monitor.
@@ -334,6 +343,10 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         Some(v) => duration(src, "shutdown_grace", v)?,
         None => Duration::from_secs(30),
     };
+    let workers = match &file.workers {
+        Some(v) => whole(src, "workers", v, 1024)?,
+        None => default_workers(),
+    };
     let store_timeout = match &file.store_timeout {
         Some(v) => positive(src, "store_timeout", v, duration(src, "store_timeout", v)?)?,
         None => Duration::from_secs(5),
@@ -419,6 +432,7 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         tenant,
         upstream_timeout,
         shutdown_grace,
+        workers,
         cleanup,
         monitor,
         cache,
@@ -1090,6 +1104,10 @@ on_store_error = "open"
     fn limits_default_sane_and_refuse_nonsense() {
         let s = from_text("upstream = \"http://x:1\"\n").expect("valid");
         assert_eq!(s.limits, LimitsSettings::default());
+        assert_eq!(s.workers, default_workers());
+        assert!(s.workers >= 1);
+        let s = from_text("upstream = \"http://x:1\"\nworkers = 3\n").expect("valid");
+        assert_eq!(s.workers, 3);
         let s = from_text(
             "upstream = \"http://x:1\"\n[limits]\nmax_connections = 100\nmax_in_flight = 8\nqueue_wait = \"0s\"\nheader_read_timeout = \"2s\"\nbody_read_timeout = \"3s\"\nmax_headers = 20\nmax_header_bytes = \"16KiB\"\n",
         )
@@ -1128,6 +1146,14 @@ on_store_error = "open"
                 "limits.max_header_bytes = \"1KiB\": must be from 8KiB to 16MiB",
             ),
             ("[limits]\nmax_body = 5\n", "unknown field `max_body`"),
+            (
+                "workers = 0\n",
+                "idem.toml:2: workers = 0: must be a whole number from 1 to 1024",
+            ),
+            (
+                "workers = \"many\"\n",
+                "line 2, column 11",
+            ),
         ] {
             let err = from_text(&format!("upstream = \"http://x:1\"\n{text}")).expect_err(text);
             assert!(err.0.contains(needle), "{text}: {}", err.0);

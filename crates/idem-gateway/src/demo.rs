@@ -273,6 +273,7 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         tenant: TenantSource::Authorization,
         upstream_timeout: Duration::from_secs(10),
         shutdown_grace: Duration::from_secs(5),
+        workers: crate::config::default_workers(),
         cleanup: None,
         monitor: crate::config::MonitorSettings::default(),
         cache: Some(crate::config::CacheSettings::default()),

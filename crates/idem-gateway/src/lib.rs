@@ -15,3 +15,4 @@ pub mod relay;
 pub mod server;
 pub mod store;
 pub mod upstream;
+pub mod workers;

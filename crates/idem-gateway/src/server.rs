@@ -22,6 +22,7 @@ use crate::config::Settings;
 use crate::limits::{Admission, ClientBody, LimitsSettings};
 use crate::proxy::{PeerAddr, Proxy, ProxyBody};
 use crate::store::GatewayStore;
+use crate::workers::{ServeConnection, Workers};
 
 /// The request pipeline: the idempotency layer around the proxy.
 pub type Gateway = Idempotency<Proxy, GatewayStore, TenantSource>;
@@ -119,7 +120,15 @@ impl Server {
         let builder = connection_builder(&limits);
         let admission = Admission::new(limits.max_in_flight, limits.queue_wait);
         let connections = Arc::new(Semaphore::new(limits.max_connections));
-        let graceful = GracefulShutdown::new();
+        let serve = client_connections(gateway.clone(), admission, builder.clone(), &limits);
+        let workers = match Workers::start(settings.workers, serve, grace) {
+            Ok(workers) => workers,
+            Err(err) => {
+                tracing::error!(%err, "cannot start the serving threads");
+                return;
+            }
+        };
+        let admin_graceful = GracefulShutdown::new();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             tokio::select! {
@@ -138,45 +147,16 @@ impl Server {
                         }
                     };
                     let _ = stream.set_nodelay(true);
-                    let gateway = gateway.clone();
-                    let admission = admission.clone();
-                    let body_timeout = Some(limits.body_read_timeout).filter(|t| !t.is_zero());
-                    let svc = service_fn(move |req: Request<Incoming>| {
-                        let gateway = gateway.clone();
-                        let admission = admission.clone();
-                        async move {
-                            let Some(slot) = admission.admit().await else {
-                                // Counted in idem_requests_shed_total; a warning per
-                                // shed request would add work exactly when there is
-                                // too much.
-                                tracing::debug!(reason = "overloaded", %peer, "request shed: every in-flight slot is taken");
-                                return Ok(crate::limits::overloaded());
-                            };
-                            let mut req = req.map(|b| match body_timeout {
-                                Some(idle) => ProxyBody::Client(ClientBody::new(b, idle)),
-                                None => ProxyBody::Incoming(b),
-                            });
-                            req.extensions_mut().insert(PeerAddr(peer));
-                            req.extensions_mut().insert(slot.clone());
-                            let answer = gateway.oneshot(req).await;
-                            drop(slot);
-                            answer
-                        }
-                    });
-                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
-                    let conn = graceful.watch(conn.into_owned());
-                    tokio::spawn(async move {
-                        if let Err(err) = conn.await {
-                            tracing::debug!(%err, %peer, "connection ended with an error");
-                        }
-                        drop(open);
-                    });
+                    // The semaphore is never closed, so the permit is there.
+                    if let Ok(open) = open {
+                        workers.dispatch(stream, peer, open);
+                    }
                 }
                 accepted = admin.accept() => {
                     if let Ok((stream, _)) = accepted {
                         let svc = TowerToHyperService::new(admin_router.clone());
                         let conn = builder.serve_connection(TokioIo::new(stream), svc);
-                        let conn = graceful.watch(conn.into_owned());
+                        let conn = admin_graceful.watch(conn.into_owned());
                         tokio::spawn(async move { let _ = conn.await; });
                     }
                 }
@@ -190,14 +170,66 @@ impl Server {
             grace_ms = grace.as_millis() as u64,
             "shutting down: finishing in-flight requests"
         );
-        tokio::select! {
-            () = graceful.shutdown() => tracing::info!("all connections closed"),
-            () = tokio::time::sleep(grace) => tracing::warn!("grace period over; closing remaining connections"),
+        let admin_closed = async {
+            tokio::select! {
+                () = admin_graceful.shutdown() => true,
+                () = tokio::time::sleep(grace) => false,
+            }
+        };
+        let (clients_closed, admin_closed) = tokio::join!(workers.stop(), admin_closed);
+        if clients_closed && admin_closed {
+            tracing::info!("all connections closed");
+        } else {
+            tracing::warn!("grace period over; closing remaining connections");
         }
         drop(gateway);
         // The last handle: dropping it closes the store (SQLite finishes its queue).
         drop(store);
     }
+}
+
+/// How each worker serves a client connection: admission, the body
+/// time-out, then the gateway.
+fn client_connections(
+    gateway: Gateway,
+    admission: Admission,
+    builder: auto::Builder<TokioExecutor>,
+    limits: &LimitsSettings,
+) -> ServeConnection {
+    let body_timeout = Some(limits.body_read_timeout).filter(|t| !t.is_zero());
+    Arc::new(move |stream, peer, graceful| {
+        let gateway = gateway.clone();
+        let admission = admission.clone();
+        let svc = service_fn(move |req: Request<Incoming>| {
+            let gateway = gateway.clone();
+            let admission = admission.clone();
+            async move {
+                let Some(slot) = admission.admit().await else {
+                    // Counted in idem_requests_shed_total; a warning per
+                    // shed request would add work exactly when there is
+                    // too much.
+                    tracing::debug!(reason = "overloaded", %peer, "request shed: every in-flight slot is taken");
+                    return Ok(crate::limits::overloaded());
+                };
+                let mut req = req.map(|b| match body_timeout {
+                    Some(idle) => ProxyBody::Client(ClientBody::new(b, idle)),
+                    None => ProxyBody::Incoming(b),
+                });
+                req.extensions_mut().insert(PeerAddr(peer));
+                req.extensions_mut().insert(slot.clone());
+                let answer = gateway.oneshot(req).await;
+                drop(slot);
+                answer
+            }
+        });
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
+        let conn = graceful.watch(conn.into_owned());
+        Box::pin(async move {
+            if let Err(err) = conn.await {
+                tracing::debug!(%err, %peer, "connection ended with an error");
+            }
+        })
+    })
 }
 
 /// The HTTP/1 and HTTP/2 connection settings that enforce `[limits]` on

@@ -1,0 +1,318 @@
+//! Client connections served by a fixed set of threads, each running an
+//! event loop of its own.
+//!
+//! The accept loop hands every new connection to the worker with the
+//! fewest open connections. The connection stays on that thread for its
+//! life: its socket is registered with that thread's poller, its timers
+//! sit in that thread's timer wheel, and the tasks its requests spawn run
+//! there too. A request therefore wakes no other thread unless it waits on
+//! something that lives elsewhere (a store's connection, the SQLite writer).
+//!
+//! On a shared multi-threaded runtime every readiness event could land a
+//! task on either worker and wake the other one to steal it; profiles of
+//! the gateway showed the kernel's wake-up path among its largest items
+//! (docs/BENCHMARKS.md, "Connections on threads of their own").
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
+
+/// Serves one client connection on the calling worker's event loop; the
+/// connection is watched by that worker's graceful shutdown.
+pub type ServeConnection = Arc<
+    dyn Fn(TcpStream, SocketAddr, &GracefulShutdown) -> Pin<Box<dyn Future<Output = ()> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// An accepted connection on its way to a worker.
+struct Accepted {
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    /// The connection's place under `max_connections`, held until it closes.
+    open: OwnedSemaphorePermit,
+}
+
+struct Worker {
+    queue: mpsc::UnboundedSender<Accepted>,
+    /// Connections handed to this worker and not yet closed.
+    load: Arc<AtomicUsize>,
+    /// Says whether every connection closed within the grace period.
+    done: oneshot::Receiver<bool>,
+    thread: JoinHandle<()>,
+}
+
+/// The serving threads.
+pub struct Workers {
+    workers: Vec<Worker>,
+}
+
+impl std::fmt::Debug for Workers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workers")
+            .field("threads", &self.workers.len())
+            .finish()
+    }
+}
+
+impl Workers {
+    /// Starts `threads` workers (at least one). Once told to stop, each
+    /// worker gives its open connections up to `grace` to finish.
+    pub fn start(threads: usize, serve: ServeConnection, grace: Duration) -> std::io::Result<Self> {
+        let workers = (0..threads.max(1))
+            .map(|i| Worker::start(i, Arc::clone(&serve), grace))
+            .collect::<std::io::Result<_>>()?;
+        Ok(Self { workers })
+    }
+
+    /// Hands an accepted connection to the least loaded worker.
+    pub fn dispatch(&self, stream: TcpStream, peer: SocketAddr, open: OwnedSemaphorePermit) {
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(err) => {
+                tracing::warn!(%err, %peer, "could not hand the connection to a worker");
+                return;
+            }
+        };
+        let worker = self
+            .workers
+            .iter()
+            .min_by_key(|w| w.load.load(Ordering::Relaxed))
+            .expect("at least one worker");
+        worker.load.fetch_add(1, Ordering::Relaxed);
+        if worker
+            .queue
+            .send(Accepted { stream, peer, open })
+            .is_err()
+        {
+            // Only after a worker's thread died; the connection closes.
+            worker.load.fetch_sub(1, Ordering::Relaxed);
+            tracing::error!(%peer, "a serving thread is gone; connection closed");
+        }
+    }
+
+    /// Stops handing out connections and waits until every worker has
+    /// finished its connections or given up on them after the grace
+    /// period. True when every connection closed in time.
+    pub async fn stop(self) -> bool {
+        let mut waiting = Vec::with_capacity(self.workers.len());
+        let mut threads = Vec::with_capacity(self.workers.len());
+        for worker in self.workers {
+            // Closing the queue tells the worker to stop; all stop at once.
+            drop(worker.queue);
+            waiting.push(worker.done);
+            threads.push(worker.thread);
+        }
+        let mut all_closed = true;
+        for done in waiting {
+            all_closed &= done.await.unwrap_or(false);
+        }
+        // Each thread is past its event loop by now; joining is quick.
+        let _ = tokio::task::spawn_blocking(move || {
+            for thread in threads {
+                let _ = thread.join();
+            }
+        })
+        .await;
+        all_closed
+    }
+}
+
+impl Worker {
+    fn start(index: usize, serve: ServeConnection, grace: Duration) -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (queue, mut accepted) = mpsc::unbounded_channel::<Accepted>();
+        let (done_tx, done) = oneshot::channel();
+        let load = Arc::new(AtomicUsize::new(0));
+        let thread_load = Arc::clone(&load);
+        let thread = std::thread::Builder::new()
+            .name(format!("idem-serve-{index}"))
+            .spawn(move || {
+                let closed = runtime.block_on(async move {
+                    let graceful = GracefulShutdown::new();
+                    while let Some(Accepted { stream, peer, open }) = accepted.recv().await {
+                        let stream = match TcpStream::from_std(stream) {
+                            Ok(stream) => stream,
+                            Err(err) => {
+                                tracing::warn!(%err, %peer, "could not serve the connection");
+                                thread_load.fetch_sub(1, Ordering::Relaxed);
+                                continue;
+                            }
+                        };
+                        let conn = serve(stream, peer, &graceful);
+                        let load = Arc::clone(&thread_load);
+                        tokio::spawn(async move {
+                            conn.await;
+                            drop(open);
+                            load.fetch_sub(1, Ordering::Relaxed);
+                        });
+                    }
+                    tokio::select! {
+                        () = graceful.shutdown() => true,
+                        () = tokio::time::sleep(grace) => false,
+                    }
+                });
+                let _ = done_tx.send(closed);
+                // Dropping the runtime here ends whatever outlived the grace period.
+            })?;
+        Ok(Self {
+            queue,
+            load,
+            done,
+            thread,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    use hyper::server::conn::http1;
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+    use tokio::sync::Semaphore;
+
+    /// Answers every request with the name of the thread that served it,
+    /// after `delay`.
+    fn thread_names(delay: Duration) -> ServeConnection {
+        Arc::new(move |stream, _peer, graceful| {
+            let svc = service_fn(move |_req| async move {
+                tokio::time::sleep(delay).await;
+                let name = std::thread::current().name().unwrap_or("?").to_owned();
+                Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(Bytes::from(
+                    name,
+                ))))
+            });
+            let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+            let conn = graceful.watch(conn);
+            Box::pin(async move {
+                let _ = conn.await;
+            })
+        })
+    }
+
+    /// Accepts `n` connections and dispatches them; returns the clients.
+    async fn connect(workers: &Workers, n: usize) -> Vec<TcpStream> {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let open = Arc::new(Semaphore::new(n));
+        let mut clients = Vec::new();
+        for _ in 0..n {
+            let client = TcpStream::connect(addr).await.expect("connect");
+            let (stream, peer) = listener.accept().await.expect("accept");
+            let permit = Arc::clone(&open).acquire_owned().await.expect("permit");
+            workers.dispatch(stream, peer, permit);
+            clients.push(client);
+        }
+        clients
+    }
+
+    /// Sends one request and returns the answer's body (the whole
+    /// response, read until the body's known length).
+    async fn ask(client: &mut TcpStream) -> String {
+        client
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .expect("write");
+        let mut buf = vec![0; 1024];
+        let mut got = 0;
+        loop {
+            let n = client.read(&mut buf[got..]).await.expect("read");
+            assert!(n > 0, "connection closed before the answer");
+            got += n;
+            let text = String::from_utf8_lossy(&buf[..got]).into_owned();
+            if let Some(body) = text.split("\r\n\r\n").nth(1)
+                && body.starts_with("idem-serve-")
+                && body.len() == "idem-serve-0".len()
+            {
+                return body.to_owned();
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn connections_go_to_the_least_loaded_worker_and_stay_there() {
+        let workers =
+            Workers::start(2, thread_names(Duration::ZERO), Duration::from_secs(5)).expect("start");
+        let mut clients = connect(&workers, 4).await;
+        let mut served = Vec::new();
+        for client in &mut clients {
+            served.push(ask(client).await);
+        }
+        assert_eq!(
+            served,
+            ["idem-serve-0", "idem-serve-1", "idem-serve-0", "idem-serve-1"]
+        );
+        // A keep-alive connection is served by the same thread again.
+        assert_eq!(ask(&mut clients[1]).await, "idem-serve-1");
+
+        // Two connections on worker 0 close; the next one goes there.
+        drop(clients.remove(2));
+        drop(clients.remove(0));
+        for _ in 0..100 {
+            if workers.workers[0].load.load(Ordering::Relaxed) == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut late = connect(&workers, 1).await;
+        assert_eq!(ask(&mut late[0]).await, "idem-serve-0");
+        assert!(workers.stop().await, "idle connections close at once");
+    }
+
+    #[tokio::test]
+    async fn stop_waits_for_requests_in_flight_up_to_the_grace_period() {
+        // A request that outlives the grace period: stop gives up on it.
+        let workers = Workers::start(
+            1,
+            thread_names(Duration::from_secs(30)),
+            Duration::from_millis(200),
+        )
+        .expect("start");
+        let mut clients = connect(&workers, 1).await;
+        clients[0]
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .expect("write");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let started = std::time::Instant::now();
+        assert!(!workers.stop().await, "the slow request was not finished");
+        assert!(started.elapsed() < Duration::from_secs(5));
+
+        // A request shorter than the grace period is answered in full.
+        let workers = Workers::start(
+            1,
+            thread_names(Duration::from_millis(300)),
+            Duration::from_secs(10),
+        )
+        .expect("start");
+        let mut clients = connect(&workers, 1).await;
+        clients[0]
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .expect("write");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let answer = tokio::spawn(async move {
+            let mut buf = Vec::new();
+            let _ = clients[0].read_to_end(&mut buf).await;
+            String::from_utf8_lossy(&buf).into_owned()
+        });
+        assert!(workers.stop().await, "the request finished within the grace period");
+        let answer = answer.await.expect("reader");
+        assert!(answer.ends_with("idem-serve-0"), "{answer}");
+    }
+}
