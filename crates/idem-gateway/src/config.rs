@@ -1150,10 +1150,7 @@ on_store_error = "open"
                 "workers = 0\n",
                 "idem.toml:2: workers = 0: must be a whole number from 1 to 1024",
             ),
-            (
-                "workers = \"many\"\n",
-                "line 2, column 11",
-            ),
+            ("workers = \"many\"\n", "line 2, column 11"),
         ] {
             let err = from_text(&format!("upstream = \"http://x:1\"\n{text}")).expect_err(text);
             assert!(err.0.contains(needle), "{text}: {}", err.0);

@@ -86,13 +86,9 @@ impl Workers {
             .workers
             .iter()
             .min_by_key(|w| w.load.load(Ordering::Relaxed))
-            .expect("at least one worker");
+            .expect("start() makes at least one worker");
         worker.load.fetch_add(1, Ordering::Relaxed);
-        if worker
-            .queue
-            .send(Accepted { stream, peer, open })
-            .is_err()
-        {
+        if worker.queue.send(Accepted { stream, peer, open }).is_err() {
             // Only after a worker's thread died; the connection closes.
             worker.load.fetch_sub(1, Ordering::Relaxed);
             tracing::error!(%peer, "a serving thread is gone; connection closed");
@@ -255,7 +251,12 @@ mod tests {
         }
         assert_eq!(
             served,
-            ["idem-serve-0", "idem-serve-1", "idem-serve-0", "idem-serve-1"]
+            [
+                "idem-serve-0",
+                "idem-serve-1",
+                "idem-serve-0",
+                "idem-serve-1"
+            ]
         );
         // A keep-alive connection is served by the same thread again.
         assert_eq!(ask(&mut clients[1]).await, "idem-serve-1");
@@ -311,7 +312,10 @@ mod tests {
             let _ = clients[0].read_to_end(&mut buf).await;
             String::from_utf8_lossy(&buf).into_owned()
         });
-        assert!(workers.stop().await, "the request finished within the grace period");
+        assert!(
+            workers.stop().await,
+            "the request finished within the grace period"
+        );
         let answer = answer.await.expect("reader");
         assert!(answer.ends_with("idem-serve-0"), "{answer}");
     }
