@@ -85,6 +85,42 @@ def plot(present, data, conns, path):
     return True
 
 
+def targets(present, data, conns):
+    """The gateway targets of the performance issue that this run alone
+    decides, one line each, with every connection count."""
+    have = {s for s, _ in present}
+    met = lambda ok: "met" if ok else "not met"
+    out = []
+    for s, name, want in (
+        ("idem_unique_keys", "Embedded unique keys", 0.9),
+        ("idem_replays", "Embedded replays", 1.5),
+    ):
+        if s in have and "nginx" in have:
+            cells = []
+            for c in conns:
+                r = data[(s, c)]["rps"] / data[("nginx", c)]["rps"]
+                cells.append(f"{c} conn {r:.2f}× ({met(r >= want)})")
+            out.append(f"{name} (target ≥ {want} × nginx): " + ", ".join(cells) + ".")
+    # Added latency: p50 through the gateway minus p50 straight to the
+    # upstream, against the same difference for nginx. At one connection
+    # it is the path's own latency; with more, queueing behind the
+    # throughput limit dominates.
+    if {"direct", "nginx"} <= have:
+        for s, name in (("idem_pass_through", "pass-through"), ("idem_unique_keys", "unique keys, SQLite")):
+            if s not in have:
+                continue
+            cells = []
+            for c in conns:
+                base = data[("direct", c)]["p50"]
+                ours = data[(s, c)]["p50"] - base
+                theirs = data[("nginx", c)]["p50"] - base
+                verdict = met(ours <= 2 * theirs)
+                ratio = f"{ours / theirs:.1f}×" if theirs > 0 else "n/a"
+                cells.append(f"{c} conn +{ours * 1000:.0f} µs vs nginx +{theirs * 1000:.0f} µs ({ratio}, {verdict})")
+            out.append(f"Added p50 over direct, {name} (target ≤ 2 × nginx's): " + ", ".join(cells) + ".")
+    return out + ([""] if out else [])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", required=True)
@@ -138,6 +174,7 @@ def main():
             + " |"
         )
     lines += ["", f"Peak RSS of `idem serve` (SQLite) over the whole run (VmHWM): {a.rss_kb / 1024:.1f} MiB.", ""]
+    lines += targets(present, data, conns)
     stores = os.path.join(a.results, "stores.txt")
     if os.path.exists(stores):
         raw = open(stores).read()

@@ -35,12 +35,3 @@ local function owned(key, owner, attempt, processing_only)
   end
   return true
 end
-
--- Sets an optional field from '1' .. value, or removes it for '0'.
-local function optional(key, field, flagged)
-  if string.sub(flagged, 1, 1) == '1' then
-    redis.call('HSET', key, field, string.sub(flagged, 2))
-  else
-    redis.call('HDEL', key, field)
-  end
-end

@@ -11,9 +11,12 @@ local key = KEYS[1]
 local now = now_ms()
 local lease = tonumber(ARGV[6])
 
-local function create()
+-- replace: a hash is there (an expired record) and goes first.
+local function create(replace)
   local locked_until = now + lease
-  redis.call('DEL', key)
+  if replace then
+    redis.call('DEL', key)
+  end
   redis.call('HSET', key,
     'tn', ARGV[1], 'op', ARGV[2], 'ky', ARGV[3], 'fp', ARGV[4],
     'st', 'processing', 'ca', int(now), 'ua', int(now),
@@ -25,11 +28,13 @@ end
 local r = redis.call('HMGET', key, 'st', 'fp', 'ea', 'lu', 'at', 'ec')
 local state = r[1]
 if not state then
-  return create()
+  -- No record; a hash with fields but no state was not written by idem
+  -- and goes.
+  return create(r[2] or r[3] or r[4] or r[5] or r[6])
 end
 -- A final record past its retention is logically gone: replace it.
 if state ~= 'processing' and tonumber(r[3]) <= now then
-  return create()
+  return create(true)
 end
 if r[2] ~= ARGV[4] then
   return {'mismatch', state}

@@ -570,6 +570,22 @@ pub async fn outcome_unknown_is_kept<S: Store>(store: Arc<S>) {
     )
     .await;
     assert_eq!(retry.attempt, 2);
+    // The retry was marked unknown too, then learnt the outcome: the final
+    // record carries the new resource and no longer the unknown flag.
+    store
+        .mark_unknown(&scope, &k, &retry, "provider timeout again")
+        .await
+        .expect("mark the retry");
+    let done = outcome(Verdict::Completed, "known", DAY);
+    store
+        .resolve(&scope, &k, &retry, &done)
+        .await
+        .expect("resolve after unknown");
+    let rec = store.get(&scope, &k).await.expect("get").expect("exists");
+    assert_eq!(rec.state, RecordState::Completed);
+    assert_eq!(rec.error_code, None);
+    assert!(!rec.is_outcome_unknown());
+    assert_eq!(rec.resource_id.as_deref(), Some("res-known"));
 }
 
 /// Final records past retention disappear from reads, are replaced by a
