@@ -15,6 +15,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -89,8 +90,9 @@ impl Workers {
             .expect("start() makes at least one worker");
         worker.load.fetch_add(1, Ordering::Relaxed);
         if worker.queue.send(Accepted { stream, peer, open }).is_err() {
-            // Only after a worker's thread died; the connection closes.
-            worker.load.fetch_sub(1, Ordering::Relaxed);
+            // Only after a worker's thread died; the connection closes, and
+            // the thread's load stays too high for it to be picked again.
+            worker.load.store(usize::MAX / 2, Ordering::Relaxed);
             tracing::error!(%peer, "a serving thread is gone; connection closed");
         }
     }
@@ -145,7 +147,18 @@ impl Worker {
                                 continue;
                             }
                         };
-                        let conn = serve(stream, peer, &graceful);
+                        // A panic while setting a connection up costs that
+                        // connection, not the thread and its others.
+                        let conn = match std::panic::catch_unwind(AssertUnwindSafe(|| {
+                            serve(stream, peer, &graceful)
+                        })) {
+                            Ok(conn) => conn,
+                            Err(_) => {
+                                tracing::error!(%peer, "setting up the connection panicked; it is closed");
+                                thread_load.fetch_sub(1, Ordering::Relaxed);
+                                continue;
+                            }
+                        };
                         let load = Arc::clone(&thread_load);
                         tokio::spawn(async move {
                             conn.await;
@@ -273,6 +286,33 @@ mod tests {
         let mut late = connect(&workers, 1).await;
         assert_eq!(ask(&mut late[0]).await, "idem-serve-0");
         assert!(workers.stop().await, "idle connections close at once");
+    }
+
+    #[tokio::test]
+    async fn a_panic_while_setting_up_a_connection_costs_only_that_connection() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let inner = thread_names(Duration::ZERO);
+        let counted = Arc::clone(&calls);
+        let serve: ServeConnection = Arc::new(move |stream, peer, graceful| {
+            assert!(
+                counted.fetch_add(1, Ordering::SeqCst) != 0,
+                "the first connection's set-up fails"
+            );
+            inner(stream, peer, graceful)
+        });
+        let workers = Workers::start(1, serve, Duration::from_secs(5)).expect("start");
+        let mut clients = connect(&workers, 2).await;
+        // The first connection is closed without an answer.
+        let mut buf = [0; 64];
+        let _ = clients[0]
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await;
+        let n = clients[0].read(&mut buf).await.unwrap_or(0);
+        assert_eq!(n, 0, "the failed connection was closed");
+        // The same thread still serves the next one.
+        assert_eq!(ask(&mut clients[1]).await, "idem-serve-0");
+        assert_eq!(workers.workers[0].load.load(Ordering::Relaxed), 1);
+        assert!(workers.stop().await);
     }
 
     #[tokio::test]
