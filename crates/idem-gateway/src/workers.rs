@@ -54,6 +54,16 @@ struct Worker {
 /// The serving threads.
 pub struct Workers {
     workers: Vec<Worker>,
+    /// With no serving threads: connections run on the caller's runtime,
+    /// watched here.
+    shared: Option<Shared>,
+}
+
+/// Serving on the caller's runtime (`workers = 0`).
+struct Shared {
+    serve: ServeConnection,
+    graceful: GracefulShutdown,
+    grace: Duration,
 }
 
 impl std::fmt::Debug for Workers {
@@ -65,17 +75,41 @@ impl std::fmt::Debug for Workers {
 }
 
 impl Workers {
-    /// Starts `threads` workers (at least one). Once told to stop, each
-    /// worker gives its open connections up to `grace` to finish.
+    /// Starts `threads` workers. Zero starts none: connections are then
+    /// served as tasks of the caller's runtime, beside whatever else runs
+    /// there (a store's connection tasks, for one). Once told to stop,
+    /// open connections get up to `grace` to finish.
     pub fn start(threads: usize, serve: ServeConnection, grace: Duration) -> std::io::Result<Self> {
-        let workers = (0..threads.max(1))
+        if threads == 0 {
+            return Ok(Self {
+                workers: Vec::new(),
+                shared: Some(Shared {
+                    serve,
+                    graceful: GracefulShutdown::new(),
+                    grace,
+                }),
+            });
+        }
+        let workers = (0..threads)
             .map(|i| Worker::start(i, Arc::clone(&serve), grace))
             .collect::<std::io::Result<_>>()?;
-        Ok(Self { workers })
+        Ok(Self {
+            workers,
+            shared: None,
+        })
     }
 
-    /// Hands an accepted connection to the least loaded worker.
+    /// Hands an accepted connection to the least loaded worker (or, with
+    /// none, to a task of the caller's runtime).
     pub fn dispatch(&self, stream: TcpStream, peer: SocketAddr, open: OwnedSemaphorePermit) {
+        if let Some(shared) = &self.shared {
+            let conn = (shared.serve)(stream, peer, &shared.graceful);
+            tokio::spawn(async move {
+                conn.await;
+                drop(open);
+            });
+            return;
+        }
         let stream = match stream.into_std() {
             Ok(stream) => stream,
             Err(err) => {
@@ -87,7 +121,7 @@ impl Workers {
             .workers
             .iter()
             .min_by_key(|w| w.load.load(Ordering::Relaxed))
-            .expect("start() makes at least one worker");
+            .expect("without a shared runtime there is at least one worker");
         worker.load.fetch_add(1, Ordering::Relaxed);
         if worker.queue.send(Accepted { stream, peer, open }).is_err() {
             // Only after a worker's thread died; the connection closes, and
@@ -101,6 +135,12 @@ impl Workers {
     /// finished its connections or given up on them after the grace
     /// period. True when every connection closed in time.
     pub async fn stop(self) -> bool {
+        if let Some(shared) = self.shared {
+            return tokio::select! {
+                () = shared.graceful.shutdown() => true,
+                () = tokio::time::sleep(shared.grace) => false,
+            };
+        }
         let mut waiting = Vec::with_capacity(self.workers.len());
         let mut threads = Vec::with_capacity(self.workers.len());
         for worker in self.workers {
@@ -285,6 +325,28 @@ mod tests {
         }
         let mut late = connect(&workers, 1).await;
         assert_eq!(ask(&mut late[0]).await, "idem-serve-0");
+        assert!(workers.stop().await, "idle connections close at once");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_no_workers_connections_run_on_the_callers_runtime() {
+        let workers =
+            Workers::start(0, thread_names(Duration::ZERO), Duration::from_secs(5)).expect("start");
+        let mut clients = connect(&workers, 2).await;
+        for client in &mut clients {
+            client
+                .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+                .await
+                .expect("write");
+            let mut buf = vec![0; 1024];
+            let n = client.read(&mut buf).await.expect("read");
+            let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+            assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+            assert!(
+                text.contains("tokio-rt"),
+                "served by a runtime worker: {text}"
+            );
+        }
         assert!(workers.stop().await, "idle connections close at once");
     }
 
