@@ -22,7 +22,7 @@ use crate::config::Settings;
 use crate::limits::{Admission, ClientBody, LimitsSettings};
 use crate::proxy::{PeerAddr, Proxy, ProxyBody};
 use crate::store::GatewayStore;
-use crate::workers::{ServeConnection, Workers};
+use crate::workers::{ServeConnection, Workers, close_within};
 
 /// The request pipeline: the idempotency layer around the proxy.
 pub type Gateway = Idempotency<Proxy, GatewayStore, TenantSource>;
@@ -170,13 +170,8 @@ impl Server {
             grace_ms = grace.as_millis() as u64,
             "shutting down: finishing in-flight requests"
         );
-        let admin_closed = async {
-            tokio::select! {
-                () = admin_graceful.shutdown() => true,
-                () = tokio::time::sleep(grace) => false,
-            }
-        };
-        let (clients_closed, admin_closed) = tokio::join!(workers.stop(), admin_closed);
+        let (clients_closed, admin_closed) =
+            tokio::join!(workers.stop(), close_within(admin_graceful, grace));
         if clients_closed && admin_closed {
             tracing::info!("all connections closed");
         } else {

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpStream;
-use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 /// Serves one client connection on the calling worker's event loop; the
 /// connection is watched by that worker's graceful shutdown.
@@ -46,9 +46,26 @@ struct Worker {
     queue: mpsc::UnboundedSender<Accepted>,
     /// Connections handed to this worker and not yet closed.
     load: Arc<AtomicUsize>,
-    /// Says whether every connection closed within the grace period.
-    done: oneshot::Receiver<bool>,
-    thread: JoinHandle<()>,
+    /// Ends with whether every connection closed within the grace period.
+    thread: JoinHandle<bool>,
+}
+
+/// One connection counted in its worker's load until it is dropped.
+struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Shuts `graceful`'s connections down, giving them up to `grace`; true
+/// when every one closed in time.
+pub async fn close_within(graceful: GracefulShutdown, grace: Duration) -> bool {
+    tokio::select! {
+        () = graceful.shutdown() => true,
+        () = tokio::time::sleep(grace) => false,
+    }
 }
 
 /// The serving threads.
@@ -136,31 +153,20 @@ impl Workers {
     /// period. True when every connection closed in time.
     pub async fn stop(self) -> bool {
         if let Some(shared) = self.shared {
-            return tokio::select! {
-                () = shared.graceful.shutdown() => true,
-                () = tokio::time::sleep(shared.grace) => false,
-            };
+            return close_within(shared.graceful, shared.grace).await;
         }
-        let mut waiting = Vec::with_capacity(self.workers.len());
-        let mut threads = Vec::with_capacity(self.workers.len());
-        for worker in self.workers {
-            // Closing the queue tells the worker to stop; all stop at once.
-            drop(worker.queue);
-            waiting.push(worker.done);
-            threads.push(worker.thread);
-        }
-        let mut all_closed = true;
-        for done in waiting {
-            all_closed &= done.await.unwrap_or(false);
-        }
-        // Each thread is past its event loop by now; joining is quick.
-        let _ = tokio::task::spawn_blocking(move || {
+        // Closing the queues tells the workers to stop; all stop at once.
+        let threads: Vec<_> = self.workers.into_iter().map(|w| w.thread).collect();
+        tokio::task::spawn_blocking(move || {
+            // Every thread is joined, whatever the others answer.
+            let mut all_closed = true;
             for thread in threads {
-                let _ = thread.join();
+                all_closed &= thread.join().unwrap_or(false);
             }
+            all_closed
         })
-        .await;
-        all_closed
+        .await
+        .unwrap_or(false)
     }
 }
 
@@ -169,58 +175,56 @@ impl Worker {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let (queue, mut accepted) = mpsc::unbounded_channel::<Accepted>();
-        let (done_tx, done) = oneshot::channel();
+        let (queue, accepted) = mpsc::unbounded_channel::<Accepted>();
         let load = Arc::new(AtomicUsize::new(0));
         let thread_load = Arc::clone(&load);
         let thread = std::thread::Builder::new()
             .name(format!("idem-serve-{index}"))
-            .spawn(move || {
-                let closed = runtime.block_on(async move {
-                    let graceful = GracefulShutdown::new();
-                    while let Some(Accepted { stream, peer, open }) = accepted.recv().await {
-                        let stream = match TcpStream::from_std(stream) {
-                            Ok(stream) => stream,
-                            Err(err) => {
-                                tracing::warn!(%err, %peer, "could not serve the connection");
-                                thread_load.fetch_sub(1, Ordering::Relaxed);
-                                continue;
-                            }
-                        };
-                        // A panic while setting a connection up costs that
-                        // connection, not the thread and its others.
-                        let conn = match std::panic::catch_unwind(AssertUnwindSafe(|| {
-                            serve(stream, peer, &graceful)
-                        })) {
-                            Ok(conn) => conn,
-                            Err(_) => {
-                                tracing::error!(%peer, "setting up the connection panicked; it is closed");
-                                thread_load.fetch_sub(1, Ordering::Relaxed);
-                                continue;
-                            }
-                        };
-                        let load = Arc::clone(&thread_load);
-                        tokio::spawn(async move {
-                            conn.await;
-                            drop(open);
-                            load.fetch_sub(1, Ordering::Relaxed);
-                        });
-                    }
-                    tokio::select! {
-                        () = graceful.shutdown() => true,
-                        () = tokio::time::sleep(grace) => false,
-                    }
-                });
-                let _ = done_tx.send(closed);
-                // Dropping the runtime here ends whatever outlived the grace period.
-            })?;
+            // Dropping the runtime at the thread's end ends whatever
+            // outlived the grace period.
+            .spawn(move || runtime.block_on(serve_queue(accepted, serve, thread_load, grace)))?;
         Ok(Self {
             queue,
             load,
-            done,
             thread,
         })
     }
+}
+
+/// A worker's event loop: serves the connections handed to it until the
+/// queue closes, then gives them up to `grace` to finish.
+async fn serve_queue(
+    mut accepted: mpsc::UnboundedReceiver<Accepted>,
+    serve: ServeConnection,
+    load: Arc<AtomicUsize>,
+    grace: Duration,
+) -> bool {
+    let graceful = GracefulShutdown::new();
+    while let Some(Accepted { stream, peer, open }) = accepted.recv().await {
+        // Counted since dispatch; uncounted when this scope lets go of it.
+        let counted = Counted(Arc::clone(&load));
+        let stream = match TcpStream::from_std(stream) {
+            Ok(stream) => stream,
+            Err(err) => {
+                tracing::warn!(%err, %peer, "could not serve the connection");
+                continue;
+            }
+        };
+        // A panic while setting a connection up costs that connection,
+        // not the thread and its others.
+        let Ok(conn) =
+            std::panic::catch_unwind(AssertUnwindSafe(|| serve(stream, peer, &graceful)))
+        else {
+            tracing::error!(%peer, "setting up the connection panicked; it is closed");
+            continue;
+        };
+        tokio::spawn(async move {
+            conn.await;
+            drop(open);
+            drop(counted);
+        });
+    }
+    close_within(graceful, grace).await
 }
 
 #[cfg(test)]
