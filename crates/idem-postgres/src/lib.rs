@@ -774,9 +774,12 @@ async fn settle<'e, E: Executor<'e, Database = Postgres>>(
             }
         }
         ExistingDecision::Replay => Some(Reservation::Existing(Box::new(existing))),
-        ExistingDecision::InProgress { retry_after } => Some(Reservation::InProgress {
+        ExistingDecision::InProgress {
             retry_after,
-            outcome_unknown: existing.is_outcome_unknown(),
+            outcome_unknown,
+        } => Some(Reservation::InProgress {
+            retry_after,
+            outcome_unknown,
         }),
         ExistingDecision::Mismatch => Some(Reservation::Mismatch {
             state: existing.state,

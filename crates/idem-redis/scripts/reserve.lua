@@ -57,4 +57,5 @@ if ARGV[8] == 'retry' then
     'lu', int(locked_until), 'ua', int(now))
   return {'acquired', attempt, locked_until}
 end
-return {'in_progress', lease, unknown}
+-- Held: its owner stopped renewing, so whatever it did is unknown.
+return {'in_progress', lease, 1}

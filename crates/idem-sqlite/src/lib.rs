@@ -479,9 +479,12 @@ fn reserve_in_tx(
             Reservation::Acquired(Lease { attempt, ..fresh })
         }
         ExistingDecision::Replay => Reservation::Existing(Box::new(existing)),
-        ExistingDecision::InProgress { retry_after } => Reservation::InProgress {
+        ExistingDecision::InProgress {
             retry_after,
-            outcome_unknown: existing.is_outcome_unknown(),
+            outcome_unknown,
+        } => Reservation::InProgress {
+            retry_after,
+            outcome_unknown,
         },
         ExistingDecision::Mismatch => Reservation::Mismatch {
             state: existing.state,

@@ -309,7 +309,8 @@ pub async fn mismatch_in_every_state<S: Store>(store: Arc<S>) {
 }
 
 /// A live lease makes duplicates wait; a lapsed one is taken over as
-/// attempt 2 under `Retry`, and kept under `Hold`.
+/// attempt 2 under `Retry`, and kept under `Hold` (reported as an unknown
+/// outcome: nobody runs it).
 pub async fn lease_takeover_and_hold<S: Store>(store: Arc<S>) {
     let scope = unique_scope("lease");
     let k = key("lease-retry");
@@ -359,7 +360,15 @@ pub async fn lease_takeover_and_hold<S: Store>(store: Arc<S>) {
         .await
         .expect("reserve")
     {
-        Reservation::InProgress { retry_after, .. } => assert!(retry_after > Duration::ZERO),
+        // Its owner stopped renewing: nobody runs it, and what it did is
+        // unknown, whether or not it was marked so.
+        Reservation::InProgress {
+            retry_after,
+            outcome_unknown,
+        } => {
+            assert!(retry_after > Duration::ZERO);
+            assert!(outcome_unknown, "a held record says its outcome is unknown");
+        }
         other => panic!("Hold must not take over, got {other:?}"),
     }
 }
@@ -866,11 +875,16 @@ pub async fn engine_runs_work_once<S: Store>(store: Arc<S>) {
 }
 
 /// Through the engine: a heartbeat keeps slow work's record from being
-/// taken over; without one, the lapsed lease is taken over (and the stale
-/// owner's answer is refused).
+/// taken over; without one, the lapsed lease is taken over under `Retry`
+/// (a re-run, said so on the guard) and the stale owner's answer is
+/// refused.
 pub async fn engine_heartbeat_protects_slow_work<S: Store>(store: Arc<S>) {
     let scope = unique_scope("heartbeat");
-    let engine = Engine::from_arc(store).with_policy(Policy::default().with_lease(SHORT_LEASE));
+    let engine = Engine::from_arc(store).with_policy(
+        Policy::default()
+            .with_lease(SHORT_LEASE)
+            .with_on_lease_expiry(LeaseExpiry::Retry),
+    );
 
     let k = key("slow-with-heartbeat");
     let idem::Begin::Execute(mut guard) = engine.begin(&scope, &k, fp("a")).await.expect("begin")
@@ -900,6 +914,12 @@ pub async fn engine_heartbeat_protects_slow_work<S: Store>(store: Arc<S>) {
         panic!("lapsed lease is taken over");
     };
     assert_eq!(second.attempt(), 2);
+    let rerun = second.rerun().expect("a takeover is a re-run");
+    assert_eq!(
+        (rerun.attempt, rerun.reason),
+        (2, idem::RerunReason::LeaseLapsed)
+    );
+    assert!(rerun.held_for.is_some_and(|d| d >= SHORT_LEASE));
     assert!(matches!(
         zombie.complete(StoredResponse::new(200, "zombie")).await,
         Err(idem::RecordError::LeaseLost)
@@ -921,24 +941,48 @@ pub async fn engine_heartbeat_protects_slow_work<S: Store>(store: Arc<S>) {
 }
 
 /// Through the engine: a guard dropped without a decision (a crash, a
-/// cancelled request) keeps the record until the lease lapses.
+/// cancelled request) keeps the record. By default its lapsed lease holds
+/// it (the outcome is unknown, nothing runs again); under `Retry` the
+/// next attempt takes it over.
 pub async fn engine_dropped_guard_keeps_record<S: Store>(store: Arc<S>) {
     let scope = unique_scope("dropped");
-    let k = key("dropped");
-    let engine = Engine::from_arc(store).with_policy(Policy::default().with_lease(SHORT_LEASE));
-    match engine.begin(&scope, &k, fp("a")).await.expect("begin") {
-        idem::Begin::Execute(mut guard) => {
-            guard.keep_alive();
-            drop(guard);
+    let policy = Policy::default().with_lease(SHORT_LEASE);
+    let held = Engine::from_arc(Arc::clone(&store)).with_policy(policy.clone());
+    let retry =
+        Engine::from_arc(store).with_policy(policy.with_on_lease_expiry(LeaseExpiry::Retry));
+    for (k, engine) in [("dropped-held", &held), ("dropped-retry", &retry)] {
+        let k = key(k);
+        match engine.begin(&scope, &k, fp("a")).await.expect("begin") {
+            idem::Begin::Execute(mut guard) => {
+                guard.keep_alive();
+                drop(guard);
+            }
+            other => panic!("expected Execute, got {other:?}"),
         }
-        other => panic!("expected Execute, got {other:?}"),
+        assert!(matches!(
+            engine.begin(&scope, &k, fp("a")).await.expect("begin"),
+            idem::Begin::InProgress {
+                outcome_unknown: false,
+                ..
+            }
+        ));
     }
-    assert!(matches!(
-        engine.begin(&scope, &k, fp("a")).await.expect("begin"),
-        idem::Begin::InProgress { .. }
-    ));
     tokio::time::sleep(PAST_SHORT_LEASE).await;
-    match engine.begin(&scope, &k, fp("a")).await.expect("begin") {
+    match held
+        .begin(&scope, &key("dropped-held"), fp("a"))
+        .await
+        .expect("begin")
+    {
+        idem::Begin::InProgress {
+            outcome_unknown, ..
+        } => assert!(outcome_unknown, "held: its owner stopped renewing"),
+        other => panic!("the default never runs it again, got {other:?}"),
+    }
+    match retry
+        .begin(&scope, &key("dropped-retry"), fp("a"))
+        .await
+        .expect("begin")
+    {
         idem::Begin::Execute(guard) => assert_eq!(guard.attempt(), 2),
         other => panic!("expected a takeover, got {other:?}"),
     }

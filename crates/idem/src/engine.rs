@@ -254,7 +254,11 @@ impl<S: Store> Engine<S> {
             match reservation {
                 Reservation::Acquired(lease) => {
                     tracing::debug!(reason = "idempotency_execute", tenant = scope.tenant(), operation = scope.operation(), %key, attempt = lease.attempt);
-                    return Ok(Begin::Execute(Guard::new(self, scope, key, lease)));
+                    let mut guard = Guard::new(self, scope, key, lease);
+                    if lease.attempt > 1 {
+                        guard.rerun = Some(self.rerun(scope, key, lease.attempt).await);
+                    }
+                    return Ok(Begin::Execute(guard));
                 }
                 Reservation::Existing(record) => {
                     tracing::debug!(reason = "idempotency_replay", tenant = scope.tenant(), operation = scope.operation(), %key, state = %record.state);
@@ -295,6 +299,34 @@ impl<S: Store> Engine<S> {
                     }
                 }
             }
+        }
+    }
+
+    /// A takeover: this attempt runs work an earlier attempt may already
+    /// have done. Says so loudly, with why and for how long the key was
+    /// taken. The record keeps its creation time and its unknown flag
+    /// through a takeover, so one read tells both (on this rare path only).
+    async fn rerun(&self, scope: &Scope, key: &IdempotencyKey, attempt: u32) -> Rerun {
+        let record = self.store.get(scope, key).await.ok().flatten();
+        let reason = match &record {
+            Some(r) if r.is_outcome_unknown() => RerunReason::OutcomeUnknown,
+            _ => RerunReason::LeaseLapsed,
+        };
+        let held_for = record.map(|r| crate::Timestamp::now().since(r.created_at));
+        tracing::warn!(
+            reason = "idempotency_rerun",
+            tenant = scope.tenant(),
+            operation = scope.operation(),
+            %key,
+            attempt,
+            why = reason.as_str(),
+            held_ms = held_for.map(|d| d.as_millis() as u64),
+            "running again work an earlier attempt may have done (on_lease_expiry = retry)"
+        );
+        Rerun {
+            attempt,
+            reason,
+            held_for,
         }
     }
 
@@ -401,6 +433,42 @@ impl<S: Store> Engine<S> {
     }
 }
 
+/// Why an attempt runs work again (see [`Guard::rerun`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RerunReason {
+    /// The earlier attempt's outcome was marked unknown (a timeout or a
+    /// broken answer after sending).
+    OutcomeUnknown,
+    /// The earlier attempt's owner stopped renewing its lease (it crashed,
+    /// hung or was killed).
+    LeaseLapsed,
+}
+
+impl RerunReason {
+    /// The metric label and log value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::OutcomeUnknown => "outcome_unknown",
+            Self::LeaseLapsed => "lease_lapsed",
+        }
+    }
+}
+
+/// An attempt that took a lapsed record over under
+/// [`LeaseExpiry::Retry`](crate::LeaseExpiry::Retry): the work may run a
+/// second time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rerun {
+    /// This attempt's number (2 or more).
+    pub attempt: u32,
+    /// Why the earlier attempt left the record.
+    pub reason: RerunReason,
+    /// How long the key had been taken, since the first attempt began
+    /// (`None` if the record could not be read).
+    pub held_for: Option<Duration>,
+}
+
 /// Ownership of one record for one attempt.
 ///
 /// Record a decision with [`complete`](Self::complete), [`fail`](Self::fail),
@@ -418,6 +486,7 @@ pub struct Guard<S: Store> {
     resource_id: Option<String>,
     error_code: Option<String>,
     heartbeat: Option<Heartbeat>,
+    rerun: Option<Rerun>,
 }
 
 impl<S: Store> fmt::Debug for Guard<S> {
@@ -458,7 +527,14 @@ impl<S: Store> Guard<S> {
             resource_id: None,
             error_code: None,
             heartbeat: None,
+            rerun: None,
         }
+    }
+
+    /// Set when this attempt took a lapsed record over and so may run the
+    /// work a second time (already logged as `idempotency_rerun`).
+    pub fn rerun(&self) -> Option<&Rerun> {
+        self.rerun.as_ref()
     }
 
     /// The lease this guard holds.

@@ -12,7 +12,9 @@
 //!   PostgreSQL and Redis in their own crates; [`Tiered`] composes two);
 //! * [`Engine`] drives it all: [`Engine::begin`] / [`Engine::run`];
 //! * [`operator`] holds what operators do to records: release, resolve by
-//!   hand, cleanup, census of stuck records, reconciliation.
+//!   hand, cleanup, census of stuck records;
+//! * [`reconcile`] settles held records (outcome unknown) with the system
+//!   of record, in the background.
 //!
 //! This crate does no I/O of its own beyond Tokio timers and tasks.
 //!
@@ -40,6 +42,7 @@ pub mod key;
 pub mod memory;
 pub mod operator;
 pub mod policy;
+pub mod reconcile;
 pub mod record;
 #[cfg(feature = "seal")]
 pub mod seal;
@@ -47,7 +50,7 @@ pub mod store;
 pub mod tiered;
 
 pub use dyn_store::DynStore;
-pub use engine::{Begin, Engine, EngineError, Guard, RecordError, Replay, Run};
+pub use engine::{Begin, Engine, EngineError, Guard, RecordError, Replay, Rerun, RerunReason, Run};
 pub use fingerprint::{
     BodyKind, Fingerprint, FingerprintBuilder, FingerprintParseError, canonical_json,
 };

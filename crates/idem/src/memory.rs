@@ -317,9 +317,12 @@ impl Store for MemoryStore {
                 Reservation::Acquired(existing.lease)
             }
             ExistingDecision::Replay => Reservation::Existing(Box::new(existing.clone())),
-            ExistingDecision::InProgress { retry_after } => Reservation::InProgress {
+            ExistingDecision::InProgress {
                 retry_after,
-                outcome_unknown: existing.is_outcome_unknown(),
+                outcome_unknown,
+            } => Reservation::InProgress {
+                retry_after,
+                outcome_unknown,
             },
             ExistingDecision::Mismatch => Reservation::Mismatch {
                 state: existing.state,

@@ -1,7 +1,8 @@
 //! What operators do to records, on any store: release a stuck key,
-//! resolve an `outcome_unknown` record by hand, run batched cleanup, count
-//! processing and stuck records, and reconcile unknown outcomes with the
-//! system of record through a [`Reconciler`].
+//! resolve an `outcome_unknown` record by hand, run batched cleanup, and
+//! count processing and stuck records. Settling unknown outcomes with the
+//! system of record automatically is [`crate::reconcile`]'s, through these
+//! same fenced actions.
 //!
 //! The admin API and the `idem records` / `idem cleanup` commands are thin
 //! layers over these functions, so both behave the same. Every change goes
@@ -32,10 +33,8 @@
 //! # }
 //! ```
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
-use crate::store::BoxError;
 use crate::{
     FinalOutcome, IdempotencyKey, LeaseExpiry, ListFilter, ListRecords, OwnerToken, Purge, Record,
     RecordState, Reservation, ReserveRequest, Scope, Store, StoreError, Timestamp,
@@ -122,7 +121,8 @@ async fn processing_record<S: Store>(
 const OPERATOR_LEASE: Duration = Duration::from_secs(30);
 
 /// Records a final answer for a processing record — typically one marked
-/// `outcome_unknown`, once the operator (or a [`Reconciler`]) learned what
+/// `outcome_unknown`, once the operator (or a
+/// [`Reconciler`](crate::reconcile::Reconciler)) learned what
 /// really happened. Returns the resolved record.
 ///
 /// The record must not be held by a live lease ([`OperatorError::LeaseLive`]
@@ -299,108 +299,6 @@ pub fn is_stuck(record: &Record, stuck_after: Duration, now: Timestamp) -> bool 
     record.state == RecordState::Processing
         && !record.lease_live(now)
         && record.created_at <= now.minus(stuck_after)
-}
-
-/// What the system of record says about an operation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reconciled {
-    /// It happened (or failed deterministically): record this answer.
-    Done(FinalOutcome),
-    /// It never happened: free the key so a retry runs it.
-    NotDone,
-    /// Still unknown: leave the record as it is and ask again later.
-    Unknown,
-}
-
-/// Asks the system of record (a payment provider, a downstream service)
-/// what became of an operation whose outcome is unknown, by a stable id
-/// derived from the record (e.g. `tenant:key`, the id the work sent along).
-pub trait Reconciler: Send + Sync + 'static {
-    /// Looks `record` up; errors leave the record for the next round.
-    fn reconcile(
-        &self,
-        record: &Record,
-    ) -> impl Future<Output = Result<Reconciled, BoxError>> + Send;
-}
-
-/// What one reconciliation round did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ReconcileReport {
-    /// Stuck records looked at.
-    pub examined: u64,
-    /// Resolved with the answer the reconciler found.
-    pub resolved: u64,
-    /// Released (the work never happened).
-    pub released: u64,
-    /// Left alone: still unknown, a live lease, a reconciler error, or a
-    /// record that changed meanwhile.
-    pub left: u64,
-}
-
-/// One reconciliation round: every stuck processing record (see
-/// [`is_stuck`]; at most `cap`) goes to the reconciler, and its verdict is
-/// applied through [`resolve`] or [`release`], fenced like any operator
-/// action.
-pub async fn reconcile<S, R>(
-    store: &S,
-    reconciler: &R,
-    stuck_after: Duration,
-    cap: usize,
-) -> Result<ReconcileReport, StoreError>
-where
-    S: ListRecords,
-    R: Reconciler,
-{
-    let now = Timestamp::now();
-    let mut report = ReconcileReport::default();
-    let mut filter = ListFilter {
-        state: Some(RecordState::Processing),
-        older_than: Some(stuck_after),
-        limit: cap.clamp(1, 1000),
-        ..ListFilter::default()
-    };
-    loop {
-        let page = store.list(&filter).await?;
-        for record in page
-            .records
-            .iter()
-            .filter(|r| is_stuck(r, stuck_after, now))
-        {
-            if report.examined as usize >= cap {
-                return Ok(report);
-            }
-            report.examined += 1;
-            // Act only on the attempt the reconciler was asked about.
-            let attempt = Some(record.lease.attempt);
-            let applied = match reconciler.reconcile(record).await {
-                Ok(Reconciled::Done(outcome)) => {
-                    resolve(store, &record.scope, &record.key, &outcome, attempt)
-                        .await
-                        .map(|_| &mut report.resolved)
-                }
-                Ok(Reconciled::NotDone) => release(store, &record.scope, &record.key, attempt)
-                    .await
-                    .map(|_| &mut report.released),
-                Ok(Reconciled::Unknown) => Ok(&mut report.left),
-                Err(err) => {
-                    tracing::warn!(reason = "idempotency_reconcile_failed", tenant = record.scope.tenant(), operation = record.scope.operation(), key = %record.key, %err);
-                    Ok(&mut report.left)
-                }
-            };
-            match applied {
-                Ok(counter) => *counter += 1,
-                Err(OperatorError::Store(err)) => return Err(err),
-                Err(err) => {
-                    tracing::info!(reason = "idempotency_reconcile_skipped", tenant = record.scope.tenant(), operation = record.scope.operation(), key = %record.key, %err);
-                    report.left += 1;
-                }
-            }
-        }
-        match page.next {
-            Some(next) => filter.after = Some(next),
-            None => return Ok(report),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -583,6 +481,9 @@ mod tests {
         let busy = store.get(&scope(), &key("busy")).await.expect("get");
         assert!(busy.is_some(), "a processing record is never purged");
     }
+
+    use crate::reconcile::{ReconcileReport, Reconciled, Reconciler, reconcile};
+    use crate::store::BoxError;
 
     struct Provider;
 

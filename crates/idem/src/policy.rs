@@ -10,7 +10,7 @@
 //!     .with_retention(Duration::from_secs(3600))
 //!     .with_on_in_flight(InFlight::Wait(Duration::from_secs(5)));
 //! assert_eq!(policy.lease, Duration::from_secs(30));
-//! assert_eq!(policy.on_lease_expiry, LeaseExpiry::Retry);
+//! assert_eq!(policy.on_lease_expiry, LeaseExpiry::Hold);
 //! assert_eq!(policy.fail_mode, FailMode::Closed);
 //! assert_eq!(policy.resolution_for(201), Resolution::Complete);
 //! assert_eq!(policy.resolution_for(422), Resolution::Fail);
@@ -20,16 +20,23 @@
 use std::time::Duration;
 
 /// What a new attempt may do when it finds a `processing` record whose lease
-/// has lapsed (the previous attempt crashed, hung or timed out).
+/// has lapsed (the previous attempt crashed, hung or timed out), or one whose
+/// outcome is unknown once its lease lapses.
+///
+/// Such an attempt may have taken effect, so the default holds the record:
+/// it is never run again on its own, only settled by a
+/// [`Reconciler`](crate::reconcile::Reconciler) or an operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LeaseExpiry {
-    /// Take the record over as attempt + 1 and run again with the same key
-    /// (safe when the work itself is idempotent downstream, e.g. a provider
-    /// that deduplicates by the forwarded key).
-    #[default]
+    /// Take the record over as attempt + 1 and run again with the same key.
+    /// Only for work that is idempotent downstream (a provider that
+    /// deduplicates by the forwarded key): the earlier attempt may have
+    /// taken effect. Every such re-run is logged as a warning
+    /// (`idempotency_rerun`).
     Retry,
-    /// Keep answering "in progress" until someone reconciles or releases the
-    /// record (for work that must never run twice).
+    /// Keep answering "in progress" (outcome unknown) until a reconciler or
+    /// an operator settles the record: the work never runs twice.
+    #[default]
     Hold,
 }
 
@@ -72,7 +79,7 @@ pub enum Resolution {
 pub const DEFAULT_RELEASE_STATUSES: &[u16] = &[408, 409, 425, 429, 502, 503, 504];
 
 /// Per-operation idempotency policy. Defaults: retention 24 h, lease 30 s,
-/// [`LeaseExpiry::Retry`], [`FailMode::Closed`], [`InFlight::Reject`].
+/// [`LeaseExpiry::Hold`], [`FailMode::Closed`], [`InFlight::Reject`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Policy {
@@ -102,7 +109,7 @@ impl Default for Policy {
         Self {
             retention: Duration::from_secs(24 * 3600),
             lease: Duration::from_secs(30),
-            on_lease_expiry: LeaseExpiry::Retry,
+            on_lease_expiry: LeaseExpiry::Hold,
             fail_mode: FailMode::Closed,
             on_in_flight: InFlight::Reject,
             release_statuses: DEFAULT_RELEASE_STATUSES.to_vec(),
@@ -177,7 +184,7 @@ mod tests {
         let p = Policy::default();
         assert_eq!(p.retention, Duration::from_secs(86_400));
         assert_eq!(p.lease, Duration::from_secs(30));
-        assert_eq!(p.on_lease_expiry, LeaseExpiry::Retry);
+        assert_eq!(p.on_lease_expiry, LeaseExpiry::Hold);
         assert_eq!(p.fail_mode, FailMode::Closed);
         assert_eq!(p.on_in_flight, InFlight::Reject);
     }

@@ -103,7 +103,9 @@ pub enum Reservation {
     InProgress {
         /// When asking again is worthwhile.
         retry_after: Duration,
-        /// Whether the record is marked outcome-unknown.
+        /// Whether the earlier attempt may have taken effect and nobody is
+        /// running it: the record is marked outcome-unknown, or its lease
+        /// lapsed under [`LeaseExpiry::Hold`] (the record is held).
         outcome_unknown: bool,
     },
     /// The key was used for a different request.
@@ -382,10 +384,15 @@ pub enum ExistingDecision {
     TakeOver,
     /// Replay the final record.
     Replay,
-    /// Someone else holds it.
+    /// Someone else holds it, or (under [`LeaseExpiry::Hold`]) it is held
+    /// for reconciliation.
     InProgress {
         /// When asking again is worthwhile.
         retry_after: Duration,
+        /// Whether the earlier attempt may have taken effect with nobody
+        /// running it now: the record is marked outcome-unknown, or its
+        /// lease lapsed and the policy holds it.
+        outcome_unknown: bool,
     },
     /// Different request under the same key.
     Mismatch,
@@ -409,12 +416,15 @@ pub fn decide_existing(
     if existing.lease_live(now) {
         return ExistingDecision::InProgress {
             retry_after: existing.lease.locked_until.since(now),
+            outcome_unknown: existing.is_outcome_unknown(),
         };
     }
     match req.on_lease_expiry {
         LeaseExpiry::Retry => ExistingDecision::TakeOver,
+        // Its owner stopped renewing: whatever it did is unknown.
         LeaseExpiry::Hold => ExistingDecision::InProgress {
             retry_after: req.lease,
+            outcome_unknown: true,
         },
     }
 }
