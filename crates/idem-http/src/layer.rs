@@ -22,16 +22,21 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body::Body;
-use idem::{Begin, Engine, EngineError, Guard, Replay, Scope, Store, StoredResponse};
+use idem::reconcile::Reconciliation;
+use idem::{
+    Begin, Engine, EngineError, Guard, IdempotencyKey, LeaseExpiry, ListRecords, Replay, Scope,
+    Store, StoredResponse,
+};
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::body::{BoxError, Kept, RequestBodyError, ResponseBody, keep_response, read_request};
+use crate::lookup::{HttpLookup, LookupRequest, Sender};
 use crate::metrics::RequestMetrics;
 use crate::request::{TenantExtractor, TenantSource, fingerprint, idempotency_key};
 use crate::{Problem, ProblemKind, RouteMatch, RoutePolicy, Routes};
@@ -166,6 +171,11 @@ struct Shared<S, T> {
     engines: Vec<Engine<S>>,
     tenant: Arc<T>,
     metrics: RequestMetrics,
+    /// Settles held records of the routes that name a lookup (`None`:
+    /// no route does; held records wait for an operator).
+    reconciliation: Option<Reconciliation<S, HttpLookup>>,
+    /// Set once the reconciliation's task runs.
+    started: std::sync::OnceLock<()>,
 }
 
 impl<S: Store> IdempotencyLayer<S, TenantSource> {
@@ -191,6 +201,8 @@ impl<S: Store, T: TenantExtractor> IdempotencyLayer<S, T> {
             .policies()
             .map(|p| Engine::from_arc(Arc::clone(&store)).with_policy(p.engine.clone()))
             .collect();
+        let reconciliation = HttpLookup::of(&routes, tenant.needs_credentials())
+            .map(|lookup| Reconciliation::new(Arc::clone(&store), lookup));
         Self {
             shared: Arc::new(Shared {
                 store,
@@ -198,8 +210,17 @@ impl<S: Store, T: TenantExtractor> IdempotencyLayer<S, T> {
                 engines,
                 tenant,
                 metrics: RequestMetrics::default(),
+                reconciliation,
+                started: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// Starts reconciling held records now, on the current Tokio runtime
+    /// (otherwise it starts with the first request, on the runtime serving
+    /// it). Does nothing when no route names a lookup, or when started.
+    pub fn start_reconciliation(&self) {
+        self.shared.start_reconciliation();
     }
 
     /// Uses this route table.
@@ -223,6 +244,29 @@ impl<S: Store, T: TenantExtractor> IdempotencyLayer<S, T> {
     /// The store.
     pub fn store(&self) -> &Arc<S> {
         &self.shared.store
+    }
+}
+
+impl<S: ListRecords, T: TenantExtractor> IdempotencyLayer<S, T> {
+    /// Also finds held records that no request of this process told it
+    /// of (left by a process that died, their clients gone) by listing the
+    /// store's processing records every `every` (`None`: never, for a
+    /// store where listing is costly). Call after
+    /// [`with_routes`](Self::with_routes) and [`with_tenant`](Self::with_tenant),
+    /// which start afresh.
+    pub fn with_reconcile_scans(self, every: Option<Duration>) -> Self {
+        let mut layer = Self::build(
+            Arc::clone(&self.shared.store),
+            self.shared.routes.clone(),
+            Arc::clone(&self.shared.tenant),
+        );
+        if let Some(shared) = Arc::get_mut(&mut layer.shared) {
+            shared.reconciliation = shared
+                .reconciliation
+                .take()
+                .map(|r| r.with_scan_every(every));
+        }
+        layer
     }
 }
 
@@ -305,7 +349,7 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let shared = Arc::clone(&self.shared);
-        Box::pin(async move { shared.handle(inner, req).await })
+        Box::pin(async move { Shared::handle(&shared, inner, req).await })
     }
 }
 
@@ -319,14 +363,41 @@ fn problem<B>(problem: Problem, decision: Decision) -> Response<ResponseBody<B>>
 }
 
 impl<S: Store, T: TenantExtractor> Shared<S, T> {
+    fn start_reconciliation(&self) {
+        if let Some(r) = &self.reconciliation
+            && tokio::runtime::Handle::try_current().is_ok()
+        {
+            self.started.get_or_init(|| {
+                r.spawn();
+            });
+        }
+    }
+
+    /// Lets lookups reach the inner service (on the first request: that is
+    /// where the service and its body types are known).
+    fn connect<I, ReqBody, ResBody>(&self, inner: &I)
+    where
+        I: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+        I::Future: Send + 'static,
+        ReqBody: From<Bytes> + Send + 'static,
+        ResBody: Body<Data = Bytes> + Send + 'static,
+        ResBody::Error: Into<BoxError>,
+    {
+        let Some(r) = &self.reconciliation else {
+            return;
+        };
+        r.reconciler().connect(|| lookup_sender(inner.clone()));
+        self.start_reconciliation();
+    }
+
     /// Routes the request, answers it, and counts the answer.
     async fn handle<I, ReqBody, ResBody>(
-        &self,
+        this: &Arc<Self>,
         inner: I,
         req: Request<ReqBody>,
     ) -> Answer<ResBody, I::Error>
     where
-        I: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+        I: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
         I::Future: Send + 'static,
         I::Error: Send + 'static,
         ReqBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
@@ -335,11 +406,14 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         ResBody::Error: Into<BoxError>,
     {
         let started = Instant::now();
-        let route = self.routes.matching(req.method(), req.uri().path());
+        if this.reconciliation.is_some() && this.started.get().is_none() {
+            this.connect(&inner);
+        }
+        let route = this.routes.matching(req.method(), req.uri().path());
         // Labels index: configured routes, then the defaults, then "none".
-        let index = route.as_ref().map_or(self.engines.len(), |r| r.index);
+        let index = route.as_ref().map_or(this.engines.len(), |r| r.index);
         let answer = match route {
-            Some(route) => self.protect(inner, req, route).await,
+            Some(route) => Self::protect(this, inner, req, route).await,
             None => pass_through(inner, req, Decision::PassThrough).await,
         };
         if let Ok(resp) = &answer {
@@ -348,14 +422,14 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                 .get::<Decision>()
                 .copied()
                 .unwrap_or(Decision::PassThrough);
-            self.metrics
-                .record(&self.routes, index, decision, started.elapsed());
+            this.metrics
+                .record(&this.routes, index, decision, started.elapsed());
         }
         answer
     }
 
     async fn protect<I, ReqBody, ResBody>(
-        &self,
+        this: &Arc<Self>,
         inner: I,
         req: Request<ReqBody>,
         route: RouteMatch<'_>,
@@ -370,7 +444,7 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         ResBody::Error: Into<BoxError>,
     {
         let policy = Arc::clone(route.policy);
-        let engine = &self.engines[route.index];
+        let engine = &this.engines[route.index];
         let operation = route.operation.into_owned();
         let key = match idempotency_key(req.headers()) {
             Ok(Some(key)) => key,
@@ -391,7 +465,7 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
             }
         };
         let (parts, body) = req.into_parts();
-        let scope = match self.tenant.tenant(&parts).and_then(|t| {
+        let scope = match this.tenant.tenant(&parts).and_then(|t| {
             Scope::new(&t, &operation)
                 .map_err(|e| Problem::new(ProblemKind::TenantInvalid, e.to_string()))
         }) {
@@ -449,6 +523,8 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         // tried and measured slower on replays (`bench/ab`, same minutes:
         // 0.82–0.89× the requests/s at 1 and 64 connections).
         let task = tokio::spawn(Box::pin(decide(
+            Arc::clone(this),
+            route.index,
             engine.clone(),
             inner,
             parts,
@@ -478,7 +554,9 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
 
 /// Asks the engine and acts on its answer; runs detached from the client.
 #[allow(clippy::too_many_arguments)]
-async fn decide<I, S, ReqBody, ResBody>(
+async fn decide<I, S, T, ReqBody, ResBody>(
+    shared: Arc<Shared<S, T>>,
+    route: usize,
     engine: Engine<S>,
     inner: I,
     parts: http::request::Parts,
@@ -493,6 +571,7 @@ where
     I::Future: Send + 'static,
     I::Error: Send + 'static,
     S: Store,
+    T: TenantExtractor,
     ReqBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ReqBody::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Send + 'static,
@@ -500,8 +579,12 @@ where
 {
     match engine.begin(&scope, &key, fp).await {
         Ok(Begin::Execute(guard)) => {
+            if let Some(rerun) = guard.rerun() {
+                shared.metrics.rerun(&shared.routes, route, rerun.reason);
+            }
+            let handoff = shared.handoff(route, &parts, &scope);
             let req = Request::from_parts(parts, ReqBody::from(bytes));
-            execute(inner, req, guard, policy).await
+            execute(inner, req, guard, policy, handoff).await
         }
         Ok(Begin::Replay(replay)) => {
             tracing::info!(reason = "idempotency_replay", tenant = scope.tenant(), operation = scope.operation(), %key, state = %replay.state, resource_id = replay.resource_id.as_deref(), status = replay.response.status);
@@ -512,15 +595,17 @@ where
             outcome_unknown,
         }) => {
             tracing::info!(reason = "idempotency_in_progress", tenant = scope.tenant(), operation = scope.operation(), %key, outcome_unknown);
-            let detail = if outcome_unknown {
-                "an earlier attempt with this key may have taken effect; its outcome is being reconciled"
+            let answer = if outcome_unknown {
+                let handoff = shared.handoff(route, &parts, &scope);
+                held(handoff, &policy, &scope, &key, retry_after)
             } else {
-                "a request with this key is still being processed; retry after the indicated delay"
+                Problem::new(
+                    ProblemKind::InProgress,
+                    "a request with this key is still being processed; retry after the indicated delay",
+                )
+                .with_retry_after(retry_after)
             };
-            Ok(problem(
-                Problem::new(ProblemKind::InProgress, detail).with_retry_after(retry_after),
-                Decision::InProgress,
-            ))
+            Ok(problem(answer, Decision::InProgress))
         }
         Ok(Begin::Mismatch { state }) => {
             tracing::info!(reason = "idempotency_mismatch", tenant = scope.tenant(), operation = scope.operation(), %key, %state);
@@ -548,7 +633,7 @@ where
                     ProblemKind::StoreUnavailable,
                     "the idempotency store is unavailable; nothing was forwarded",
                 )
-                .with_retry_after(std::time::Duration::from_secs(1)),
+                .with_retry_after(Duration::from_secs(1)),
                 Decision::StoreError,
             ))
         }
@@ -607,6 +692,7 @@ async fn execute<I, S, ReqBody, ResBody>(
     req: Request<ReqBody>,
     mut guard: Guard<S>,
     policy: Arc<RoutePolicy>,
+    handoff: Option<Handoff<S>>,
 ) -> Answer<ResBody, I::Error>
 where
     I: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
@@ -630,12 +716,7 @@ where
         let resp = match work.await {
             Ok(resp) => resp,
             Err(err) => {
-                log_recording(
-                    &scope,
-                    &key,
-                    "inner service failed",
-                    guard.unknown("inner service failed").await,
-                );
+                unknown(guard, "inner service failed", handoff).await;
                 return Err(err);
             }
         };
@@ -655,14 +736,15 @@ where
             }
             Some(UpstreamOutcome::MaybeSent) => {
                 tracing::warn!(reason = "idempotency_outcome_unknown", tenant = scope.tenant(), operation = scope.operation(), %key, status = parts.status.as_u16());
-                log_recording(
-                    &scope,
-                    &key,
-                    "outcome unknown",
-                    guard
-                        .unknown("upstream failed after the request was sent")
-                        .await,
-                );
+                let mut parts = parts;
+                let first_lookup =
+                    unknown(guard, "upstream failed after the request was sent", handoff).await;
+                if let Some(after) = first_lookup {
+                    parts.headers.insert(
+                        header::RETRY_AFTER,
+                        HeaderValue::from(crate::retry_after_secs(after)),
+                    );
+                }
                 return Ok(with_decision(
                     Response::from_parts(parts, ResponseBody::inner(body)),
                     Decision::OutcomeUnknown,
@@ -739,22 +821,124 @@ where
             }
             Kept::Broken(err) => {
                 tracing::warn!(reason = "idempotency_outcome_unknown", tenant = scope.tenant(), operation = scope.operation(), %key, %err, "response body broke off");
-                log_recording(
-                    &scope,
-                    &key,
-                    "outcome unknown",
-                    guard.unknown("response body broke off").await,
+                let first_lookup = unknown(guard, "response body broke off", handoff).await;
+                let mut answer = Problem::new(
+                    ProblemKind::UpstreamBroken,
+                    "the response broke off after the request was processed; its outcome is unknown",
                 );
-                Ok(problem(
-                    Problem::new(
-                        ProblemKind::UpstreamBroken,
-                        "the response broke off after the request was processed; its outcome is unknown",
-                    ),
-                    Decision::OutcomeUnknown,
-                ))
+                if let Some(after) = first_lookup {
+                    answer = answer.with_retry_after(after);
+                }
+                Ok(problem(answer, Decision::OutcomeUnknown))
             }
         }
     }
+}
+
+/// What an attempt needs to hand its record to the reconciliation when its
+/// outcome turns out unknown, or what a request that met a held record
+/// tells it: the route's lookup, with the tenant's credentials and the
+/// concrete path's parameters.
+struct Handoff<S> {
+    reconciliation: Reconciliation<S, HttpLookup>,
+    credentials: HeaderMap,
+    params: Vec<(String, String)>,
+}
+
+impl<S: Store> Handoff<S> {
+    /// Keeps this request's lookup for the record.
+    fn remember(&self, scope: &Scope, key: &IdempotencyKey) {
+        self.reconciliation
+            .reconciler()
+            .remember(scope, key, self.credentials.clone(), |name| {
+                self.params
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, v)| v.clone())
+            });
+    }
+}
+
+impl<S: Store, T: TenantExtractor> Shared<S, T> {
+    /// The hand-off for a request of route `route`, if its record can be
+    /// reconciled.
+    fn handoff(
+        &self,
+        route: usize,
+        parts: &http::request::Parts,
+        scope: &Scope,
+    ) -> Option<Handoff<S>> {
+        let reconciliation = self.reconciliation.as_ref()?;
+        if !reconciliation.reconciler().covers(scope.operation()) {
+            return None;
+        }
+        let path = parts.uri.path();
+        let params = self
+            .routes
+            .pattern(route)
+            .map(|p| {
+                p.param_names()
+                    .filter_map(|n| Some((n.to_owned(), p.param(n, path)?.to_owned())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some(Handoff {
+            reconciliation: reconciliation.clone(),
+            credentials: self.tenant.credentials(parts),
+            params,
+        })
+    }
+}
+
+/// Marks the attempt's outcome unknown; with a hand-off, the record goes to
+/// the reconciliation (settled with this attempt's lease). Returns when
+/// the first lookup is due, if one will be made.
+async fn unknown<S: Store>(
+    guard: Guard<S>,
+    cause: &str,
+    handoff: Option<Handoff<S>>,
+) -> Option<Duration> {
+    let (scope, key, lease) = (guard.scope().clone(), guard.key().clone(), *guard.lease());
+    let marked = guard.unknown(cause).await;
+    let ok = marked.is_ok();
+    log_recording(&scope, &key, "outcome unknown", marked);
+    let handoff = handoff.filter(|_| ok)?;
+    handoff.remember(&scope, &key);
+    handoff.reconciliation.hold(&scope, &key, lease)
+}
+
+/// The answer to a request that met a held record (its outcome unknown,
+/// nobody running it): being reconciled (when the next lookup is due),
+/// about to be run again (`on_lease_expiry = "retry"`), or held for an
+/// operator.
+fn held<S: Store>(
+    handoff: Option<Handoff<S>>,
+    policy: &RoutePolicy,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    retry_after: Duration,
+) -> Problem {
+    if let Some(handoff) = handoff {
+        handoff.remember(scope, key);
+        if let Some(next) = handoff.reconciliation.held(scope, key) {
+            return Problem::new(
+                ProblemKind::OutcomeReconciling,
+                "an earlier attempt with this key may have taken effect; the upstream is being asked what became of it: retry after the indicated delay to get its answer",
+            )
+            .with_retry_after(next);
+        }
+    } else if policy.engine.on_lease_expiry == LeaseExpiry::Retry {
+        return Problem::new(
+            ProblemKind::InProgress,
+            "an earlier attempt with this key may have taken effect; this route runs it again with the same key once its lease lapses (on_lease_expiry = \"retry\")",
+        )
+        .with_retry_after(retry_after);
+    }
+    tracing::info!(reason = "idempotency_held", tenant = scope.tenant(), operation = scope.operation(), %key, "a held record: nothing reconciles it automatically");
+    Problem::new(
+        ProblemKind::OutcomeHeld,
+        "an earlier attempt with this key may have taken effect and nothing can tell automatically whether it did; the request is held for an operator and will not run again. Retrying will not change the answer until it is resolved",
+    )
 }
 
 fn log_recording(
@@ -806,7 +990,10 @@ pub fn hop_by_hop_names(headers: &HeaderMap) -> Vec<HeaderName> {
         .collect()
 }
 
-fn storable_headers(headers: &HeaderMap, unstored: &[HeaderName]) -> Vec<(String, Bytes)> {
+pub(crate) fn storable_headers(
+    headers: &HeaderMap,
+    unstored: &[HeaderName],
+) -> Vec<(String, Bytes)> {
     let hop_by_hop = hop_by_hop_names(headers);
     headers
         .iter()
@@ -870,6 +1057,52 @@ fn append(headers: &mut HeaderMap, name: &str, value: &Bytes) {
         headers.append(name, value);
     }
 }
+
+/// How lookups reach `inner`: a fresh clone per lookup, readied, called;
+/// its answer read up to [`LOOKUP_BODY_LIMIT`]. An answer the inner
+/// service made because its upstream failed is an error, not a verdict.
+fn lookup_sender<I, ReqBody, ResBody>(inner: I) -> Sender
+where
+    I: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    I::Future: Send + 'static,
+    ReqBody: From<Bytes> + Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let inner = std::sync::Mutex::new(inner);
+    Arc::new(move |lookup: LookupRequest| {
+        let mut svc = inner.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Box::pin(async move {
+            let mut req = Request::new(ReqBody::from(Bytes::new()));
+            *req.method_mut() = lookup.method;
+            *req.uri_mut() = lookup.uri;
+            *req.headers_mut() = lookup.headers;
+            std::future::poll_fn(|cx| svc.poll_ready(cx))
+                .await
+                .map_err(|_| BoxError::from("the service is not ready for the lookup"))?;
+            let resp = svc
+                .call(req)
+                .await
+                .map_err(|_| BoxError::from("the service failed the lookup"))?;
+            let (parts, body) = resp.into_parts();
+            if parts.extensions.get::<UpstreamOutcome>().is_some() {
+                return Err(format!(
+                    "the lookup got no answer from the upstream ({})",
+                    parts.status
+                )
+                .into());
+            }
+            match keep_response(body, LOOKUP_BODY_LIMIT).await {
+                Kept::Whole(bytes) => Ok((parts.status, parts.headers, bytes)),
+                Kept::TooLarge { .. } => Err("the lookup's answer is too large to record".into()),
+                Kept::Broken(err) => Err(err),
+            }
+        })
+    })
+}
+
+/// The largest lookup answer recorded as a held record's answer.
+pub const LOOKUP_BODY_LIMIT: usize = 1024 * 1024;
 
 #[cfg(test)]
 mod tests {

@@ -11,6 +11,8 @@
 //! | same key, same request, finished | stored status, headers, body + `Idempotent-Replayed: true` |
 //! | same key, different request | `422` (configurable), `…/idempotency-key-reused` |
 //! | same key while the first still runs | `409` + `Retry-After` |
+//! | same key, earlier attempt's outcome unknown, route has a [`Lookup`] | `409` `…/idempotency-outcome-reconciling` + `Retry-After` (the next lookup); then the reconciled answer |
+//! | same key, earlier attempt's outcome unknown, no lookup | `409` `…/idempotency-outcome-held`: held for an operator, never run again |
 //! | key missing where required / malformed | `400` |
 //! | body over the limit | `413` |
 //! | store down, fail-closed / fail-open | `503` + `Retry-After` / forwarded with `Idempotency-Status: unprotected` |
@@ -37,6 +39,7 @@
 
 mod body;
 pub mod layer;
+pub mod lookup;
 pub mod metrics;
 mod problem;
 pub mod request;
@@ -47,6 +50,7 @@ pub use layer::{
     Decision, HOP_BY_HOP, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer,
     Reserved, UpstreamOutcome, hop_by_hop_names,
 };
+pub use lookup::Lookup;
 pub use problem::{PROBLEM_BASE, PROBLEM_JSON, Problem, ProblemKind, retry_after_secs};
 pub use request::{
     ANONYMOUS_TENANT, IDEMPOTENCY_KEY, TenantExtractor, TenantSource, fingerprint, idempotency_key,

@@ -3,7 +3,13 @@
 //!
 //! * [`REQUESTS_TOTAL`] `{route, outcome}` — one count per request;
 //! * [`REQUEST_DURATION`] `{route, outcome}` — seconds from the request
-//!   reaching the layer to its response head.
+//!   reaching the layer to its response head;
+//! * [`RERUNS_TOTAL`] `{route, reason}` — attempts that took a lapsed
+//!   record over and ran its work again (`on_lease_expiry = retry` only);
+//!   `reason` is `outcome_unknown` or `lease_lapsed`;
+//! * [`RECONCILED_TOTAL`] `{route, result}` — held records settled by the
+//!   route's lookup: `completed`, `released`, or `gave_up` (left for an
+//!   operator).
 //!
 //! `route` is the configured operation (`POST /v1/payments`),
 //! [`UNMATCHED_ROUTE`](crate::routes::UNMATCHED_ROUTE) or
@@ -15,6 +21,8 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use idem::RerunReason;
+use idem::reconcile::Settled;
 use metrics::{Counter, Histogram};
 
 use crate::layer::Decision;
@@ -24,12 +32,19 @@ use crate::routes::Routes;
 pub const REQUESTS_TOTAL: &str = "idem_requests_total";
 /// Histogram of request latency in seconds by route and outcome.
 pub const REQUEST_DURATION: &str = "idem_request_duration_seconds";
+/// Counter of re-runs (lease takeovers) by route and reason.
+pub const RERUNS_TOTAL: &str = "idem_reruns_total";
+/// Counter of held records settled by a lookup, by route and result.
+pub const RECONCILED_TOTAL: &str = "idem_reconciled_total";
 
 /// Pre-registered handles, one pair per route and outcome, so recording a
 /// request is two atomic updates with no label hashing.
 #[derive(Debug, Default)]
 pub(crate) struct RequestMetrics {
     handles: OnceLock<Vec<Vec<(Counter, Histogram)>>>,
+    /// Per route: re-runs whose earlier attempt was marked unknown, and
+    /// those whose owner stopped renewing.
+    reruns: OnceLock<Vec<[Counter; 2]>>,
 }
 
 impl RequestMetrics {
@@ -67,6 +82,65 @@ impl RequestMetrics {
         {
             count.increment(1);
             latency.record(elapsed.as_secs_f64());
+        }
+    }
+
+    /// Registers every route's re-run counters at zero, so that dashboards
+    /// and alerts see them before the first re-run.
+    pub(crate) fn register(&self, routes: &Routes) {
+        self.reruns.get_or_init(|| {
+            routes
+                .labels()
+                .map(|label| {
+                    [RerunReason::OutcomeUnknown, RerunReason::LeaseLapsed].map(|reason| {
+                        metrics::counter!(RERUNS_TOTAL, "route" => label.to_owned(), "reason" => reason.as_str())
+                    })
+                })
+                .collect()
+        });
+    }
+
+    /// Counts a re-run; `route` indexes [`Routes::labels`].
+    pub(crate) fn rerun(&self, routes: &Routes, route: usize, reason: RerunReason) {
+        self.register(routes);
+        let slot = match reason {
+            RerunReason::OutcomeUnknown => 0,
+            _ => 1,
+        };
+        if let Some(counters) = self.reruns.get().and_then(|r| r.get(route)) {
+            counters[slot].increment(1);
+        }
+    }
+}
+
+/// Counters of held records settled by lookups, registered at zero for
+/// every route with a lookup.
+#[derive(Debug)]
+pub(crate) struct ReconcileMetrics {
+    by_route: Vec<(String, [Counter; 3])>,
+}
+
+const SETTLED: [Settled; 3] = [Settled::Completed, Settled::Released, Settled::GaveUp];
+
+impl ReconcileMetrics {
+    pub(crate) fn new<'a>(labels: impl Iterator<Item = &'a str>) -> Self {
+        Self {
+            by_route: labels
+                .map(|label| {
+                    let counters = SETTLED.map(|how| {
+                        metrics::counter!(RECONCILED_TOTAL, "route" => label.to_owned(), "result" => how.as_str())
+                    });
+                    (label.to_owned(), counters)
+                })
+                .collect(),
+        }
+    }
+
+    pub(crate) fn settled(&self, label: &str, how: Settled) {
+        if let Some((_, counters)) = self.by_route.iter().find(|(l, _)| l == label)
+            && let Some(i) = SETTLED.iter().position(|s| *s == how)
+        {
+            counters[i].increment(1);
         }
     }
 }

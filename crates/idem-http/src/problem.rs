@@ -34,6 +34,13 @@ pub enum ProblemKind {
     KeyReused,
     /// The first request with this key is still running (409 + Retry-After).
     InProgress,
+    /// An earlier attempt may have taken effect; the route's lookup is
+    /// asking the upstream what became of it (409 + Retry-After: when the
+    /// next lookup is due).
+    OutcomeReconciling,
+    /// An earlier attempt may have taken effect and nothing reconciles it
+    /// automatically: it is held for an operator (409, no Retry-After).
+    OutcomeHeld,
     /// The request body is over the route's limit (413).
     BodyTooLarge,
     /// The request body could not be read to its end (truncated) (400).
@@ -82,6 +89,8 @@ impl ProblemKind {
             Self::KeyAmbiguous => "idempotency-key-ambiguous",
             Self::KeyReused => "idempotency-key-reused",
             Self::InProgress => "idempotency-request-in-progress",
+            Self::OutcomeReconciling => "idempotency-outcome-reconciling",
+            Self::OutcomeHeld => "idempotency-outcome-held",
             Self::BodyTooLarge => "request-body-too-large",
             Self::BodyUnreadable => "request-body-unreadable",
             Self::BodyEncoding => "request-body-invalid-encoding",
@@ -115,6 +124,12 @@ impl ProblemKind {
             Self::KeyAmbiguous => "More than one Idempotency-Key",
             Self::KeyReused => "Idempotency-Key reused with a different request",
             Self::InProgress => "A request with this Idempotency-Key is still in progress",
+            Self::OutcomeReconciling => {
+                "The outcome of an earlier attempt with this Idempotency-Key is being reconciled"
+            }
+            Self::OutcomeHeld => {
+                "An earlier attempt with this Idempotency-Key is held for an operator"
+            }
             Self::BodyTooLarge => "Request body too large",
             Self::BodyUnreadable => "Request body could not be read",
             Self::BodyEncoding => "JSON request body is not valid UTF-8",
@@ -150,7 +165,7 @@ impl ProblemKind {
             Self::RecordNotFound | Self::NotFound => StatusCode::NOT_FOUND,
             Self::RecordConflict => StatusCode::CONFLICT,
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::InProgress => StatusCode::CONFLICT,
+            Self::InProgress | Self::OutcomeReconciling | Self::OutcomeHeld => StatusCode::CONFLICT,
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::StoreUnavailable | Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -290,6 +305,8 @@ mod tests {
             KeyAmbiguous,
             KeyReused,
             InProgress,
+            OutcomeReconciling,
+            OutcomeHeld,
             BodyTooLarge,
             BodyUnreadable,
             BodyEncoding,

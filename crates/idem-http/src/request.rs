@@ -81,6 +81,22 @@ fn sf_string(raw: &[u8]) -> Result<Vec<u8>, Problem> {
 pub trait TenantExtractor: Send + Sync + 'static {
     /// The tenant of this request, or the problem to answer.
     fn tenant(&self, parts: &Parts) -> Result<String, Problem>;
+
+    /// The headers of this request that carry the tenant's credential,
+    /// sent with a lookup made on the tenant's behalf (settling a held
+    /// record, [`crate::Lookup`]). Kept in memory only, never stored.
+    /// Default: none.
+    fn credentials(&self, parts: &Parts) -> HeaderMap {
+        let _ = parts;
+        HeaderMap::new()
+    }
+
+    /// Whether a lookup needs [`credentials`](Self::credentials): if so, a
+    /// held record found without them (its process died) waits for its
+    /// client's retry to bring them. Default: no.
+    fn needs_credentials(&self) -> bool {
+        false
+    }
 }
 
 /// The built-in tenant sources (the gateway's `[tenant] from = …`).
@@ -101,6 +117,23 @@ pub enum TenantSource {
 pub const ANONYMOUS_TENANT: &str = "anonymous";
 
 impl TenantExtractor for TenantSource {
+    fn credentials(&self, parts: &Parts) -> HeaderMap {
+        let name = match self {
+            Self::Authorization => header::AUTHORIZATION,
+            Self::Header(name) => name.clone(),
+            Self::Single(_) => return HeaderMap::new(),
+        };
+        let mut out = HeaderMap::new();
+        for v in parts.headers.get_all(&name) {
+            out.append(name.clone(), v.clone());
+        }
+        out
+    }
+
+    fn needs_credentials(&self) -> bool {
+        !matches!(self, Self::Single(_))
+    }
+
     fn tenant(&self, parts: &Parts) -> Result<String, Problem> {
         match self {
             Self::Authorization => Ok(match parts.headers.get(header::AUTHORIZATION) {

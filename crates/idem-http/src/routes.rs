@@ -26,6 +26,8 @@ use std::sync::Arc;
 use http::{HeaderName, Method, StatusCode, header};
 use idem::Policy;
 
+use crate::lookup::Lookup;
+
 /// HTTP-level policy of one route, around the engine's [`Policy`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -47,6 +49,10 @@ pub struct RoutePolicy {
     /// Response headers never stored nor replayed, beyond the hop-by-hop
     /// ones (default `set-cookie`).
     pub unstored_headers: Vec<HeaderName>,
+    /// How a held record of this route (its outcome unknown) is looked up
+    /// on the inner service, to settle it ([`Lookup`]); `None`: it is held
+    /// for an operator.
+    pub lookup: Option<Arc<Lookup>>,
 }
 
 impl Default for RoutePolicy {
@@ -59,6 +65,7 @@ impl Default for RoutePolicy {
             mismatch_status: StatusCode::UNPROCESSABLE_ENTITY,
             fingerprint_headers: vec![header::CONTENT_TYPE],
             unstored_headers: vec![header::SET_COOKIE],
+            lookup: None,
         }
     }
 }
@@ -93,13 +100,19 @@ impl RoutePolicy {
         self.mismatch_status = status;
         self
     }
+
+    /// Sets how held records of this route are looked up.
+    pub fn with_lookup(mut self, lookup: Lookup) -> Self {
+        self.lookup = Some(Arc::new(lookup));
+        self
+    }
 }
 
 /// A path pattern that is not well-formed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PatternError {
-    pattern: String,
-    reason: &'static str,
+    pub(crate) pattern: String,
+    pub(crate) reason: &'static str,
 }
 
 impl std::fmt::Display for PatternError {
@@ -117,7 +130,7 @@ impl std::error::Error for PatternError {}
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Segment {
     Literal(String),
-    Param,
+    Param(String),
 }
 
 /// A path pattern: literal segments and `{name}` segments that match any
@@ -150,7 +163,7 @@ impl PathPattern {
                         if name.is_empty() || name.contains(['{', '}']) {
                             Err(err("a parameter is written {name}"))
                         } else {
-                            Ok(Segment::Param)
+                            Ok(Segment::Param(name.to_owned()))
                         }
                     } else if s.contains(['{', '}']) {
                         Err(err(
@@ -183,7 +196,7 @@ impl PathPattern {
         for seg in &self.segments {
             match (seg, parts.next()) {
                 (Segment::Literal(l), Some(p)) if l == p => {}
-                (Segment::Param, Some(p)) if !p.is_empty() => {}
+                (Segment::Param(_), Some(p)) if !p.is_empty() => {}
                 _ => return false,
             }
         }
@@ -193,6 +206,27 @@ impl PathPattern {
     /// The pattern as written.
     pub fn as_str(&self) -> &str {
         &self.text
+    }
+
+    /// The names of its `{name}` segments, in order.
+    pub fn param_names(&self) -> impl Iterator<Item = &str> {
+        self.segments.iter().filter_map(|s| match s {
+            Segment::Param(name) => Some(name.as_str()),
+            Segment::Literal(_) => None,
+        })
+    }
+
+    /// The value of parameter `name` in `path`, a path this pattern
+    /// [`matches`](Self::matches).
+    pub fn param<'p>(&self, name: &str, path: &'p str) -> Option<&'p str> {
+        let mut parts = path.strip_prefix('/')?.split('/');
+        self.segments
+            .iter()
+            .map(|seg| (seg, parts.next()))
+            .find_map(|(seg, part)| match seg {
+                Segment::Param(n) if n == name => part,
+                _ => None,
+            })
     }
 }
 
@@ -231,6 +265,8 @@ pub struct RouteMatch<'a> {
     /// The metrics label: the operation for a configured route,
     /// [`UNMATCHED_ROUTE`] for the defaults.
     pub label: &'a str,
+    /// The route's path pattern (`None` for the defaults).
+    pub pattern: Option<&'a PathPattern>,
 }
 
 impl Default for Routes {
@@ -256,6 +292,16 @@ impl Routes {
         policy: RoutePolicy,
     ) -> Result<Self, PatternError> {
         let pattern = PathPattern::parse(pattern)?;
+        if let Some(lookup) = &policy.lookup
+            && lookup
+                .params()
+                .any(|name| !pattern.param_names().any(|p| p == name))
+        {
+            return Err(PatternError {
+                pattern: lookup.path().to_owned(),
+                reason: "the lookup names a parameter the route's path does not have",
+            });
+        }
         self.routes.push(Route {
             operation: format!("{method} {}", pattern.as_str()),
             method,
@@ -287,6 +333,18 @@ impl Routes {
             .chain(std::iter::once(&self.defaults))
     }
 
+    /// The path pattern of route `index` (`None` for the defaults).
+    pub fn pattern(&self, index: usize) -> Option<&PathPattern> {
+        self.routes.get(index).map(|r| &r.pattern)
+    }
+
+    /// Each configured route's operation and policy, in order.
+    pub(crate) fn configured(&self) -> impl Iterator<Item = (&str, &Arc<RoutePolicy>)> {
+        self.routes
+            .iter()
+            .map(|r| (r.operation.as_str(), &r.policy))
+    }
+
     /// The route protecting this request, if any.
     pub fn matching(&self, method: &Method, path: &str) -> Option<RouteMatch<'_>> {
         if let Some((index, route)) = self
@@ -300,6 +358,7 @@ impl Routes {
                 operation: Cow::Borrowed(&route.operation),
                 policy: &route.policy,
                 label: &route.operation,
+                pattern: Some(&route.pattern),
             });
         }
         (method == Method::POST || method == Method::PATCH).then(|| RouteMatch {
@@ -307,6 +366,7 @@ impl Routes {
             operation: Cow::Owned(format!("{method} {path}")),
             policy: &self.defaults,
             label: UNMATCHED_ROUTE,
+            pattern: None,
         })
     }
 }
@@ -326,6 +386,30 @@ mod tests {
         for bad in ["v1", "/v1//x", "/v1/", "/{}", "/a{id}", "/{a}b"] {
             assert!(PathPattern::parse(bad).is_err(), "{bad}");
         }
+        assert_eq!(p.param_names().collect::<Vec<_>>(), ["id"]);
+        assert_eq!(p.param("id", "/v1/orders/42/capture"), Some("42"));
+        assert_eq!(p.param("other", "/v1/orders/42/capture"), None);
+    }
+
+    #[test]
+    fn a_lookup_may_name_only_the_route_s_parameters() {
+        let lookup = |path: &str| {
+            RoutePolicy::default().with_lookup(Lookup::new(Method::GET, path).expect("template"))
+        };
+        let ok = Routes::default().route(
+            Method::POST,
+            "/v1/orders/{id}/capture",
+            lookup("/v1/orders/{id}/captures/by-key/{key}"),
+        );
+        assert!(ok.is_ok());
+        let err = Routes::default()
+            .route(
+                Method::POST,
+                "/v1/payments",
+                lookup("/v1/payments/{id}/{key}"),
+            )
+            .expect_err("no {id} in the route");
+        assert!(err.to_string().contains("does not have"), "{err}");
     }
 
     #[test]

@@ -700,3 +700,211 @@ async fn a_panicking_handler_leaves_its_outcome_unknown_and_is_not_rerun() {
         assert_eq!(runs.get(), 1, "run once ({pending_first})");
     }
 }
+
+/// A payment service whose answer to a charge is lost after the charge is
+/// made (`lost-*` keys) or before (`void-*`), with a lookup by key: the
+/// held records are reconciled through it, and nothing runs twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_records_are_reconciled_through_the_route_s_lookup() {
+    use std::collections::HashMap;
+    use std::convert::Infallible;
+    use std::sync::Mutex;
+
+    use idem::reconcile::Schedule;
+    use idem_http::{Lookup, UpstreamOutcome};
+    use tower::{Layer, ServiceExt};
+
+    let ledger: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    let lookups = Counter::default();
+    let inner = tower::service_fn({
+        let (ledger, lookups) = (Arc::clone(&ledger), lookups.clone());
+        move |req: http::Request<Full<Bytes>>| {
+            let (ledger, lookups) = (Arc::clone(&ledger), lookups.clone());
+            async move {
+                let key = req
+                    .headers()
+                    .get("idempotency-key")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned();
+                let mut resp = if req.method() == Method::GET {
+                    lookups.0.fetch_add(1, Ordering::SeqCst);
+                    assert_eq!(
+                        req.headers()["authorization"],
+                        AUTH.1,
+                        "the tenant's credentials"
+                    );
+                    assert!(req.uri().path().ends_with(&key), "{}", req.uri());
+                    match ledger.lock().expect("ledger").get(&key) {
+                        Some(n) => {
+                            http::Response::new(Full::new(Bytes::from(format!("charge {n}"))))
+                        }
+                        None => {
+                            let mut r = http::Response::new(Full::new(Bytes::new()));
+                            *r.status_mut() = StatusCode::NOT_FOUND;
+                            r
+                        }
+                    }
+                } else {
+                    let mut ledger = ledger.lock().expect("ledger");
+                    // The first POST of a key is recorded under "#key".
+                    let first = ledger.insert(format!("#{key}"), 1).is_none();
+                    if !key.starts_with("void") || !first {
+                        *ledger.entry(key.clone()).or_default() += 1;
+                    }
+                    let mut r = http::Response::new(Full::new(Bytes::from("charged")));
+                    *r.status_mut() = StatusCode::CREATED;
+                    if first && (key.starts_with("lost") || key.starts_with("void")) {
+                        // The answer broke off after sending: outcome unknown.
+                        *r.status_mut() = StatusCode::BAD_GATEWAY;
+                        r.extensions_mut().insert(UpstreamOutcome::MaybeSent);
+                    }
+                    r
+                };
+                resp.headers_mut()
+                    .insert("x-from", http::HeaderValue::from_static("inner"));
+                Ok::<_, Infallible>(resp)
+            }
+        }
+    });
+    let lookup = Lookup::new(Method::GET, "/v1/payments/by-key/{key}")
+        .expect("lookup")
+        .with_status(StatusCode::CREATED)
+        .with_schedule(
+            Schedule::default()
+                .with_first(Duration::from_millis(50))
+                .with_settle(Duration::from_millis(600)),
+        );
+    let reconciled = Routes::default()
+        .route(
+            Method::POST,
+            "/v1/payments",
+            RoutePolicy::default()
+                .with_require_key(true)
+                .with_lookup(lookup),
+        )
+        .and_then(|r| r.route(Method::POST, "/v1/held", RoutePolicy::default()))
+        .expect("routes");
+    let svc = IdempotencyLayer::new(MemoryStore::new())
+        .with_routes(reconciled)
+        .layer(inner);
+    let request = |path: &str, key: &str| {
+        http::Request::post(path)
+            .header(JSON.0, JSON.1)
+            .header(AUTH.0, AUTH.1)
+            .header("idempotency-key", key)
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .expect("request")
+    };
+    // Lost after charging: the client is told the outcome is unknown and
+    // when to come back; meanwhile it is being reconciled.
+    let first = svc
+        .clone()
+        .oneshot(request("/v1/payments", "lost-1"))
+        .await
+        .expect("answer");
+    assert_eq!(first.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(first.headers()["retry-after"], "1");
+    let retry = svc
+        .clone()
+        .oneshot(request("/v1/payments", "lost-1"))
+        .await
+        .expect("answer");
+    let (parts, problem) = read(retry).await;
+    if parts.status == StatusCode::CONFLICT {
+        assert!(String::from_utf8_lossy(&problem).contains("idempotency-outcome-reconciling"));
+        assert!(parts.headers.contains_key("retry-after"));
+    }
+    let mut replay = None;
+    for _ in 0..100 {
+        let r = svc
+            .clone()
+            .oneshot(request("/v1/payments", "lost-1"))
+            .await
+            .expect("answer");
+        if r.status() == StatusCode::CREATED {
+            replay = Some(r);
+            break;
+        }
+        assert_eq!(r.status(), StatusCode::CONFLICT);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (parts, bytes) = read(replay.expect("reconciled")).await;
+    assert_eq!(parts.headers["idempotent-replayed"], "true");
+    assert_eq!(parts.headers["x-from"], "inner");
+    assert_eq!(
+        &bytes[..],
+        b"charge 1",
+        "the lookup's answer, under the configured status"
+    );
+    assert_eq!(ledger.lock().expect("ledger")["lost-1"], 1, "charged once");
+
+    // Lost before charging: "not found" is believed after the settle time;
+    // then the retry runs the charge, once.
+    let first = svc
+        .clone()
+        .oneshot(request("/v1/payments", "void-1"))
+        .await
+        .expect("answer");
+    assert_eq!(first.status(), StatusCode::BAD_GATEWAY);
+    let started = std::time::Instant::now();
+    let mut ran = None;
+    for _ in 0..200 {
+        let r = svc
+            .clone()
+            .oneshot(request("/v1/payments", "void-1"))
+            .await
+            .expect("answer");
+        if r.status() == StatusCode::CREATED {
+            ran = Some(r);
+            break;
+        }
+        assert_eq!(r.status(), StatusCode::CONFLICT);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ran = ran.expect("released, then run");
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "not before the settle time"
+    );
+    assert!(
+        ran.headers().get("idempotent-replayed").is_none(),
+        "run, not replayed"
+    );
+    assert_eq!(ledger.lock().expect("ledger")["void-1"], 1, "charged once");
+    assert!(lookups.get() >= 3);
+
+    // No lookup: held for an operator, never run again, no Retry-After.
+    let first = svc
+        .clone()
+        .oneshot(request("/v1/held", "lost-2"))
+        .await
+        .expect("answer");
+    assert_eq!(first.status(), StatusCode::BAD_GATEWAY);
+    assert!(first.headers().get("retry-after").is_none());
+    let (parts, problem) = read(
+        svc.clone()
+            .oneshot(request("/v1/held", "lost-2"))
+            .await
+            .expect("answer"),
+    )
+    .await;
+    assert_eq!(parts.status, StatusCode::CONFLICT);
+    assert!(parts.headers.get("retry-after").is_none());
+    assert!(
+        String::from_utf8_lossy(&problem).contains("idempotency-outcome-held"),
+        "{problem:?}"
+    );
+    assert_eq!(ledger.lock().expect("ledger")["lost-2"], 1);
+}
+
+async fn read<B>(resp: http::Response<B>) -> (http::response::Parts, Bytes)
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Debug,
+{
+    use http_body_util::BodyExt;
+    let (parts, body) = resp.into_parts();
+    let bytes = body.collect().await.expect("body").to_bytes();
+    (parts, bytes)
+}

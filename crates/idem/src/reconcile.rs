@@ -43,13 +43,15 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
-//! let reconciliation = Reconciliation::new(Arc::new(MemoryStore::new()), Provider);
+//! let reconciliation = Reconciliation::new(Arc::new(MemoryStore::new()), Provider)
+//!     .with_scan_every(Some(Duration::from_secs(10)));
 //! let _task = reconciliation.spawn(); // runs until the last handle is dropped
 //! # }
 //! ```
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -60,8 +62,8 @@ use tokio::time::Instant;
 use crate::operator::{self, OperatorError};
 use crate::store::BoxError;
 use crate::{
-    FinalOutcome, IdempotencyKey, Lease, ListFilter, ListRecords, Record, RecordState, Scope,
-    StoreError, Timestamp,
+    FinalOutcome, IdempotencyKey, Lease, ListFilter, ListRecords, Page, Record, RecordState, Scope,
+    Store, StoreError, Timestamp,
 };
 
 /// What the system of record says about an operation.
@@ -302,7 +304,13 @@ struct Job {
     running: bool,
 }
 
-#[derive(Debug)]
+/// Lists processing records, for scans (a store with [`ListRecords`]).
+type Lister = Arc<
+    dyn Fn(ListFilter) -> Pin<Box<dyn Future<Output = Result<Page, StoreError>> + Send>>
+        + Send
+        + Sync,
+>;
+
 struct Inner<S, R> {
     store: Arc<S>,
     reconciler: R,
@@ -310,16 +318,25 @@ struct Inner<S, R> {
     /// Apart from the rest, so the loop can wait on it without keeping
     /// the reconciliation alive.
     wake: Arc<Notify>,
-    scan_every: Option<Duration>,
+    scan: Option<(Lister, Duration)>,
+}
+
+impl<S, R> std::fmt::Debug for Inner<S, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reconciliation")
+            .field("followed", &lock(&self.jobs).len())
+            .field("scan_every", &self.scan.as_ref().map(|(_, every)| every))
+            .finish_non_exhaustive()
+    }
 }
 
 /// Reconciles held records in the background; see the [module docs](self).
 ///
 /// It hears of held records from the code that made or met them
-/// ([`hold`](Self::hold), [`held`](Self::held)) and, unless turned off,
-/// finds the rest by listing processing records every
-/// [`scan_every`](Self::with_scan_every) (records left by a process that
-/// died). Cheap to clone; clones share one set of followed records.
+/// ([`hold`](Self::hold), [`held`](Self::held)) and, on a store that can
+/// list its records, finds the rest by listing processing records every
+/// [`with_scan_every`](Self::with_scan_every) (records left by a process
+/// that died, whose clients never came back). Cheap to clone; clones share one set of followed records.
 /// Several processes may reconcile the same store: every verdict is fenced
 /// to the attempt that was looked up.
 #[derive(Debug)]
@@ -340,8 +357,27 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl<S: ListRecords, R: Reconciler> Reconciliation<S, R> {
-    /// Reconciles records of `store` through `reconciler`, scanning for
-    /// held records every 10 s.
+    /// Lists processing records every `every` to find held ones nobody
+    /// follows (`None`: never, for a store where listing is costly: held
+    /// records are then found through [`hold`](Self::hold) and
+    /// [`held`](Self::held) only). Call before cloning or spawning.
+    pub fn with_scan_every(mut self, every: Option<Duration>) -> Self {
+        let store = Arc::clone(&self.inner.store);
+        let lister: Lister = Arc::new(move |filter: ListFilter| {
+            let store = Arc::clone(&store);
+            Box::pin(async move { store.list(&filter).await })
+        });
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.scan = every.map(|every| (lister, every));
+        }
+        self
+    }
+}
+
+impl<S: Store, R: Reconciler> Reconciliation<S, R> {
+    /// Reconciles records of `store` through `reconciler`. It follows the
+    /// held records it is told of; see [`with_scan_every`](Self::with_scan_every)
+    /// to find the others too.
     pub fn new(store: Arc<S>, reconciler: R) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -349,20 +385,9 @@ impl<S: ListRecords, R: Reconciler> Reconciliation<S, R> {
                 reconciler,
                 jobs: Mutex::new(HashMap::new()),
                 wake: Arc::new(Notify::new()),
-                scan_every: Some(Duration::from_secs(10)),
+                scan: None,
             }),
         }
-    }
-
-    /// Sets how often processing records are listed to find held ones
-    /// (`None`: never; on stores where listing is costly, held records are
-    /// then found only through [`hold`](Self::hold) and
-    /// [`held`](Self::held)). Call before sharing.
-    pub fn with_scan_every(mut self, every: Option<Duration>) -> Self {
-        if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.scan_every = every;
-        }
-        self
     }
 
     /// The reconciler.
@@ -454,11 +479,12 @@ impl<S: ListRecords, R: Reconciler> Reconciliation<S, R> {
         tokio::spawn(run(weak))
     }
 
-    /// Runs the lookups due now (and a scan, when `scan` says so), then
-    /// returns; for tests and for callers that drive it themselves.
+    /// Runs the lookups due now (after a scan, when `scan` says so and
+    /// scans are set up), then returns; for tests and for callers that
+    /// drive it themselves.
     pub async fn run_due(&self, scan: bool) {
-        if scan {
-            scan_once(&self.inner).await;
+        if scan && let Some((lister, _)) = &self.inner.scan {
+            scan_once(&self.inner, lister).await;
         }
         run_due(&self.inner).await;
     }
@@ -466,15 +492,15 @@ impl<S: ListRecords, R: Reconciler> Reconciliation<S, R> {
 
 /// The background loop: scans now and then, runs what is due, sleeps
 /// until the next due lookup or a new held record.
-async fn run<S: ListRecords, R: Reconciler>(weak: Weak<Inner<S, R>>) {
+async fn run<S: Store, R: Reconciler>(weak: Weak<Inner<S, R>>) {
     let mut next_scan = Instant::now();
     loop {
         let Some(inner) = weak.upgrade() else { return };
-        if let Some(every) = inner.scan_every
+        if let Some((lister, every)) = &inner.scan
             && Instant::now() >= next_scan
         {
-            scan_once(&inner).await;
-            next_scan = Instant::now() + every;
+            scan_once(&inner, lister).await;
+            next_scan = Instant::now() + *every;
         }
         run_due(&inner).await;
         let next_due = lock(&inner.jobs)
@@ -482,7 +508,7 @@ async fn run<S: ListRecords, R: Reconciler>(weak: Weak<Inner<S, R>>) {
             .filter(|j| !j.gave_up && !j.running)
             .map(|j| j.due)
             .min();
-        let wake_at = match (next_due, inner.scan_every) {
+        let wake_at = match (next_due, inner.scan.as_ref()) {
             (Some(due), Some(_)) => due.min(next_scan),
             (Some(due), None) => due,
             (None, Some(_)) => next_scan,
@@ -491,16 +517,14 @@ async fn run<S: ListRecords, R: Reconciler>(weak: Weak<Inner<S, R>>) {
         let wake = Arc::clone(&inner.wake);
         drop(inner);
         let woken = wake.notified();
-        tokio::select! {
-            () = woken => {}
-            () = tokio::time::sleep_until(wake_at) => {}
-        }
+        // Woken early by a new held record, or at the next due time.
+        let _ = tokio::time::timeout_at(wake_at, woken).await;
     }
 }
 
 /// Finds held records nobody follows yet (left by a process that died, or
 /// by another gateway), and forgets given-up ones that are no longer held.
-async fn scan_once<S: ListRecords, R: Reconciler>(inner: &Arc<Inner<S, R>>) {
+async fn scan_once<S: Store, R: Reconciler>(inner: &Arc<Inner<S, R>>, lister: &Lister) {
     let now = Timestamp::now();
     let mut filter = ListFilter {
         state: Some(RecordState::Processing),
@@ -510,7 +534,7 @@ async fn scan_once<S: ListRecords, R: Reconciler>(inner: &Arc<Inner<S, R>>) {
     let mut held = HashSet::new();
     let mut seen = 0;
     loop {
-        let page = match inner.store.list(&filter).await {
+        let page = match lister(filter.clone()).await {
             Ok(page) => page,
             Err(err) => {
                 tracing::warn!(reason = "idempotency_reconcile_scan_failed", %err, "cannot list processing records; trying again at the next scan");
@@ -561,7 +585,7 @@ async fn scan_once<S: ListRecords, R: Reconciler>(inner: &Arc<Inner<S, R>>) {
 }
 
 /// Runs every lookup that is due, a few at a time.
-async fn run_due<S: ListRecords, R: Reconciler>(inner: &Arc<Inner<S, R>>) {
+async fn run_due<S: Store, R: Reconciler>(inner: &Arc<Inner<S, R>>) {
     let now = Instant::now();
     let due: Vec<Job> = {
         let mut jobs = lock(&inner.jobs);
@@ -617,7 +641,7 @@ enum Step {
 }
 
 /// Looks one held record up and applies the verdict.
-async fn step<S: ListRecords, R: Reconciler>(inner: &Inner<S, R>, job: &Job) -> Step {
+async fn step<S: Store, R: Reconciler>(inner: &Inner<S, R>, job: &Job) -> Step {
     let (scope, key) = (&job.scope, &job.key);
     let store = &*inner.store;
     let backoff = || {
@@ -705,7 +729,7 @@ fn give_up_or<S, R: Reconciler>(
 
 /// Records the verdict: with our own lease when the attempt was ours,
 /// else as an operator would (fenced to the attempt looked at).
-async fn settle<S: ListRecords>(
+async fn settle<S: Store>(
     store: &S,
     job: &Job,
     how: Settled,
@@ -864,7 +888,7 @@ mod tests {
             .mark_unknown(&scope("pay"), &key("never-1"), &lease, "timeout")
             .await
             .expect("mark");
-        let r = Reconciliation::new(Arc::clone(&store), Provider::default()).with_scan_every(None);
+        let r = Reconciliation::new(Arc::clone(&store), Provider::default());
         r.hold(&scope("pay"), &key("never-1"), lease);
         tokio::time::sleep(Duration::from_millis(20)).await;
         r.run_due(false).await;
@@ -897,7 +921,8 @@ mod tests {
         reserve(&store, "other", "charged-3", Duration::from_millis(1)).await;
         reserve(&store, "pay", "charged-live", Duration::from_secs(30)).await;
         tokio::time::sleep(Duration::from_millis(5)).await;
-        let r = Reconciliation::new(Arc::clone(&store), Provider::default());
+        let r = Reconciliation::new(Arc::clone(&store), Provider::default())
+            .with_scan_every(Some(Duration::from_secs(10)));
         r.run_due(true).await;
         assert_eq!(
             state(&store, "pay", "charged-2").await,
@@ -944,7 +969,7 @@ mod tests {
     async fn a_takeover_since_ends_the_follow() {
         let store = Arc::new(MemoryStore::new());
         let lease = reserve(&store, "pay", "charged-4", Duration::from_millis(1)).await;
-        let r = Reconciliation::new(Arc::clone(&store), Provider::default()).with_scan_every(None);
+        let r = Reconciliation::new(Arc::clone(&store), Provider::default());
         r.hold(&scope("pay"), &key("charged-4"), lease);
         // An operator released it meanwhile.
         store
