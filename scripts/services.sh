@@ -75,4 +75,17 @@ else
   status=1
 fi
 
+# The Python retrying clients of the gateway's tests: requests with
+# urllib3's Retry (PyPI).
+if ! python3 -c 'import requests, urllib3' >/dev/null 2>&1; then
+  echo "services: installing the Python test clients (requests, urllib3)"
+  python3 -m pip install --quiet --disable-pip-version-check 'requests>=2.32,<3' 'urllib3>=2.2,<3' >/dev/null 2>&1 || true
+fi
+if python3 -c 'import requests, urllib3' >/dev/null 2>&1; then
+  echo "services: $(python3 -c 'import requests, urllib3; print("requests", requests.__version__, "and urllib3", urllib3.__version__)') are installed"
+else
+  echo "services: the Python test clients could not be installed" >&2
+  status=1
+fi
+
 exit $status

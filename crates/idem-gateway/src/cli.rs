@@ -57,9 +57,12 @@ impl RecordId {
 /// `idem records list` filters.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ListArgs {
-    /// Only records in this state: processing, completed or failed.
+    /// Only records in this state: processing, completed or failed; or
+    /// `held` (processing, outcome unknown or lease lapsed: waiting for a
+    /// reconciler or an operator), or `rerun` (run more than once: attempt
+    /// 2 or more, any state).
     #[arg(long)]
-    pub state: Option<RecordState>,
+    pub state: Option<ListState>,
     /// Only records created at least this long ago (e.g. 60s, 2h).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub older_than: Option<Duration>,
@@ -72,6 +75,51 @@ pub struct ListArgs {
     /// Print JSON (the admin API's record format), one page object.
     #[arg(long)]
     pub json: bool,
+}
+
+/// What `idem records list --state` selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListState {
+    /// One stored state.
+    Is(RecordState),
+    /// Processing with nobody running it: outcome unknown, or lease lapsed.
+    Held,
+    /// Taken over at least once: the work may have run more than once.
+    Rerun,
+}
+
+impl std::str::FromStr for ListState {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "held" => Ok(Self::Held),
+            "rerun" => Ok(Self::Rerun),
+            other => other.parse().map(Self::Is).map_err(|_| {
+                format!("{other:?}: expected processing, completed, failed, held or rerun")
+            }),
+        }
+    }
+}
+
+impl ListState {
+    /// The state the store can filter on.
+    fn stored(self) -> Option<RecordState> {
+        match self {
+            Self::Is(state) => Some(state),
+            Self::Held => Some(RecordState::Processing),
+            Self::Rerun => None,
+        }
+    }
+
+    /// Whether `record` is selected (after the store's filter).
+    fn selects(self, record: &idem::Record, now: Timestamp) -> bool {
+        match self {
+            Self::Is(_) => true,
+            Self::Held => record.is_outcome_unknown() || !record.lease_live(now),
+            Self::Rerun => record.lease.attempt > 1,
+        }
+    }
 }
 
 /// `idem records resolve` answer.
@@ -138,7 +186,7 @@ impl ResolveArgs {
 /// `idem records list`.
 pub async fn list(store: &DynStore, args: &ListArgs) -> Result<(), String> {
     let mut filter = idem::ListFilter {
-        state: args.state,
+        state: args.state.and_then(ListState::stored),
         older_than: args.older_than,
         tenant: args.tenant.clone(),
         limit: 0,
@@ -150,7 +198,12 @@ pub async fn list(store: &DynStore, args: &ListArgs) -> Result<(), String> {
     while records.len() < wanted {
         filter.limit = (wanted - records.len()).min(crate::admin::MAX_PAGE);
         let page = store.list(&filter).await.map_err(|e| error_chain(&e))?;
-        records.extend(page.records);
+        let now = Timestamp::now();
+        records.extend(
+            page.records
+                .into_iter()
+                .filter(|r| args.state.is_none_or(|s| s.selects(r, now))),
+        );
         next = page.next;
         match &next {
             Some(cursor) => filter.after = Some(cursor.clone()),

@@ -12,7 +12,7 @@ use std::time::Duration;
 use http::{HeaderName, Method, StatusCode, Uri};
 use idem::seal::SealKeys;
 use idem::{FailMode, InFlight, LeaseExpiry, Policy};
-use idem_http::{RoutePolicy, Routes, TenantSource};
+use idem_http::{Lookup, PathPattern, RoutePolicy, Routes, TenantSource};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -136,6 +136,21 @@ struct PolicyConfig {
     fingerprint_headers: Option<Spanned<Vec<String>>>,
     unstored_headers: Option<Spanned<Vec<String>>>,
     release_statuses: Option<Spanned<Vec<u16>>>,
+    reconcile: Option<ReconcileConfig>,
+}
+
+/// `[route.reconcile]`: how the upstream is asked what became of a held
+/// record of this route.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReconcileConfig {
+    method: Option<Spanned<String>>,
+    path: Option<Spanned<String>>,
+    status: Option<Spanned<u16>>,
+    first: Option<Spanned<String>>,
+    max_pause: Option<Spanned<String>>,
+    settle: Option<Spanned<String>>,
+    give_up: Option<Spanned<String>>,
 }
 
 /// Values given on the command line or in the environment (they win over
@@ -384,6 +399,12 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
             ));
         }
     }
+    if defaults_cfg.reconcile.is_some() {
+        return Err(ConfigError(format!(
+            "{}: [defaults.reconcile]: a lookup belongs to one route; write it as [route.reconcile] under that [[route]]",
+            src.file.display()
+        )));
+    }
     let mut upstream_timeout = Duration::from_secs(30);
     if let Some(v) = &defaults_cfg.upstream_timeout {
         upstream_timeout = positive(
@@ -414,7 +435,26 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
             .path
             .as_ref()
             .ok_or_else(|| ConfigError(format!("{}: {at} has no path", src.file.display())))?;
-        let policy = apply(src, &at, r, defaults.clone())?;
+        let mut policy = apply(src, &at, r, defaults.clone())?;
+        if let Some(rc) = &r.reconcile {
+            let at = format!("{at}.reconcile");
+            let lookup = lookup(src, &at, rc)?;
+            if let (Ok(pattern), Some(lookup_path)) = (PathPattern::parse(path.get_ref()), &rc.path)
+                && let Some(missing) = lookup
+                    .params()
+                    .find(|name| !pattern.param_names().any(|p| p == *name))
+            {
+                return Err(src.error(
+                    &format!("{at}.path"),
+                    lookup_path,
+                    format!(
+                        "{{{missing}}} is not a parameter of the route's path {:?}",
+                        path.get_ref()
+                    ),
+                ));
+            }
+            policy = policy.with_lookup(lookup);
+        }
         routes = routes
             .route(m, path.get_ref(), policy)
             .map_err(|e| src.error(&format!("{at}.path"), path, e))?;
@@ -738,6 +778,63 @@ fn tenant_source(src: &Source<'_>, t: &TenantConfig) -> Result<TenantSource, Con
     }
 }
 
+/// `[route.reconcile]`, validated.
+fn lookup(src: &Source<'_>, at: &str, cfg: &ReconcileConfig) -> Result<Lookup, ConfigError> {
+    let key = |k: &str| format!("{at}.{k}");
+    let path = cfg.path.as_ref().ok_or_else(|| {
+        ConfigError(format!(
+            "{}: {at} has no path: write path = \"/v1/payments/by-key/{{key}}\", the upstream's lookup of an operation by its Idempotency-Key",
+            src.file.display()
+        ))
+    })?;
+    let method = match &cfg.method {
+        Some(m) => Method::from_bytes(m.get_ref().to_ascii_uppercase().as_bytes())
+            .ok()
+            .filter(|m| {
+                [Method::GET, Method::POST, Method::HEAD].contains(m) || m.as_str() == "QUERY"
+            })
+            .ok_or_else(|| {
+                src.error(&key("method"), m, "expected \"GET\" (or POST, HEAD, QUERY)")
+            })?,
+        None => Method::GET,
+    };
+    let mut lookup =
+        Lookup::new(method, path.get_ref()).map_err(|e| src.error(&key("path"), path, e))?;
+    if let Some(v) = &cfg.status {
+        let status = StatusCode::from_u16(*v.get_ref())
+            .ok()
+            .filter(|s| s.is_success())
+            .ok_or_else(|| {
+                src.error(
+                    &key("status"),
+                    v,
+                    "must be a 2xx status (what the original request answers, e.g. 201)",
+                )
+            })?;
+        lookup = lookup.with_status(status);
+    }
+    let mut schedule = *lookup.schedule();
+    let every =
+        |name: &str, v: &Option<Spanned<String>>| -> Result<Option<Duration>, ConfigError> {
+            v.as_ref()
+                .map(|v| positive(src, &key(name), v, duration(src, &key(name), v)?))
+                .transpose()
+        };
+    if let Some(d) = every("first", &cfg.first)? {
+        schedule = schedule.with_first(d);
+    }
+    if let Some(d) = every("max_pause", &cfg.max_pause)? {
+        schedule = schedule.with_max_pause(d);
+    }
+    if let Some(d) = every("settle", &cfg.settle)? {
+        schedule = schedule.with_settle(d);
+    }
+    if let Some(d) = every("give_up", &cfg.give_up)? {
+        schedule = schedule.with_give_up(d);
+    }
+    Ok(lookup.with_schedule(schedule))
+}
+
 /// Applies the keys present in `cfg` on top of `base`.
 fn apply(
     src: &Source<'_>,
@@ -920,6 +1017,72 @@ on_store_error = "open"
         assert_eq!(cap.policy.engine.fail_mode, FailMode::Open);
         assert!(!cap.policy.require_key);
         assert_eq!(s.upstream_timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn routes_hold_by_default_and_may_name_a_lookup() {
+        let s = from_text(
+            "upstream = \"http://x:1\"\n[[route]]\nmethod = \"POST\"\npath = \"/v1/orders/{id}/capture\"\n\
+             [route.reconcile]\npath = \"/v1/orders/{id}/captures/{key}\"\nstatus = 201\nsettle = \"10s\"\ngive_up = \"2h\"\n\
+             [[route]]\nmethod = \"POST\"\npath = \"/v1/refunds\"\non_lease_expiry = \"retry\"\n",
+        )
+        .expect("valid");
+        let capture = s
+            .routes
+            .matching(&Method::POST, "/v1/orders/7/capture")
+            .expect("route");
+        assert_eq!(capture.policy.engine.on_lease_expiry, LeaseExpiry::Hold);
+        let lookup = capture.policy.lookup.as_ref().expect("lookup");
+        assert_eq!(lookup.method(), Method::GET);
+        assert_eq!(lookup.status(), Some(StatusCode::CREATED));
+        assert_eq!(lookup.schedule().settle, Duration::from_secs(10));
+        assert_eq!(lookup.schedule().give_up, Duration::from_secs(7200));
+        let refunds = s
+            .routes
+            .matching(&Method::POST, "/v1/refunds")
+            .expect("route");
+        assert_eq!(refunds.policy.engine.on_lease_expiry, LeaseExpiry::Retry);
+        assert!(refunds.policy.lookup.is_none());
+        assert_eq!(
+            s.routes.defaults().engine.on_lease_expiry,
+            LeaseExpiry::Hold,
+            "the default never runs a held attempt again"
+        );
+    }
+
+    #[test]
+    fn bad_lookups_are_refused_with_the_line() {
+        let route = "upstream = \"http://x:1\"\n[[route]]\nmethod = \"POST\"\npath = \"/v1/payments\"\n[route.reconcile]\n";
+        for (tail, want) in [
+            ("status = 201\n", "route[0].reconcile has no path"),
+            (
+                "path = \"/v1/payments/{id}/{key}\"\n",
+                "idem.toml:6: route[0].reconcile.path = \"/v1/payments/{id}/{key}\": {id} is not a parameter of the route's path \"/v1/payments\"",
+            ),
+            (
+                "path = \"/v1/payments/by-key\"\n",
+                "must name the record by {key}",
+            ),
+            (
+                "path = \"/v1/p/{key}\"\nstatus = 404\n",
+                "idem.toml:7: route[0].reconcile.status = 404: must be a 2xx status",
+            ),
+            (
+                "path = \"/v1/p/{key}\"\nmethod = \"DELETE\"\n",
+                "route[0].reconcile.method = \"DELETE\": expected \"GET\"",
+            ),
+            (
+                "path = \"/v1/p/{key}\"\nsettle = \"0s\"\n",
+                "route[0].reconcile.settle = \"0s\": must be greater than zero",
+            ),
+        ] {
+            let err = from_text(&format!("{route}{tail}")).expect_err(tail);
+            assert!(err.0.contains(want), "{tail}: {err}");
+        }
+        let err =
+            from_text("upstream = \"http://x:1\"\n[defaults.reconcile]\npath = \"/v1/{key}\"\n")
+                .expect_err("defaults");
+        assert!(err.0.contains("a lookup belongs to one route"), "{err}");
     }
 
     #[test]

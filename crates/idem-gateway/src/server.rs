@@ -24,6 +24,9 @@ use crate::proxy::{PeerAddr, Proxy, ProxyBody};
 use crate::store::GatewayStore;
 use crate::workers::{ServeConnection, Workers, close_within};
 
+/// How often the store is listed for held records nobody follows.
+const RECONCILE_SCAN_EVERY: Duration = Duration::from_secs(10);
+
 /// The request pipeline: the idempotency layer around the proxy.
 pub type Gateway = Idempotency<Proxy, GatewayStore, TenantSource>;
 
@@ -72,10 +75,17 @@ pub async fn bind(settings: &Settings) -> Result<Server, String> {
         .await
         .map_err(|e| format!("cannot listen on {} (admin): {e}", settings.admin_listen))?;
     let proxy = Proxy::new(&settings.upstream, settings.upstream_timeout);
-    let gateway = IdempotencyLayer::new(store.clone())
+    // Held records left by a gateway that died are found by listing the
+    // store, where the monitor may list it (not on plain Redis); elsewhere
+    // a client's retry brings them to the reconciliation.
+    let scans = settings.monitor.enabled.then_some(RECONCILE_SCAN_EVERY);
+    let layer = IdempotencyLayer::new(store.clone())
         .with_routes(settings.routes.clone())
         .with_tenant(settings.tenant.clone())
-        .layer(proxy);
+        .with_reconcile_scans(scans);
+    // On the shared runtime, beside the store, not on a serving thread.
+    layer.start_reconciliation();
+    let gateway = layer.layer(proxy);
     let admin_router = crate::admin::router(AdminState {
         store: store.clone(),
         token: settings.admin_token.as_deref().map(Arc::from),

@@ -80,6 +80,10 @@ pub struct Reserved {
     pub lease: idem::Lease,
 }
 
+/// The longest `Retry-After` for a request whose first attempt is still
+/// running.
+pub const IN_PROGRESS_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// What the layer decided, left in the response's extensions for metrics
 /// and logs. Names follow the `idem_requests_total{outcome}` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -406,7 +410,11 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         ResBody::Error: Into<BoxError>,
     {
         let started = Instant::now();
-        if this.reconciliation.is_some() && this.started.get().is_none() {
+        if this
+            .reconciliation
+            .as_ref()
+            .is_some_and(|r| !r.reconciler().connected())
+        {
             this.connect(&inner);
         }
         let route = this.routes.matching(req.method(), req.uri().path());
@@ -599,11 +607,13 @@ where
                 let handoff = shared.handoff(route, &parts, &scope);
                 held(handoff, &policy, &scope, &key, retry_after)
             } else {
+                // The attempt renews its lease while it runs, so the lease
+                // says nothing of when it ends: ask again soon.
                 Problem::new(
                     ProblemKind::InProgress,
                     "a request with this key is still being processed; retry after the indicated delay",
                 )
-                .with_retry_after(retry_after)
+                .with_retry_after(retry_after.min(IN_PROGRESS_RETRY_AFTER))
             };
             Ok(problem(answer, Decision::InProgress))
         }

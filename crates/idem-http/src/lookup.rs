@@ -285,6 +285,11 @@ impl HttpLookup {
         self.routes.contains_key(operation)
     }
 
+    /// Whether lookups can reach the inner service yet.
+    pub(crate) fn connected(&self) -> bool {
+        self.send.get().is_some()
+    }
+
     /// Sets how lookups reach the inner service (once; later calls are
     /// ignored).
     pub(crate) fn connect(&self, make: impl FnOnce() -> Sender) {

@@ -56,6 +56,7 @@ impl RequestMetrics {
         decision: Decision,
         elapsed: Duration,
     ) {
+        self.register(routes);
         let handles = self.handles.get_or_init(|| {
             routes
                 .labels()

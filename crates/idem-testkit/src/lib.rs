@@ -20,6 +20,7 @@ pub mod client;
 pub mod conformance;
 pub mod fault;
 pub mod gateway;
+pub mod ledger;
 pub mod servers;
 pub mod services;
 pub mod upstream;

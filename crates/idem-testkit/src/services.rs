@@ -94,6 +94,25 @@ pub fn program(name: &str, env: &str, default: &str) -> Option<PathBuf> {
     })
 }
 
+/// A Python 3 (`IDEM_TEST_PYTHON` or `python3`) that imports every one of
+/// `modules`, e.g. `requests` for the retrying-client tests; a loud skip
+/// (or a panic under `IDEM_REQUIRE_SERVICES=1`) otherwise.
+pub fn python_with(modules: &[&str]) -> Option<PathBuf> {
+    let python = program("Python 3", "IDEM_TEST_PYTHON", "python3")?;
+    let imports = format!("import {}", modules.join(", "));
+    let ok = std::process::Command::new(&python)
+        .args(["-c", &imports])
+        .output()
+        .is_ok_and(|out| out.status.success());
+    if ok {
+        return Some(python);
+    }
+    absent(&format!(
+        "{} cannot `{imports}` (scripts/services.sh installs the Python test clients)",
+        python.display()
+    ))
+}
+
 /// Skips loudly, or fails when services are required.
 fn absent<T>(msg: &str) -> Option<T> {
     if required() {

@@ -174,6 +174,11 @@ function gauge(snap, name) {
   return list.length ? list.reduce((a, s) => a + s.value, 0) : null;
 }
 
+// The sum of a counter's series whose labels pass `keep` (all by default).
+function total(snap, name, keep = () => true) {
+  return snap.list(name).filter((s) => keep(s.labels)).reduce((a, s) => a + s.value, 0);
+}
+
 // Increase of one counter series since the previous scrape. A series that is
 // new, or went down (the process restarted), counts its whole current value.
 function increase(s, prev, reset = false) {
@@ -519,6 +524,15 @@ function render() {
   $('tile-processing').textContent = lastPoint ? num(lastPoint.processing) : '–';
   $('tile-stuck').textContent = lastPoint ? num(lastPoint.stuck) : '–';
   $('tile-stuck').classList.toggle('bad', Boolean(lastPoint && lastPoint.stuck > 0));
+  const reruns = state.prev ? total(state.prev, 'idem_reruns_total') : null;
+  $('tile-reruns').textContent = reruns === null ? '–' : num(reruns);
+  $('tile-reruns').classList.toggle('bad', Boolean(reruns));
+  if (state.prev) {
+    const settled = (r) => total(state.prev, 'idem_reconciled_total', (l) => l.result === r);
+    const gaveUp = settled('gave_up');
+    $('tile-reconciled').textContent = `${num(settled('completed'))} / ${num(settled('released'))}${gaveUp ? ` · ${num(gaveUp)} gave up` : ''}`;
+    $('tile-reconciled').classList.toggle('bad', gaveUp > 0);
+  }
   $('tile-version').textContent = state.version || '–';
 }
 
