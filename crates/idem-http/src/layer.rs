@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body::Body;
-use idem::reconcile::Reconciliation;
+use idem::reconcile::{Reconciler as _, Reconciliation};
 use idem::{
     Begin, Engine, EngineError, Guard, IdempotencyKey, LeaseExpiry, ListRecords, Replay, Scope,
     Store, StoredResponse,
@@ -914,7 +914,11 @@ async fn unknown<S: Store>(
     log_recording(&scope, &key, "outcome unknown", marked);
     let handoff = handoff.filter(|_| ok)?;
     handoff.remember(&scope, &key);
-    handoff.reconciliation.hold(&scope, &key, lease)
+    let first = handoff.reconciliation.hold(&scope, &key, lease);
+    if first.is_none() {
+        handoff.reconciliation.reconciler().forget(&scope, &key);
+    }
+    first
 }
 
 /// The answer to a request that met a held record (its outcome unknown,
@@ -930,7 +934,11 @@ fn held<S: Store>(
 ) -> Problem {
     if let Some(handoff) = handoff {
         handoff.remember(scope, key);
-        if let Some(next) = handoff.reconciliation.held(scope, key) {
+        let next = handoff.reconciliation.held(scope, key);
+        if next.is_none() {
+            handoff.reconciliation.reconciler().forget(scope, key);
+        }
+        if let Some(next) = next {
             return Problem::new(
                 ProblemKind::OutcomeReconciling,
                 "an earlier attempt with this key may have taken effect; the upstream is being asked what became of it: retry after the indicated delay to get its answer",

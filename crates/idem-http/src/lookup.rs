@@ -404,10 +404,13 @@ impl Reconciler for HttpLookup {
     }
 
     fn settled(&self, record: &Record, how: Settled) {
-        lock(&self.requests).remove(&id_of(&record.scope, &record.key));
         if let Some(route) = self.routes.get(record.scope.operation()) {
             self.metrics.settled(&route.label, how);
         }
+    }
+
+    fn forget(&self, scope: &Scope, key: &IdempotencyKey) {
+        lock(&self.requests).remove(&id_of(scope, key));
     }
 }
 

@@ -10,6 +10,9 @@
 //! * `slow` — every `slow_every`-th request: the charge is made and the
 //!   answer comes after `slow_for`.
 //!
+//! Any `POST /v1/…` charges (`/v1/payments`, the Stripe SDK's
+//! `/v1/payment_intents`); `GET /v1/stats` answers its [`Tally`] as JSON.
+//!
 //! `GET /v1/payments/by-key/{key}` is its lookup: `200` with the charge
 //! made under that key (for the caller's `Authorization` only), or `404`.
 //! It is what a route's `[route.reconcile]` asks.
@@ -75,9 +78,12 @@ pub struct Tally {
 impl Ledger {
     /// Starts on `127.0.0.1:0`.
     pub async fn start(faults: Faults) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind loopback");
+        Self::start_on("127.0.0.1:0".parse().expect("address"), faults).await
+    }
+
+    /// Starts on `addr`.
+    pub async fn start_on(addr: SocketAddr, faults: Faults) -> Self {
+        let listener = TcpListener::bind(addr).await.expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
         let state = Arc::new(State::default());
         let shared = Arc::clone(&state);
@@ -112,16 +118,37 @@ impl Ledger {
             .sum()
     }
 
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     /// What it saw so far.
     pub fn tally(&self) -> Tally {
-        let charges = lock(&self.state.charges);
+        self.state.tally()
+    }
+}
+
+impl State {
+    fn tally(&self) -> Tally {
+        let charges = lock(&self.charges);
         Tally {
             paid: charges.len() as u64,
             duplicates: charges.values().map(|ids| ids.len() as u64 - 1).sum(),
-            lost: self.state.lost.load(Ordering::SeqCst),
-            slow: self.state.slow.load(Ordering::SeqCst),
-            lookups: self.state.lookups.load(Ordering::SeqCst),
+            lost: self.lost.load(Ordering::SeqCst),
+            slow: self.slow.load(Ordering::SeqCst),
+            lookups: self.lookups.load(Ordering::SeqCst),
         }
+    }
+}
+
+impl Tally {
+    /// As JSON: `{"paid":…,"duplicates":…,"lost":…,"slow":…,"lookups":…}`.
+    pub fn to_json(&self) -> String {
+        format!(
+            r#"{{"paid":{},"duplicates":{},"lost":{},"slow":{},"lookups":{}}}"#,
+            self.paid, self.duplicates, self.lost, self.slow, self.lookups
+        )
     }
 }
 
@@ -173,7 +200,10 @@ async fn handle(
             ),
         });
     }
-    if req.method() != Method::POST || req.uri().path() != "/v1/payments" {
+    if req.method() == Method::GET && req.uri().path() == "/v1/stats" {
+        return Ok(json(StatusCode::OK, state.tally().to_json()));
+    }
+    if req.method() != Method::POST || !req.uri().path().starts_with("/v1/") {
         return Ok(json(
             StatusCode::NOT_FOUND,
             r#"{"error":"no such route"}"#.into(),
@@ -190,7 +220,9 @@ async fn handle(
     };
     let answer = json(
         StatusCode::CREATED,
-        format!(r#"{{"id":"pay_{n}","key":{key:?},"status":"succeeded"}}"#),
+        format!(
+            r#"{{"id":"pay_{n}","object":"payment_intent","key":{key:?},"status":"succeeded"}}"#
+        ),
     );
     if first && faults.lost_every > 0 && n.is_multiple_of(faults.lost_every) {
         state.lost.fetch_add(1, Ordering::SeqCst);

@@ -100,6 +100,14 @@ pub trait Reconciler: Send + Sync + 'static {
     fn settled(&self, record: &Record, how: Settled) {
         let _ = (record, how);
     }
+
+    /// Told when a [`Reconciliation`] stops following a record, for any
+    /// reason (settled, settled by someone else, taken over, given up and
+    /// no longer held), so that whatever the reconciler keeps per record
+    /// can go.
+    fn forget(&self, scope: &Scope, key: &IdempotencyKey) {
+        let _ = (scope, key);
+    }
 }
 
 /// What one reconciliation round did.
@@ -581,7 +589,17 @@ async fn scan_once<S: Store, R: Reconciler>(inner: &Arc<Inner<S, R>>, lister: &L
     }
     // A complete scan: a given-up record no longer held was settled by
     // someone else.
-    lock(&inner.jobs).retain(|id, job| !job.gave_up || held.contains(id));
+    let mut gone = Vec::new();
+    lock(&inner.jobs).retain(|id, job| {
+        let keep = !job.gave_up || held.contains(id);
+        if !keep {
+            gone.push((job.scope.clone(), job.key.clone()));
+        }
+        keep
+    });
+    for (scope, key) in gone {
+        inner.reconciler.forget(&scope, &key);
+    }
 }
 
 /// Runs every lookup that is due, a few at a time.
@@ -610,6 +628,8 @@ async fn run_due<S: Store, R: Reconciler>(inner: &Arc<Inner<S, R>>) {
             match next {
                 Step::Done => {
                     jobs.remove(&id);
+                    drop(jobs);
+                    inner.reconciler.forget(&job.scope, &job.key);
                 }
                 Step::Later(at) => {
                     if let Some(j) = jobs.get_mut(&id) {
@@ -800,6 +820,7 @@ mod tests {
     struct Provider {
         lookups: AtomicU32,
         settled: Mutex<Vec<(String, Settled)>>,
+        forgotten: Mutex<Vec<String>>,
     }
 
     impl Reconciler for Provider {
@@ -833,6 +854,10 @@ mod tests {
 
         fn settled(&self, record: &Record, how: Settled) {
             lock(&self.settled).push((record.key.as_str().to_owned(), how));
+        }
+
+        fn forget(&self, _scope: &Scope, key: &IdempotencyKey) {
+            lock(&self.forgotten).push(key.as_str().to_owned());
         }
     }
 
@@ -980,5 +1005,10 @@ mod tests {
         r.run_due(false).await;
         assert_eq!(r.followed(), 0);
         assert_eq!(r.reconciler().lookups.load(Ordering::SeqCst), 0);
+        assert_eq!(
+            *lock(&r.reconciler().forgotten),
+            ["charged-4"],
+            "told to forget it"
+        );
     }
 }
