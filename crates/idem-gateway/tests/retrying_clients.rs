@@ -41,6 +41,14 @@ const FAULTS: Faults = Faults {
     slow_for: Duration::from_millis(1500),
 };
 
+/// `idem serve` in front of `ledger` on the embedded store in `dir`, with
+/// [`config`].
+async fn gateway(dir: &Path, ledger: &Ledger, reconcile: bool, extra: &str) -> GatewayProcess {
+    let store = sqlite_store(dir);
+    let config = config(reconcile, extra);
+    GatewayProcess::start(IDEM, dir, &config, &ledger.url(), &store, "warn", &[]).await
+}
+
 /// `idem records list --state held --json` on `store`: the held keys.
 fn held_keys(store: &str) -> Vec<String> {
     let out = std::process::Command::new(IDEM)
@@ -88,16 +96,7 @@ async fn python_requests_through_the_default_gateway_never_charge_twice() {
         let dir = tempfile::tempdir().expect("temp dir");
         let store = sqlite_store(dir.path());
         let ledger = Ledger::start(FAULTS).await;
-        let gw = GatewayProcess::start(
-            IDEM,
-            dir.path(),
-            &config(reconcile, ""),
-            &ledger.url(),
-            &store,
-            "warn",
-            &[],
-        )
-        .await;
+        let gw = gateway(dir.path(), &ledger, reconcile, "").await;
         let report = pay_with_requests(&python, &format!("http://{}", gw.addr), 200).await;
         let tally = ledger.tally();
         eprintln!("reconcile = {reconcile}: client {report:#}\nledger {tally:?}");
@@ -165,18 +164,8 @@ async fn reqwest_retry_through_the_default_gateway_never_charges_twice() {
     use reqwest_retry::policies::ExponentialBackoff;
 
     let dir = tempfile::tempdir().expect("temp dir");
-    let store = sqlite_store(dir.path());
     let ledger = Ledger::start(FAULTS).await;
-    let gw = GatewayProcess::start(
-        IDEM,
-        dir.path(),
-        &config(true, ""),
-        &ledger.url(),
-        &store,
-        "warn",
-        &[],
-    )
-    .await;
+    let gw = gateway(dir.path(), &ledger, true, "").await;
     let policy = ExponentialBackoff::builder()
         .retry_bounds(Duration::from_millis(200), Duration::from_secs(2))
         .build_with_max_retries(12);
@@ -236,11 +225,8 @@ async fn a_gateway_sigkilled_mid_request_charges_once_by_default() {
         let dir = tempfile::tempdir().expect("temp dir");
         let store = sqlite_store(dir.path());
         let ledger = Ledger::start(faults).await;
-        let upstream = ledger.url();
         // A short lease so the test waits 2 s for it to lapse, not 30.
-        let cfg = config(reconcile, "[defaults]\nlease = \"2s\"");
-        let start =
-            || GatewayProcess::start(IDEM, dir.path(), &cfg, &upstream, &store, "warn", &[]);
+        let start = || gateway(dir.path(), &ledger, reconcile, "[defaults]\nlease = \"2s\"");
         let gw = start().await;
         let pay = |addr: std::net::SocketAddr| async move {
             idem_testkit::client::try_send(

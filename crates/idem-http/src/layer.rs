@@ -377,23 +377,6 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         }
     }
 
-    /// Lets lookups reach the inner service (on the first request: that is
-    /// where the service and its body types are known).
-    fn connect<I, ReqBody, ResBody>(&self, inner: &I)
-    where
-        I: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-        I::Future: Send + 'static,
-        ReqBody: From<Bytes> + Send + 'static,
-        ResBody: Body<Data = Bytes> + Send + 'static,
-        ResBody::Error: Into<BoxError>,
-    {
-        let Some(r) = &self.reconciliation else {
-            return;
-        };
-        r.reconciler().connect(|| lookup_sender(inner.clone()));
-        self.start_reconciliation();
-    }
-
     /// Routes the request, answers it, and counts the answer.
     async fn handle<I, ReqBody, ResBody>(
         this: &Arc<Self>,
@@ -410,12 +393,13 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         ResBody::Error: Into<BoxError>,
     {
         let started = Instant::now();
-        if this
-            .reconciliation
-            .as_ref()
-            .is_some_and(|r| !r.reconciler().connected())
+        // Lookups reach the inner service from the first request on: that
+        // is where the service and its body types are known.
+        if let Some(r) = &this.reconciliation
+            && !r.reconciler().connected()
         {
-            this.connect(&inner);
+            r.reconciler().connect(|| lookup_sender(inner.clone()));
+            this.start_reconciliation();
         }
         let route = this.routes.matching(req.method(), req.uri().path());
         // Labels index: configured routes, then the defaults, then "none".

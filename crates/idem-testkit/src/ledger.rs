@@ -27,8 +27,6 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 
 /// How a [`Ledger`] misbehaves; `0` turns a fault off.
@@ -87,19 +85,9 @@ impl Ledger {
         let addr = listener.local_addr().expect("local addr");
         let state = Arc::new(State::default());
         let shared = Arc::clone(&state);
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let state = Arc::clone(&shared);
-                tokio::spawn(async move {
-                    let svc = service_fn(move |req| handle(req, Arc::clone(&state), faults));
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
-            }
+        crate::upstream::serve(listener, move || {
+            let state = Arc::clone(&shared);
+            move |req| handle(req, Arc::clone(&state), faults)
         });
         Self { addr, state }
     }

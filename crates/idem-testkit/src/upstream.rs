@@ -50,20 +50,10 @@ impl CountingUpstream {
         let addr = listener.local_addr().expect("local addr");
         let state = Arc::new(State::default());
         let shared = Arc::clone(&state);
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                shared.connections.fetch_add(1, Ordering::SeqCst);
-                let state = Arc::clone(&shared);
-                tokio::spawn(async move {
-                    let svc = service_fn(move |req| handle(req, Arc::clone(&state)));
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
-            }
+        serve(listener, move || {
+            shared.connections.fetch_add(1, Ordering::SeqCst);
+            let state = Arc::clone(&shared);
+            move |req| handle(req, Arc::clone(&state))
         });
         Self { addr, state }
     }
@@ -97,6 +87,31 @@ impl CountingUpstream {
     pub fn last_headers(&self) -> Option<HeaderMap> {
         lock(&self.state.last_headers).clone()
     }
+}
+
+/// Serves HTTP/1 and HTTP/2 on `listener` until the runtime ends, a task
+/// per connection; `accepted` runs for each connection and gives the
+/// function that answers its requests. For the test servers of this crate.
+pub(crate) fn serve<A, H, F, E>(listener: TcpListener, accepted: A)
+where
+    A: Fn() -> H + Send + 'static,
+    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    F: std::future::Future<Output = Result<Response<Full<Bytes>>, E>> + Send + 'static,
+    E: Into<Box<dyn std::error::Error + Send + Sync>> + 'static,
+{
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let svc = service_fn(accepted());
+            tokio::spawn(async move {
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

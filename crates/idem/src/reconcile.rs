@@ -312,6 +312,30 @@ struct Job {
     running: bool,
 }
 
+impl Job {
+    /// A record to follow from `now`, first looked up at `due`.
+    fn new(
+        scope: &Scope,
+        key: &IdempotencyKey,
+        lease: Option<Lease>,
+        schedule: Schedule,
+        now: Instant,
+        due: Instant,
+    ) -> Self {
+        Self {
+            scope: scope.clone(),
+            key: key.clone(),
+            lease,
+            schedule,
+            began: now,
+            due,
+            pause: schedule.first,
+            gave_up: false,
+            running: false,
+        }
+    }
+}
+
 /// Lists processing records, for scans (a store with [`ListRecords`]).
 type Lister = Arc<
     dyn Fn(ListFilter) -> Pin<Box<dyn Future<Output = Result<Page, StoreError>> + Send>>
@@ -417,17 +441,7 @@ impl<S: Store, R: Reconciler> Reconciliation<S, R> {
             tracing::warn!(reason = "idempotency_reconcile_full", tenant = scope.tenant(), operation = scope.operation(), %key, "too many held records followed; this one waits for a scan or a retry");
             return None;
         }
-        let job = Job {
-            scope: scope.clone(),
-            key: key.clone(),
-            lease: Some(lease),
-            schedule,
-            began: now,
-            due: now + schedule.first,
-            pause: schedule.first,
-            gave_up: false,
-            running: false,
-        };
+        let job = Job::new(scope, key, Some(lease), schedule, now, now + schedule.first);
         jobs.insert(id_of(scope, key), job);
         drop(jobs);
         self.inner.wake.notify_one();
@@ -450,17 +464,7 @@ impl<S: Store, R: Reconciler> Reconciliation<S, R> {
         }
         jobs.insert(
             id_of(scope, key),
-            Job {
-                scope: scope.clone(),
-                key: key.clone(),
-                lease: None,
-                schedule,
-                began: now,
-                due: now,
-                pause: schedule.first,
-                gave_up: false,
-                running: false,
-            },
+            Job::new(scope, key, None, schedule, now, now),
         );
         drop(jobs);
         self.inner.wake.notify_one();
@@ -564,20 +568,8 @@ async fn scan_once<S: Store, R: Reconciler>(inner: &Arc<Inner<S, R>>, lister: &L
                     continue;
                 }
                 if let Some(schedule) = inner.reconciler.schedule(&record.scope) {
-                    jobs.insert(
-                        id,
-                        Job {
-                            scope: record.scope.clone(),
-                            key: record.key.clone(),
-                            lease: None,
-                            schedule,
-                            began: at,
-                            due: at,
-                            pause: schedule.first,
-                            gave_up: false,
-                            running: false,
-                        },
-                    );
+                    let job = Job::new(&record.scope, &record.key, None, schedule, at, at);
+                    jobs.insert(id, job);
                 }
             }
         }
