@@ -50,6 +50,7 @@ pub struct Engine<S> {
     store: Arc<S>,
     policy: Arc<Policy>,
     unacked: Arc<OnceLock<mpsc::Sender<Unacked>>>,
+    waiters: Arc<Waiters>,
 }
 
 impl<S> fmt::Debug for Engine<S> {
@@ -67,6 +68,7 @@ impl<S> Clone for Engine<S> {
             store: Arc::clone(&self.store),
             policy: Arc::clone(&self.policy),
             unacked: Arc::clone(&self.unacked),
+            waiters: Arc::clone(&self.waiters),
         }
     }
 }
@@ -194,6 +196,7 @@ impl<S: Store> Engine<S> {
             store,
             policy: Arc::new(Policy::default()),
             unacked: Arc::default(),
+            waiters: Arc::default(),
         }
     }
 
@@ -219,7 +222,13 @@ impl<S: Store> Engine<S> {
     /// Under [`InFlight::Wait`], a duplicate of a running attempt waits (up
     /// to the bound) for its answer and gets [`Begin::Replay`]; if the first
     /// attempt releases the key meanwhile, the duplicate may get
-    /// [`Begin::Execute`] itself.
+    /// [`Begin::Execute`] itself. It does not poll the store: it asks again
+    /// when an attempt of this engine on the same key decides (an
+    /// in-process notification), and, for an attempt running in another
+    /// process, after pauses that grow fourfold from 25 ms and at the end
+    /// of the wait: at most [`MAX_LOOKS`] looks however long it waits. At
+    /// most [`MAX_WAITERS_PER_KEY`] wait on one key; the others are answered
+    /// [`Begin::InProgress`] at once.
     pub async fn begin(
         &self,
         scope: &Scope,
@@ -230,8 +239,20 @@ impl<S: Store> Engine<S> {
             InFlight::Reject => None,
             InFlight::Wait(bound) => Some(Instant::now() + bound),
         };
-        let mut pause = Duration::from_millis(5);
+        // Joined at the first "in progress", then armed before each look,
+        // so that a decision made between a look and the wait still wakes
+        // this caller.
+        let mut waiter: Option<Waiter> = None;
+        let mut pause = FIRST_LOOK;
+        let mut looks = 0;
         loop {
+            looks += 1;
+            let mut wake = waiter
+                .as_ref()
+                .map(|w| Box::pin(Arc::clone(&w.notify).notified_owned()));
+            if let Some(wake) = wake.as_mut() {
+                wake.as_mut().enable();
+            }
             let owner = OwnerToken::random();
             let req = ReserveRequest {
                 scope,
@@ -284,18 +305,33 @@ impl<S: Store> Engine<S> {
                     outcome_unknown,
                 } => {
                     let now = Instant::now();
-                    match deadline {
-                        Some(deadline) if now < deadline => {
-                            tokio::time::sleep(pause.min(deadline - now)).await;
-                            pause = (pause * 2).min(Duration::from_millis(100));
+                    let waiting = match (deadline, wake) {
+                        // Woken by a decision here, or at the end of the
+                        // wait: look once more.
+                        (Some(deadline), Some(wake)) if now < deadline => {
+                            // The last look is kept for the end of the wait.
+                            let until = if looks + 1 >= MAX_LOOKS {
+                                deadline
+                            } else {
+                                deadline.min(now + pause)
+                            };
+                            let _ = tokio::time::timeout_at(until, wake).await;
+                            pause *= 4;
+                            true
                         }
-                        _ => {
-                            tracing::debug!(reason = "idempotency_in_progress", tenant = scope.tenant(), operation = scope.operation(), %key, ?retry_after);
-                            return Ok(Begin::InProgress {
-                                retry_after,
-                                outcome_unknown,
-                            });
+                        // Join, then look again with the wake armed.
+                        (Some(deadline), None) if now < deadline => {
+                            waiter = self.waiters.join(scope, key);
+                            waiter.is_some()
                         }
+                        _ => false,
+                    };
+                    if !waiting {
+                        tracing::debug!(reason = "idempotency_in_progress", tenant = scope.tenant(), operation = scope.operation(), %key, ?retry_after);
+                        return Ok(Begin::InProgress {
+                            retry_after,
+                            outcome_unknown,
+                        });
                     }
                 }
             }
@@ -487,6 +523,7 @@ pub struct Guard<S: Store> {
     error_code: Option<String>,
     heartbeat: Option<Heartbeat>,
     rerun: Option<Rerun>,
+    waiters: Arc<Waiters>,
 }
 
 impl<S: Store> fmt::Debug for Guard<S> {
@@ -510,6 +547,9 @@ impl<S: Store> Drop for Guard<S> {
         if let Some(hb) = self.heartbeat.take() {
             hb.task.abort();
         }
+        // Decided (every decision consumes the guard and ends here), or
+        // given up: whoever waits on the key looks again.
+        self.waiters.wake(&self.scope, &self.key);
     }
 }
 
@@ -528,6 +568,7 @@ impl<S: Store> Guard<S> {
             error_code: None,
             heartbeat: None,
             rerun: None,
+            waiters: Arc::clone(&engine.waiters),
         }
     }
 
@@ -724,6 +765,103 @@ impl<S: Store> Guard<S> {
             marked_unknown,
             source,
         })
+    }
+}
+
+/// The most callers that wait on one key under [`InFlight::Wait`]; more
+/// are answered "in progress" at once.
+pub const MAX_WAITERS_PER_KEY: usize = 64;
+
+/// The most times a caller under [`InFlight::Wait`] asks the store, from
+/// its first look to its last, however long the wait.
+pub const MAX_LOOKS: u32 = 8;
+
+/// The first pause of a waiter that no decision here woke; each next one
+/// is four times longer.
+const FIRST_LOOK: Duration = Duration::from_millis(25);
+
+type WaitKey = (String, String, String);
+
+/// Callers waiting for an attempt of this engine to decide, per key: the
+/// key's notification and how many wait on it.
+#[derive(Debug, Default)]
+struct Waiters {
+    keys: std::sync::Mutex<std::collections::HashMap<WaitKey, (Arc<tokio::sync::Notify>, usize)>>,
+    /// How many wait, on any key: a decision with nobody waiting (nearly
+    /// all of them) takes no lock.
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+fn wait_key(scope: &Scope, key: &IdempotencyKey) -> WaitKey {
+    (
+        scope.tenant().to_owned(),
+        scope.operation().to_owned(),
+        key.as_str().to_owned(),
+    )
+}
+
+impl Waiters {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<
+        '_,
+        std::collections::HashMap<WaitKey, (Arc<tokio::sync::Notify>, usize)>,
+    > {
+        self.keys.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Joins the waiters of `key`, unless there are too many.
+    fn join(self: &Arc<Self>, scope: &Scope, key: &IdempotencyKey) -> Option<Waiter> {
+        let id = wait_key(scope, key);
+        let mut keys = self.lock();
+        let (notify, count) = keys.entry(id.clone()).or_default();
+        if *count >= MAX_WAITERS_PER_KEY {
+            drop(keys);
+            tracing::debug!(tenant = scope.tenant(), operation = scope.operation(), %key, "too many callers wait on this key; answering in progress");
+            return None;
+        }
+        *count += 1;
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        Some(Waiter {
+            notify: Arc::clone(notify),
+            waiters: Arc::clone(self),
+            id,
+        })
+    }
+
+    /// An attempt on `key` decided: its waiters look again.
+    fn wake(&self, scope: &Scope, key: &IdempotencyKey) {
+        // A waiter joins before it looks at the store, and the decision
+        // was made there before this: one that joins after this load
+        // sees the decision.
+        if self.waiting.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let keys = self.lock();
+        if let Some((notify, _)) = keys.get(&wait_key(scope, key)) {
+            notify.notify_waiters();
+        }
+    }
+}
+
+/// One caller's place among the waiters of a key; leaving drops the key's
+/// entry with its last waiter.
+struct Waiter {
+    notify: Arc<tokio::sync::Notify>,
+    waiters: Arc<Waiters>,
+    id: WaitKey,
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        self.waiters.waiting.fetch_sub(1, Ordering::SeqCst);
+        let mut keys = self.waiters.lock();
+        if let Some((_, count)) = keys.get_mut(&self.id) {
+            *count -= 1;
+            if *count == 0 {
+                keys.remove(&self.id);
+            }
+        }
     }
 }
 

@@ -206,6 +206,96 @@ async fn wait_policy_gives_up_after_its_bound() {
     assert!(started.elapsed() >= Duration::from_millis(120));
 }
 
+/// 101 duplicates wait on one key: each asks the store at most
+/// `MAX_LOOKS` times however long it waits, and once more when the attempt
+/// decides; past the cap, the rest are answered at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiting_duplicates_do_not_poll_the_store() {
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let engine = Engine::from_arc(Arc::clone(&store))
+        .with_policy(Policy::default().with_on_in_flight(InFlight::Wait(Duration::from_secs(10))));
+    let (scope, k) = (unique_scope("wait-no-poll"), key("k"));
+    let Begin::Execute(first) = engine.begin(&scope, &k, fp("a")).await.expect("begin") else {
+        panic!("executes");
+    };
+    let mut waiting = tokio::task::JoinSet::new();
+    for _ in 0..100 {
+        let (engine, scope, k) = (engine.clone(), scope.clone(), k.clone());
+        waiting.spawn(async move { engine.begin(&scope, &k, fp("a")).await });
+    }
+    // Long enough that polling would have asked dozens of times each.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = store.calls(Op::Reserve);
+    first
+        .complete(StoredResponse::new(201, "once"))
+        .await
+        .expect("complete");
+    let (mut replays, mut refused) = (0, 0);
+    while let Some(done) = waiting.join_next().await {
+        match done.expect("task").expect("begin") {
+            Begin::Replay(r) => {
+                assert_eq!(&r.response.body[..], b"once");
+                replays += 1;
+            }
+            Begin::InProgress { .. } => refused += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    let total = store.calls(Op::Reserve);
+    eprintln!("101 callers on one key: {before} reservations in 1.5 s of waiting, {total} in all");
+    assert_eq!(
+        (replays, refused),
+        (
+            idem::engine::MAX_WAITERS_PER_KEY,
+            100 - idem::engine::MAX_WAITERS_PER_KEY
+        ),
+        "the waiters past the cap are answered at once"
+    );
+    let most = idem::engine::MAX_LOOKS;
+    assert!(
+        before <= 1 + most * 100,
+        "{before} reservations while waiting: at most {most} per waiter"
+    );
+    assert!(
+        total - before <= idem::engine::MAX_WAITERS_PER_KEY as u32,
+        "{} more after the decision: one per waiter",
+        total - before
+    );
+}
+
+/// An attempt in another process (another engine) does not wake this
+/// one's waiters: they see its answer at one of their few looks.
+#[tokio::test]
+async fn a_waiter_for_another_process_sees_its_answer_in_a_few_looks() {
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let policy = Policy::default().with_on_in_flight(InFlight::Wait(Duration::from_secs(30)));
+    let here = Engine::from_arc(Arc::clone(&store)).with_policy(policy.clone());
+    let there = Engine::from_arc(Arc::clone(&store)).with_policy(policy);
+    let (scope, k) = (unique_scope("wait-elsewhere"), key("k"));
+    let Begin::Execute(first) = there.begin(&scope, &k, fp("a")).await.expect("begin") else {
+        panic!("executes");
+    };
+    let waiter = {
+        let (here, scope, k) = (here.clone(), scope.clone(), k.clone());
+        tokio::spawn(async move { here.begin(&scope, &k, fp("a")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    first
+        .complete(StoredResponse::new(201, "there"))
+        .await
+        .expect("complete");
+    let started = store.calls(Op::Reserve);
+    match waiter.await.expect("task").expect("begin") {
+        Begin::Replay(r) => assert_eq!(&r.response.body[..], b"there"),
+        other => panic!("expected the replay, got {other:?}"),
+    }
+    let looks = store.calls(Op::Reserve) - 1;
+    assert!(
+        looks <= idem::engine::MAX_LOOKS,
+        "{looks} looks ({started} reservations when the answer was recorded)"
+    );
+}
+
 #[tokio::test]
 async fn waiting_duplicate_executes_when_the_first_releases() {
     let engine = Engine::new(MemoryStore::new())
