@@ -72,7 +72,14 @@ pub fn router(state: AdminState) -> Router {
         .route(&format!("{records}/release"), axum::routing::post(release))
         .route(&format!("{records}/resolve"), axum::routing::post(resolve))
         .fallback(not_found);
-    let protected = guarded(protected, state.token.clone());
+    // Records carry stored answers: never kept by a cache on the way.
+    let protected = guarded(protected, state.token.clone()).layer(axum::middleware::map_response(
+        |mut resp: Response| async move {
+            resp.headers_mut()
+                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            resp
+        },
+    ));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/dashboard", get(|| async { redirect("/dashboard/") }))
@@ -256,7 +263,7 @@ fn asset(file: &str) -> Response {
             (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
             (
                 header::CONTENT_SECURITY_POLICY,
-                HeaderValue::from_static("default-src 'self'"),
+                HeaderValue::from_static("default-src 'self'; frame-ancestors 'none'"),
             ),
             (
                 header::X_CONTENT_TYPE_OPTIONS,

@@ -334,8 +334,14 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
     let upstream = pick(&o.upstream, "upstream", &file.upstream).ok_or_else(|| {
         ConfigError("no upstream: pass --upstream URL, set IDEM_UPSTREAM, or write upstream = \"http://…\" in the config file".to_owned())
     })?;
-    let upstream = parse_upstream(&upstream.0)
-        .map_err(|why| located(upstream.1, &why, "--upstream / IDEM_UPSTREAM"))?;
+    let upstream = parse_upstream(&upstream.0).map_err(|why| {
+        let err = located(upstream.1, &why, "--upstream / IDEM_UPSTREAM");
+        // Never a password in a message.
+        ConfigError(
+            err.0
+                .replace(&upstream.0, &idem::store::redact_url(&upstream.0)),
+        )
+    })?;
     let listen =
         pick(&o.listen, "listen", &file.listen).unwrap_or((DEFAULT_LISTEN.to_owned(), None));
     let listen =
@@ -666,8 +672,12 @@ fn parse_upstream(text: &str) -> Result<Uri, String> {
         Some("https") => return Err("https upstreams are not supported yet; put the gateway next to the service and use http://".to_owned()),
         _ => return Err("the upstream must be an http:// URL such as http://127.0.0.1:3000".to_owned()),
     }
-    if uri.authority().is_none() {
-        return Err("the upstream URL has no host".to_owned());
+    match uri.authority() {
+        None => return Err("the upstream URL has no host".to_owned()),
+        Some(a) if a.as_str().contains('@') => {
+            return Err("the upstream URL carries a user or password; idem sends no credentials of its own upstream (clients' headers are forwarded): write http://host:port".to_owned());
+        }
+        Some(_) => {}
     }
     if uri
         .path_and_query()
@@ -1017,6 +1027,22 @@ on_store_error = "open"
         assert_eq!(cap.policy.engine.fail_mode, FailMode::Open);
         assert!(!cap.policy.require_key);
         assert_eq!(s.upstream_timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn an_upstream_with_credentials_is_refused() {
+        let err =
+            from_text("upstream = \"http://user:secret@127.0.0.1:3000\"\n").expect_err("userinfo");
+        assert!(err.0.contains("carries a user or password"), "{err}");
+        assert!(
+            err.0
+                .starts_with("idem.toml:1: upstream = \"http://user:***@127.0.0.1:3000\""),
+            "{err}"
+        );
+        assert!(
+            !err.0.contains("secret"),
+            "no password in the message: {err}"
+        );
     }
 
     #[test]

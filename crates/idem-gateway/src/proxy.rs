@@ -155,6 +155,12 @@ impl Service<Request<ProxyBody>> for Proxy {
             match tokio::time::timeout(timeout, upstream.send(req)).await {
                 Ok(Ok(resp)) => {
                     let (mut parts, body) = resp.into_parts();
+                    // Framed by its chunked encoding (RFC 9112 §6.3): a
+                    // Content-Length beside it is wrong, and passed on it
+                    // would make the client read the next answer as body.
+                    if parts.headers.contains_key(http::header::TRANSFER_ENCODING) {
+                        parts.headers.remove(http::header::CONTENT_LENGTH);
+                    }
                     strip_hop_by_hop(&mut parts.headers);
                     Ok::<_, Infallible>(Response::from_parts(parts, ProxyBody::Upstream(body)))
                 }

@@ -97,6 +97,11 @@ async fn admin_routes_need_the_token_and_disclose_nothing() {
     let page = get(&gw, "/dashboard/").await;
     assert_eq!(page.status, StatusCode::OK);
     assert!(String::from_utf8_lossy(&page.body).contains("chart-requests"));
+    let csp = page.header("content-security-policy").unwrap_or_default();
+    assert!(
+        csp.contains("frame-ancestors 'none'"),
+        "never framed: {csp}"
+    );
     assert_eq!(get(&gw, "/dashboard/app.js").await.status, StatusCode::OK);
     assert_eq!(
         get(&gw, "/dashboard").await.status,
@@ -138,6 +143,10 @@ async fn admin_routes_need_the_token_and_disclose_nothing() {
     let list = gw.admin(Method::GET, "/api/v1/records", &bearer, "").await;
     assert_eq!(list.status, StatusCode::OK);
     assert_eq!(json(&list)["records"].as_array().map(Vec::len), Some(1));
+    // Stored answers are never kept by a cache on the way.
+    assert_eq!(list.header("cache-control"), Some("no-store"));
+    let one = gw.admin(Method::GET, &record, &bearer, "").await;
+    assert_eq!(one.header("cache-control"), Some("no-store"));
     let unknown = gw.admin(Method::GET, "/no/such/route", &bearer, "").await;
     assert_eq!(unknown.status, StatusCode::NOT_FOUND);
     assert_eq!(unknown.problem_type(), "not-found");

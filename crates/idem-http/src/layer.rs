@@ -46,8 +46,18 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 /// Response header marking a request forwarded without protection
 /// (store down under a fail-open policy).
 pub const IDEMPOTENCY_STATUS: HeaderName = HeaderName::from_static("idempotency-status");
-/// Stored header marking a tombstone: the body was not retained.
-const NOT_RETAINED: &str = "x-idem-body-not-retained";
+/// Stored header marking a tombstone: the body was not retained. Internal:
+/// an upstream's own copy is stripped from its answer.
+const NOT_RETAINED: HeaderName = HeaderName::from_static("x-idem-body-not-retained");
+
+/// Response headers never stored, whatever a route's `unstored_headers`
+/// add: a cookie is one caller's, replayed it would hand that caller's
+/// session to another; the length and the replay mark are the replay's own.
+const NEVER_STORED: [HeaderName; 3] = [
+    header::SET_COOKIE,
+    header::CONTENT_LENGTH,
+    IDEMPOTENT_REPLAYED,
+];
 
 /// Set by an inner service (the gateway's proxy) on responses it made
 /// itself because the upstream failed, so the layer knows what happened to
@@ -714,7 +724,9 @@ where
                 return Err(err);
             }
         };
-        let (parts, body) = resp.into_parts();
+        let (mut parts, body) = resp.into_parts();
+        // The layer's own marker, never the upstream's to set.
+        parts.headers.remove(NOT_RETAINED);
         match parts.extensions.get::<UpstreamOutcome>() {
             Some(UpstreamOutcome::NotSent) => {
                 log_recording(
@@ -730,7 +742,6 @@ where
             }
             Some(UpstreamOutcome::MaybeSent) => {
                 tracing::warn!(reason = "idempotency_outcome_unknown", tenant = scope.tenant(), operation = scope.operation(), %key, status = parts.status.as_u16());
-                let mut parts = parts;
                 let first_lookup =
                     unknown(guard, "upstream failed after the request was sent", handoff).await;
                 if let Some(after) = first_lookup {
@@ -794,7 +805,7 @@ where
             }
             Kept::TooLarge { prefix, rest } => {
                 let mut headers = stored_headers;
-                headers.push((NOT_RETAINED.to_owned(), Bytes::from_static(b"1")));
+                headers.push((NOT_RETAINED.as_str().to_owned(), Bytes::from_static(b"1")));
                 let tombstone = StoredResponse {
                     status,
                     headers,
@@ -1001,8 +1012,8 @@ pub(crate) fn storable_headers(
         .iter()
         .filter(|(name, _)| {
             !hop_by_hop.contains(name)
-                && **name != header::CONTENT_LENGTH
-                && **name != IDEMPOTENT_REPLAYED
+                && !NEVER_STORED.contains(*name)
+                && **name != NOT_RETAINED
                 && !unstored.contains(name)
         })
         .map(|(name, value)| {
@@ -1022,7 +1033,7 @@ fn replayed<B>(replay: Replay) -> Response<ResponseBody<B>> {
         body,
     } = replay.response;
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
-    let tombstone = headers.iter().any(|(n, _)| n == NOT_RETAINED);
+    let tombstone = headers.iter().any(|(n, _)| n == NOT_RETAINED.as_str());
     let mut resp = if tombstone {
         let (mut parts, body) = Problem::new(
             ProblemKind::ResponseNotRetained,
@@ -1032,7 +1043,7 @@ fn replayed<B>(replay: Replay) -> Response<ResponseBody<B>> {
         .to_response()
         .into_parts();
         for (name, value) in &headers {
-            if name == NOT_RETAINED || name == header::CONTENT_TYPE.as_str() {
+            if name == NOT_RETAINED.as_str() || name == header::CONTENT_TYPE.as_str() {
                 continue;
             }
             append(&mut parts.headers, name, value);
@@ -1132,6 +1143,18 @@ mod tests {
         let kept = storable_headers(&h, &[header::SET_COOKIE]);
         let names: Vec<&str> = kept.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["content-type", "location"]);
+        // The setting adds to what is never stored: a cookie stays out even
+        // when a route lists other headers, and so does a forged marker.
+        h.insert(NOT_RETAINED, HeaderValue::from_static("1"));
+        h.insert("x-secret", HeaderValue::from_static("s"));
+        let kept = storable_headers(&h, &[HeaderName::from_static("x-secret")]);
+        let names: Vec<&str> = kept.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["content-type", "location"]);
+        assert!(
+            storable_headers(&h, &[])
+                .iter()
+                .all(|(n, _)| n != "set-cookie")
+        );
     }
 
     #[test]
@@ -1154,7 +1177,7 @@ mod tests {
             response: StoredResponse::new(200, "")
                 .with_header("content-type", "text/plain")
                 .with_header("x-request-id", "abc")
-                .with_header(NOT_RETAINED, "1"),
+                .with_header(NOT_RETAINED.as_str(), "1"),
             resource_id: None,
         };
         let resp: Response<ResponseBody<http_body_util::Empty<Bytes>>> = replayed(replay);

@@ -46,8 +46,9 @@ pub struct RoutePolicy {
     pub mismatch_status: StatusCode,
     /// Headers that are part of the fingerprint (default `content-type`).
     pub fingerprint_headers: Vec<HeaderName>,
-    /// Response headers never stored nor replayed, beyond the hop-by-hop
-    /// ones (default `set-cookie`).
+    /// Response headers never stored nor replayed, besides those that
+    /// never are whatever this says: `set-cookie`, `content-length` and
+    /// the hop-by-hop ones (default: none more).
     pub unstored_headers: Vec<HeaderName>,
     /// How a held record of this route (its outcome unknown) is looked up
     /// on the inner service, to settle it ([`Lookup`]); `None`: it is held
@@ -64,7 +65,7 @@ impl Default for RoutePolicy {
             max_stored_response: 1024 * 1024,
             mismatch_status: StatusCode::UNPROCESSABLE_ENTITY,
             fingerprint_headers: vec![header::CONTENT_TYPE],
-            unstored_headers: vec![header::SET_COOKIE],
+            unstored_headers: Vec::new(),
             lookup: None,
         }
     }
