@@ -43,8 +43,9 @@ pub struct RelayArgs {
     /// must use the same number.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub partitions: u16,
-    /// Message-id prefix (`<source>:<row id>`) telling this outbox apart
-    /// from others publishing to the same stream; default: the schema.
+    /// Message-id prefix (`<source>:<row id>`) of rows written before
+    /// schema version 5, which have no event id of their own; default:
+    /// the schema. Newer rows are published under their random event id.
     #[arg(long, env = "IDEM_SOURCE")]
     pub source: Option<String>,
     /// Attempts before a row becomes dead.

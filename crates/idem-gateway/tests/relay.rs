@@ -303,6 +303,73 @@ async fn a_slow_then_silent_broker_link_delivers_every_row_once_in_order() {
         .expect("drop schema");
 }
 
+/// A database restored, recreated or failed over hands out row numbers
+/// that were published already. Two fresh outboxes under one source (as
+/// the same service's database before and after a restore) publish to one
+/// stream within its de-duplication window: every event of both arrives,
+/// once. With row numbers as ids, the second's were dropped as copies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_recreated_database_never_reuses_a_published_event_id() {
+    let Some(pg) = services::postgres() else {
+        return;
+    };
+    let Some(nats) = services::nats() else {
+        return;
+    };
+    let (before, before_url, before_schema, stream, prefix) = isolated(&pg, "restore").await;
+    let (after, after_url, after_schema, _, _) = isolated(&pg, "restore").await;
+    for (store, url) in [(&before, &before_url), (&after, &after_url)] {
+        enqueue(store, 10, 20).await;
+        let mut relay = start_relay_with(
+            url,
+            &nats,
+            &stream,
+            &prefix,
+            &["--source", "billing"],
+            Stdio::inherit(),
+        )
+        .await;
+        until_published(store, 200).await;
+        kill(&relay, "-TERM");
+        let _ = tokio::time::timeout(Duration::from_secs(20), relay.child.wait()).await;
+        let _ = relay.stdout.next_line().await;
+    }
+    let client = async_nats::connect(&nats).await.expect("nats");
+    let js = async_nats::jetstream::new(client);
+    let mut s = js.get_stream(&stream).await.expect("stream");
+    assert_eq!(
+        s.info().await.expect("info").state.messages,
+        400,
+        "both databases' 200 events, none taken for a copy"
+    );
+    let ids: std::collections::HashSet<String> = {
+        let mut ids = std::collections::HashSet::new();
+        for seq in 1..=400 {
+            let m = s.get_raw_message(seq).await.expect("message");
+            let id = m
+                .headers
+                .get("Nats-Msg-Id")
+                .expect("id")
+                .as_str()
+                .to_owned();
+            assert!(
+                !id.starts_with("billing:"),
+                "a random event id, not a row number: {id}"
+            );
+            ids.insert(id);
+        }
+        ids
+    };
+    assert_eq!(ids.len(), 400);
+    js.delete_stream(&stream).await.expect("delete stream");
+    for (store, schema) in [(&before, before_schema), (&after, after_schema)] {
+        sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+            .execute(store.pool())
+            .await
+            .expect("drop schema");
+    }
+}
+
 /// A schema and stream of their own, and the store URL to reach them.
 async fn isolated(pg: &str, label: &str) -> (PgStore, String, String, String, String) {
     let tag = format!("{label}{:08x}", idem::OwnerToken::random().as_u128() as u32);
@@ -523,8 +590,8 @@ async fn rabbit_queue(amqp: &str, name: &str) -> (lapin::Connection, lapin::Chan
 /// copies aside; returns (messages, distinct row ids).
 async fn drain_in_order(store: &PgStore, ch: &lapin::Channel, name: &str) -> (usize, usize) {
     use lapin::options::BasicGetOptions;
-    let rows: HashMap<i64, (String, i64)> = sqlx::query_as::<_, (i64, String, i64)>(
-        "SELECT id, aggregate_id, sequence FROM idem_outbox",
+    let rows: HashMap<String, (String, i64)> = sqlx::query_as::<_, (String, String, i64)>(
+        "SELECT event_id, aggregate_id, sequence FROM idem_outbox",
     )
     .fetch_all(store.pool())
     .await
@@ -541,17 +608,15 @@ async fn drain_in_order(store: &PgStore, ch: &lapin::Channel, name: &str) -> (us
         .expect("get")
     {
         got += 1;
-        let id: i64 = m
+        let id = m
             .delivery
             .properties
             .message_id()
             .as_ref()
             .expect("a message id")
             .as_str()
-            .rsplit_once(':')
-            .and_then(|(_, id)| id.parse().ok())
-            .expect("<source>:<row id>");
-        let (aggregate, sequence) = rows.get(&id).expect("a row").clone();
+            .to_owned();
+        let (aggregate, sequence) = rows.get(&id).expect("the event id of a row").clone();
         if !seen.insert(id) {
             continue; // a copy after a lost confirm
         }
@@ -568,8 +633,8 @@ async fn drain_in_order(store: &PgStore, ch: &lapin::Channel, name: &str) -> (us
 }
 
 /// `idem relay --broker amqp://…`: every row reaches a queue bound to the
-/// exchange once (the relay crashes nowhere here), with the row id as
-/// `message_id` and each aggregate's rows in sequence order.
+/// exchange once (the relay crashes nowhere here), with the row's event id
+/// as `message_id` and each aggregate's rows in sequence order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn relays_to_rabbitmq_in_order_with_message_ids() {
     let Some(pg) = services::postgres() else {

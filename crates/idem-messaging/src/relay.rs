@@ -22,9 +22,11 @@
 //! * **Exactly once in the stream.** A row is marked published only after
 //!   the broker acknowledged it. A relay that dies between the ack and the
 //!   mark leaves the row pending; whoever takes the partition over
-//!   publishes it again with the same id (`<source>:<row id>`, see
-//!   [`RelayOptions::source`]), which the broker's de-duplication window
-//!   drops. The relay checks at start that
+//!   publishes it again with the same id (the random event id the row
+//!   got at enqueue; `<source>:<row id>` for rows older than event ids,
+//!   see [`RelayOptions::source`]), which the broker's de-duplication
+//!   window drops. A restored or recreated database reuses row numbers,
+//!   never event ids. The relay checks at start that
 //!   the window is longer than its worst re-publish delay and warns loudly
 //!   if not.
 //!
@@ -129,10 +131,11 @@ pub struct RelayOptions {
     pub on_dead: OnDead,
     /// How long published rows are kept.
     pub retention: Duration,
-    /// What tells this outbox's message ids (`<source>:<row id>`) from
-    /// another outbox's publishing to the same stream or exchange: row ids
-    /// alone repeat across outboxes, and a broker de-duplicating by id
-    /// would drop the second outbox's event as a copy of the first's.
+    /// The message-id prefix (`<source>:<row id>`) of rows written before
+    /// schema version 5, which have no random event id: row ids alone
+    /// repeat across outboxes, and a broker de-duplicating by id would drop
+    /// the second outbox's event as a copy of the first's. Newer rows are
+    /// published under their event id, unique whatever the database.
     /// `None`: the namespace given to [`Relay::new`] (the schema); set it
     /// when outboxes in different databases share a schema name.
     pub source: Option<String>,
@@ -195,6 +198,9 @@ pub struct RelayStats {
 #[derive(Debug, Clone)]
 struct Row_ {
     id: i64,
+    /// The random id given at enqueue (`None` for rows written before
+    /// schema version 5).
+    event_id: Option<String>,
     aggregate_type: String,
     aggregate_id: String,
     sequence: i64,
@@ -666,13 +672,13 @@ impl<P: Publisher> Relay<P> {
                  ORDER BY o.aggregate_type, o.aggregate_id LIMIT 1) nxt \
                WHERE a.n < $4 \
              ) \
-             SELECT a.aggregate_type, a.aggregate_id, a.n, r.id, r.sequence, r.message_type, \
+             SELECT a.aggregate_type, a.aggregate_id, a.n, r.id, r.event_id, r.sequence, r.message_type, \
                     r.payload, r.headers, r.attempts, r.later \
              FROM aggs a \
              LEFT JOIN unnest($5::text[], $6::text[], $7::bigint[]) AS f(t, id, s) \
                ON f.t = a.aggregate_type AND f.id = a.aggregate_id \
              LEFT JOIN LATERAL ( \
-               SELECT o.id, o.sequence, o.message_type, o.payload::text AS payload, \
+               SELECT o.id, o.event_id, o.sequence, o.message_type, o.payload::text AS payload, \
                       o.headers::text AS headers, o.attempts, o.available_at > clock_timestamp() AS later, \
                       row_number() OVER (ORDER BY o.sequence) AS rn \
                FROM idem_outbox o \
@@ -732,6 +738,7 @@ impl<P: Publisher> Relay<P> {
             }
             rows.push(Row_ {
                 id,
+                event_id: r.try_get("event_id")?,
                 aggregate_type: r.try_get("aggregate_type")?,
                 aggregate_id: r.try_get("aggregate_id")?,
                 sequence: r.try_get("sequence")?,
@@ -967,7 +974,12 @@ fn outgoing(prefix: &str, source: &str, row: &Row_) -> Outgoing {
     list.push((headers::SEQUENCE.to_owned(), row.sequence.to_string()));
     Outgoing {
         subject: format!("{prefix}.{}.{}", row.aggregate_type, row.message_type),
-        id: format!("{source}:{}", row.id),
+        // The event id, never reused by a restored or recreated database;
+        // rows older than it keep the id they may have been published under.
+        id: row
+            .event_id
+            .clone()
+            .unwrap_or_else(|| format!("{source}:{}", row.id)),
         payload: Bytes::from(row.payload.clone()),
         headers: list,
     }
@@ -999,8 +1011,9 @@ mod tests {
 
     #[test]
     fn subjects_and_headers() {
-        let row = Row_ {
+        let mut row = Row_ {
             id: 42,
+            event_id: None,
             aggregate_type: "payment".into(),
             aggregate_id: "pay_1".into(),
             sequence: 3,
@@ -1011,7 +1024,16 @@ mod tests {
         };
         let out = outgoing("idem", "billing", &row);
         assert_eq!(out.subject, "idem.payment.PaymentAuthorized");
-        assert_eq!(out.id, "billing:42", "row ids repeat across outboxes");
+        assert_eq!(
+            out.id, "billing:42",
+            "a row from before event ids keeps its old id"
+        );
+        row.event_id = Some("6f1c0e1e-2b6a-4c55-9d1e-1f0c2b3a4d5e".into());
+        let out = outgoing("idem", "billing", &row);
+        assert_eq!(
+            out.id, "6f1c0e1e-2b6a-4c55-9d1e-1f0c2b3a4d5e",
+            "the event id, not the row number"
+        );
         assert!(out.headers.contains(&("Idem-Sequence".into(), "3".into())));
         assert!(out.headers.contains(&("trace-id".into(), "t".into())));
     }

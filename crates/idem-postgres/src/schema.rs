@@ -34,6 +34,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "outbox wake-ups for idle relays, index of dead rows",
         include_str!("../migrations/0004_outbox_wakeups.sql"),
     ),
+    (
+        "random event ids for outbox rows",
+        include_str!("../migrations/0005_outbox_event_ids.sql"),
+    ),
 ];
 
 /// The schema version this build writes.
