@@ -47,6 +47,9 @@ pub enum ProblemKind {
     BodyUnreadable,
     /// A JSON body is not valid UTF-8 (400).
     BodyEncoding,
+    /// A JSON body two readers may read differently: a member name twice
+    /// in one object, or an integer beyond ±2^53 (400).
+    BodyAmbiguous,
     /// The client paused sending the request body for longer than the
     /// server waits (408).
     BodyTimeout,
@@ -94,6 +97,7 @@ impl ProblemKind {
             Self::BodyTooLarge => "request-body-too-large",
             Self::BodyUnreadable => "request-body-unreadable",
             Self::BodyEncoding => "request-body-invalid-encoding",
+            Self::BodyAmbiguous => "request-body-ambiguous-json",
             Self::BodyTimeout => "request-body-timeout",
             Self::Overloaded => "server-overloaded",
             Self::TenantInvalid => "tenant-invalid",
@@ -133,6 +137,7 @@ impl ProblemKind {
             Self::BodyTooLarge => "Request body too large",
             Self::BodyUnreadable => "Request body could not be read",
             Self::BodyEncoding => "JSON request body is not valid UTF-8",
+            Self::BodyAmbiguous => "JSON request body is ambiguous",
             Self::BodyTimeout => "Request body not received in time",
             Self::Overloaded => "Too many requests in progress",
             Self::TenantInvalid => "Tenant could not be determined",
@@ -158,6 +163,7 @@ impl ProblemKind {
             | Self::KeyAmbiguous
             | Self::BodyUnreadable
             | Self::BodyEncoding
+            | Self::BodyAmbiguous
             | Self::TenantInvalid
             | Self::InvalidParameter => StatusCode::BAD_REQUEST,
             Self::AdminUnauthorized => StatusCode::UNAUTHORIZED,
@@ -310,6 +316,7 @@ mod tests {
             BodyTooLarge,
             BodyUnreadable,
             BodyEncoding,
+            BodyAmbiguous,
             BodyTimeout,
             Overloaded,
             TenantInvalid,

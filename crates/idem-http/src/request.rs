@@ -220,7 +220,21 @@ pub fn fingerprint(
                 "the body is declared as JSON but is not valid UTF-8",
             ));
         }
-        fp.json_body(body).finish()
+        // Parsed once: canonicalised, and refused when two readers could
+        // read it as different documents (the upstream may read it as the
+        // one the fingerprint did not).
+        match idem::canonical_json_strict(body) {
+            Ok(canonical) => fp
+                .body_digest(idem::BodyKind::Json, Sha256::digest(&canonical).into())
+                .finish(),
+            Err(idem::JsonRefusal::NotJson) => fp.bytes_body(body).finish(),
+            Err(why) => {
+                return Err(Problem::new(
+                    ProblemKind::BodyAmbiguous,
+                    format!("the JSON body is ambiguous: {why}; nothing was forwarded"),
+                ));
+            }
+        }
     } else {
         fp.bytes_body(body).finish()
     })
@@ -230,6 +244,48 @@ pub fn fingerprint(
 mod tests {
     use super::*;
     use http::Request;
+
+    #[test]
+    fn ambiguous_json_is_refused_and_plain_json_keeps_its_fingerprint() {
+        let json = |body: &str| {
+            let p = parts(|b| b.header("content-type", "application/json"));
+            fingerprint(&p, "POST /v1/payments", &[], body.as_bytes())
+        };
+        for (body, why) in [
+            (r#"{"a":1,"a":2}"#, "appears twice"),
+            (r#"{"x":{"to":"alice","to":"mallory"}}"#, "appears twice"),
+            (r#"[{"n":9007199254740993}]"#, "beyond"),
+            (r#"{"n":-9007199254740993}"#, "beyond"),
+        ] {
+            let p = json(body).expect_err(body);
+            assert_eq!(p.kind(), ProblemKind::BodyAmbiguous, "{body}");
+            assert!(p.detail().contains(why), "{body}: {}", p.detail());
+        }
+        // Safe integers, floats and the same document reordered are fine
+        // and fingerprint as before (the canonical JSON's digest).
+        let a = json(r#"{"n":9007199254740992,"f":1.5,"s":"x"}"#).expect("safe");
+        let b = json(r#"{ "s":"x", "f":1.5, "n":9007199254740992 }"#).expect("safe");
+        assert_eq!(a, b);
+        let p = parts(|b| b.header("content-type", "application/json"));
+        let via_builder = Fingerprint::builder()
+            .part("method", b"POST")
+            .part("operation", b"POST /v1/payments")
+            .part("query", b"a=1&b=2")
+            .json_body(br#"{"n":9007199254740992,"f":1.5,"s":"x"}"#)
+            .finish();
+        assert_eq!(
+            fingerprint(
+                &p,
+                "POST /v1/payments",
+                &[],
+                br#"{"n":9007199254740992,"f":1.5,"s":"x"}"#
+            )
+            .expect("fp"),
+            via_builder
+        );
+        // Not JSON at all: its bytes, as before.
+        assert!(json("{not json").is_ok());
+    }
 
     fn parts(build: impl FnOnce(http::request::Builder) -> http::request::Builder) -> Parts {
         build(Request::post("/v1/payments?b=2&a=1"))

@@ -220,11 +220,130 @@ pub enum BodyKind {
 /// one pass writing into a buffer of the body's size — no per-member
 /// allocations. The property tests check it byte for byte against
 /// `serde_json_canonicalizer` on random documents.
+///
+/// A document that [`canonical_json_strict`] refuses as ambiguous gives
+/// `None` too, so its fingerprint is taken over its bytes: two such bodies
+/// never fingerprint alike unless they are the same bytes.
 pub fn canonical_json(body: &[u8]) -> Option<Vec<u8>> {
-    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    canonical_json_strict(body).ok()
+}
+
+/// Why a body is not given a canonical JSON form.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum JsonRefusal {
+    /// It does not parse as JSON.
+    #[error("not JSON")]
+    NotJson,
+    /// It parses, but two JSON readers may read it as different documents,
+    /// so its canonical form cannot stand for what the receiver reads: a
+    /// member name twice in one object (RFC 8259 leaves which wins open),
+    /// or an integer beyond ±2^53, where distinct integers share one
+    /// double.
+    #[error("{0}")]
+    Ambiguous(String),
+}
+
+/// Integers beyond this magnitude do not all have a double of their own.
+const SAFE_INTEGER: u64 = 1 << 53;
+
+/// [`canonical_json`], saying why there is none. Parsed once: the check
+/// for duplicate names and unsafe integers is done while the document is
+/// read.
+pub fn canonical_json_strict(body: &[u8]) -> Result<Vec<u8>, JsonRefusal> {
+    let value = match serde_json::from_slice::<Strict>(body) {
+        Ok(Strict(value)) => value,
+        // Only the visitor below raises data errors: the rest is syntax.
+        Err(err) if err.is_data() => return Err(JsonRefusal::Ambiguous(err.to_string())),
+        Err(_) => return Err(JsonRefusal::NotJson),
+    };
     let mut out = Vec::with_capacity(body.len());
     write_canonical(&value, &mut out);
-    Some(out)
+    Ok(out)
+}
+
+/// A JSON value read by a visitor that refuses what is ambiguous.
+struct Strict(serde_json::Value);
+
+impl<'de> serde::Deserialize<'de> for Strict {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(StrictVisitor).map(Strict)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> serde::de::Visitor<'de> for StrictVisitor {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Bool(v))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        if v > SAFE_INTEGER {
+            return Err(E::custom(format!(
+                "the integer {v} is beyond ±2^53, where distinct integers read as one number"
+            )));
+        }
+        Ok(serde_json::Value::from(v))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        if v.unsigned_abs() > SAFE_INTEGER {
+            return Err(E::custom(format!(
+                "the integer {v} is beyond ±2^53, where distinct integers read as one number"
+            )));
+        }
+        Ok(serde_json::Value::from(v))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(serde_json::Number::from_f64(v)
+            .map_or(serde_json::Value::Null, serde_json::Value::Number))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::String(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        while let Some(Strict(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(serde_json::Value::Array(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut members = serde_json::Map::new();
+        while let Some(name) = map.next_key::<String>()? {
+            let Strict(value) = map.next_value()?;
+            if members.contains_key(&name) {
+                return Err(serde::de::Error::custom(format!(
+                    "the member name {name:?} appears twice in one object"
+                )));
+            }
+            members.insert(name, value);
+        }
+        Ok(serde_json::Value::Object(members))
+    }
 }
 
 /// JCS (RFC 8785 §3.2): no white space; members sorted by their names'

@@ -52,7 +52,8 @@ pub mod tiered;
 pub use dyn_store::DynStore;
 pub use engine::{Begin, Engine, EngineError, Guard, RecordError, Replay, Rerun, RerunReason, Run};
 pub use fingerprint::{
-    BodyKind, Fingerprint, FingerprintBuilder, FingerprintParseError, canonical_json,
+    BodyKind, Fingerprint, FingerprintBuilder, FingerprintParseError, JsonRefusal, canonical_json,
+    canonical_json_strict,
 };
 pub use key::{
     IdempotencyKey, KeyError, MAX_KEY_LEN, MAX_SCOPE_LEN, Scope, ScopeError, ScopeField,

@@ -8,8 +8,9 @@
 use std::time::Duration;
 
 use idem::{
-    FinalOutcome, Fingerprint, IdempotencyKey, KeyError, LeaseExpiry, MemoryStore, OwnerToken,
-    Reservation, ReserveRequest, Scope, Store, StoredResponse, Verdict, canonical_json,
+    FinalOutcome, Fingerprint, IdempotencyKey, JsonRefusal, KeyError, LeaseExpiry, MemoryStore,
+    OwnerToken, Reservation, ReserveRequest, Scope, Store, StoredResponse, Verdict, canonical_json,
+    canonical_json_strict,
 };
 use proptest::prelude::*;
 
@@ -38,11 +39,15 @@ fn object(members: Vec<(String, J)>) -> J {
     )
 }
 
+/// Integers a canonical form is given for: within ±2^53, where each one
+/// has a double of its own (beyond, documents are refused as ambiguous).
+const SAFE: std::ops::RangeInclusive<i64> = -(1 << 53)..=(1 << 53);
+
 fn json() -> impl Strategy<Value = J> {
     let leaf = prop_oneof![
         Just(J::Null),
         any::<bool>().prop_map(J::Bool),
-        any::<i64>().prop_map(J::Int),
+        SAFE.prop_map(J::Int),
         (-1.0e12f64..1.0e12).prop_map(J::Float),
         "[a-zé\"\\\\ \\n€]{0,8}".prop_map(J::Str),
     ];
@@ -64,7 +69,7 @@ fn wide_json() -> impl Strategy<Value = J> {
     let leaf = prop_oneof![
         Just(J::Null),
         any::<bool>().prop_map(J::Bool),
-        any::<i64>().prop_map(J::Int),
+        SAFE.prop_map(J::Int),
         any::<f64>()
             .prop_filter("finite", |f| f.is_finite())
             .prop_map(J::Float),
@@ -158,6 +163,16 @@ proptest! {
             .and_then(|v| serde_json_canonicalizer::to_vec(&v).ok());
         prop_assert!(reference.is_some(), "reference refused {}", text);
         prop_assert_eq!(canonical_json(text.as_bytes()), reference, "{}", text);
+    }
+
+    #[test]
+    fn ambiguous_json_gets_no_canonical_form(j in json(), big in (1i64 << 53) + 1..=i64::MAX, neg in any::<bool>()) {
+        let n = if neg { -big } else { big };
+        let text = format!("[{}, {n}]", write(&j, false, false));
+        prop_assert!(canonical_json(text.as_bytes()).is_none(), "{}", text);
+        prop_assert!(matches!(canonical_json_strict(text.as_bytes()), Err(JsonRefusal::Ambiguous(_))), "{}", text);
+        let twice = format!(r#"{{"k":{0},"k":{0}}}"#, write(&j, false, false));
+        prop_assert!(matches!(canonical_json_strict(twice.as_bytes()), Err(JsonRefusal::Ambiguous(_))), "{}", twice);
     }
 
     #[test]
