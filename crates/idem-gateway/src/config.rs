@@ -316,6 +316,11 @@ pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, Conf
 pub fn parse(file: &Path, text: &str, overrides: &Overrides) -> Result<Settings, ConfigError> {
     let parsed: FileConfig =
         toml::from_str(text).map_err(|e| ConfigError(format!("{}: {e}", file.display())))?;
+    if parsed.admin_token.is_some()
+        && let Some(why) = exposed(file)
+    {
+        tracing::warn!(reason = "secret_file_exposed", file = %file.display(), "the config file holds the admin token and {why}: chmod 600 it, or pass the token in IDEM_ADMIN_TOKEN");
+    }
     let src = Source { file, text };
     build(parsed, &src, overrides)
 }
@@ -540,11 +545,40 @@ fn seal_keys(
             let text = std::fs::read_to_string(path.get_ref()).map_err(|e| {
                 src.error("encryption_keys_file", path, format!("cannot read it: {e}"))
             })?;
+            if let Some(why) = exposed(Path::new(path.get_ref())) {
+                tracing::warn!(reason = "secret_file_exposed", file = %path.get_ref(), "the sealing keys file {why}: chmod 600 it");
+            }
             SealKeys::parse(&text)
                 .map(|keys| Some(Arc::new(keys)))
                 .map_err(|e| src.error("encryption_keys_file", path, e))
         }
         (None, None) => Ok(None),
+    }
+}
+
+/// Why a file holding a secret is exposed to other local users (its
+/// group or others may read it), or `None`.
+fn exposed(path: &Path) -> Option<String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).ok()?.permissions().mode();
+        (mode & 0o044 != 0).then(|| {
+            format!(
+                "is readable by {} (mode {:o})",
+                match (mode & 0o040 != 0, mode & 0o004 != 0) {
+                    (true, true) => "its group and every local user",
+                    (true, false) => "its group",
+                    _ => "every local user",
+                },
+                mode & 0o777
+            )
+        })
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        None
     }
 }
 
@@ -1027,6 +1061,30 @@ on_store_error = "open"
         assert_eq!(cap.policy.engine.fail_mode, FailMode::Open);
         assert!(!cap.policy.require_key);
         assert_eq!(s.upstream_timeout, Duration::from_secs(30));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn files_holding_secrets_that_others_can_read_are_named() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("keys");
+        std::fs::write(&path, "k1:00").expect("write");
+        for (mode, want) in [
+            (0o600, None),
+            (0o640, Some("readable by its group (mode 640)")),
+            (
+                0o644,
+                Some("readable by its group and every local user (mode 644)"),
+            ),
+            (0o604, Some("readable by every local user (mode 604)")),
+        ] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            assert_eq!(
+                exposed(&path).as_deref(),
+                want.map(|w| format!("is {w}")).as_deref()
+            );
+        }
     }
 
     #[test]

@@ -55,6 +55,9 @@ pub enum SqliteError {
     /// The writer thread is gone (the store was shut down or it crashed).
     #[error("the SQLite writer thread has stopped")]
     WriterStopped,
+    /// The database file could not be created.
+    #[error("cannot create the database file: {0}")]
+    Create(#[source] std::io::Error),
 }
 
 impl From<rusqlite::Error> for SqliteError {

@@ -198,6 +198,7 @@ impl SqliteStore {
             path: opts.path.clone(),
             source: Box::new(source),
         };
+        create_private(&opts.path).map_err(opened)?;
         let mut conn = open_connection(&opts, true).map_err(opened)?;
         schema::migrate(&mut conn).map_err(opened)?;
         conn.pragma_update(
@@ -307,6 +308,26 @@ impl Drop for SqliteStore {
         if let Some(handle) = self.writer_thread.take() {
             let _ = handle.join();
         }
+    }
+}
+
+/// Creates the database file, readable and writable by its owner only
+/// (mode 0600), when it does not exist yet: it holds every stored answer.
+/// SQLite gives its `-wal` and `-shm` files the database file's mode.
+fn create_private(path: &Path) -> Result<(), SqliteError> {
+    let name = path.to_string_lossy();
+    if name == ":memory:" || name.starts_with("file:") || path.exists() {
+        return Ok(());
+    }
+    let mut file = std::fs::OpenOptions::new();
+    file.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut file, 0o600);
+    match file.open(path) {
+        Ok(_) => Ok(()),
+        // Made meanwhile by another opener: theirs.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(SqliteError::Create(e)),
     }
 }
 

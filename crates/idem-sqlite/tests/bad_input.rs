@@ -212,3 +212,32 @@ async fn reads_do_not_wait_behind_a_stuck_writer() {
         .expect("write goes through once the lock is gone");
     assert!(matches!(write, idem::Reservation::Acquired(_)));
 }
+
+/// The database holds every stored answer: it, its WAL and its shared
+/// memory file are the owner's only (0600), whatever the umask.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_new_database_and_its_wal_are_readable_by_their_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("idem.db");
+    let store = SqliteStore::open(&path).expect("open");
+    let scope = unique_scope("perms");
+    store
+        .reserve(request(
+            &scope,
+            &key("k"),
+            fp("a"),
+            Duration::from_secs(30),
+            LeaseExpiry::Hold,
+        ))
+        .await
+        .expect("reserve");
+    for name in ["idem.db", "idem.db-wal", "idem.db-shm"] {
+        let mode = std::fs::metadata(dir.path().join(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{name}: {:o}", mode & 0o777);
+    }
+}
