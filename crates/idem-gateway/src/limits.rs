@@ -13,6 +13,7 @@
 //!   idle keep-alive one); the body may pause at most `body_read_timeout`
 //!   between chunks (`408`, nothing recorded or forwarded).
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -226,5 +227,90 @@ mod tests {
         assert_eq!(resp.status(), 503);
         assert_eq!(resp.headers()["retry-after"], "1");
         assert_eq!(resp.headers()["content-type"], idem_http::PROBLEM_JSON);
+    }
+}
+
+/// A client connection that must send its first bytes within a deadline:
+/// before hyper knows the protocol (HTTP/1 or the HTTP/2 preface) no
+/// header time-out of its own runs, so a socket that sends nothing would
+/// hold its place under `max_connections` for ever. Once the first bytes
+/// came, it is the plain stream.
+#[derive(Debug)]
+pub struct FirstBytes<S> {
+    inner: S,
+    /// Until the first bytes arrive.
+    deadline: Option<Pin<Box<Sleep>>>,
+}
+
+impl<S> FirstBytes<S> {
+    /// `inner`, closed with a time-out error if nothing is read from it
+    /// within `within` (`None`: no deadline).
+    pub fn new(inner: S, within: Option<Duration>) -> Self {
+        Self {
+            inner,
+            deadline: within.map(|d| Box::pin(tokio::time::sleep(d))),
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for FirstBytes<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) if buf.filled().len() > before => {
+                this.deadline = None;
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => {
+                let expired = this
+                    .deadline
+                    .as_mut()
+                    .is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready());
+                if expired {
+                    Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the client sent nothing within header_read_timeout",
+                    )))
+                } else {
+                    Poll::Pending
+                }
+            }
+            other => other,
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for FirstBytes<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 }

@@ -19,10 +19,17 @@ use tower::{Layer, ServiceExt};
 
 use crate::admin::AdminState;
 use crate::config::Settings;
-use crate::limits::{Admission, ClientBody, LimitsSettings};
+use crate::limits::{Admission, ClientBody, FirstBytes, LimitsSettings};
 use crate::proxy::{PeerAddr, Proxy, ProxyBody};
 use crate::store::GatewayStore;
 use crate::workers::{ServeConnection, Workers, close_within};
+
+/// How often an HTTP/2 client is pinged, and how long its answer may take.
+const HTTP2_PING_EVERY: Duration = Duration::from_secs(20);
+
+/// Connections the admin listener serves at once; more wait in the listen
+/// backlog.
+const ADMIN_MAX_CONNECTIONS: usize = 64;
 
 /// How often the store is listed for held records nobody follows.
 const RECONCILE_SCAN_EVERY: Duration = Duration::from_secs(10);
@@ -139,6 +146,8 @@ impl Server {
             }
         };
         let admin_graceful = GracefulShutdown::new();
+        let admin_connections = Arc::new(Semaphore::new(ADMIN_MAX_CONNECTIONS));
+        let first_bytes = Some(limits.header_read_timeout).filter(|t| !t.is_zero());
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             tokio::select! {
@@ -162,13 +171,22 @@ impl Server {
                         workers.dispatch(stream, peer, open);
                     }
                 }
-                accepted = admin.accept() => {
-                    if let Ok((stream, _)) = accepted {
-                        let svc = TowerToHyperService::new(admin_router.clone());
-                        let conn = builder.serve_connection(TokioIo::new(stream), svc);
-                        let conn = admin_graceful.watch(conn.into_owned());
-                        tokio::spawn(async move { let _ = conn.await; });
-                    }
+                // A few connections at most (past them, new ones wait in
+                // the listen backlog), each with the clients' time-outs:
+                // the admin listener is no way around them.
+                (accepted, place) = async {
+                    let place = Arc::clone(&admin_connections).acquire_owned().await;
+                    (admin.accept().await, place)
+                } => {
+                    let (Ok((stream, _)), Ok(place)) = (accepted, place) else { continue };
+                    let svc = TowerToHyperService::new(admin_router.clone());
+                    let stream = FirstBytes::new(stream, first_bytes);
+                    let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                    let conn = admin_graceful.watch(conn.into_owned());
+                    tokio::spawn(async move {
+                        let _ = conn.await;
+                        drop(place);
+                    });
                 }
                 () = &mut shutdown => break,
             }
@@ -202,6 +220,7 @@ fn client_connections(
     limits: &LimitsSettings,
 ) -> ServeConnection {
     let body_timeout = Some(limits.body_read_timeout).filter(|t| !t.is_zero());
+    let first_bytes = Some(limits.header_read_timeout).filter(|t| !t.is_zero());
     Arc::new(move |stream, peer, graceful| {
         let gateway = gateway.clone();
         let admission = admission.clone();
@@ -227,6 +246,7 @@ fn client_connections(
                 answer
             }
         });
+        let stream = FirstBytes::new(stream, first_bytes);
         let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
         let conn = graceful.watch(conn.into_owned());
         Box::pin(async move {
@@ -250,7 +270,10 @@ fn connection_builder(limits: &LimitsSettings) -> auto::Builder<TokioExecutor> {
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        // A peer that stops answering pings is gone: its connection closes.
+        .keep_alive_interval(Some(HTTP2_PING_EVERY))
+        .keep_alive_timeout(HTTP2_PING_EVERY);
     builder
 }
 

@@ -299,3 +299,55 @@ async fn work_kept_going_for_a_client_that_left_still_holds_its_slot() {
     assert_eq!(up.executions("other"), 0);
     gw.terminate().await;
 }
+
+/// Connections that never send a byte (part of the trust work, item 3):
+/// each is closed once `header_read_timeout` passes, so a crowd of them
+/// cannot hold every place under `max_connections` and a real client is
+/// still served; on the admin listener as on the client one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_are_closed_and_cannot_crowd_out_a_client() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = start(
+        dir.path(),
+        "max_connections = 20\nheader_read_timeout = \"1s\"\n",
+        &up,
+    )
+    .await;
+    let mut silent = Vec::new();
+    for _ in 0..40 {
+        silent.push(TcpStream::connect(gw.addr).await.expect("connect"));
+    }
+    // A client behind them all: answered once the silent ones are closed.
+    let answer = tokio::time::timeout(
+        Duration::from_secs(30),
+        send(gw.addr, Method::GET, "/after-the-crowd", &[], ""),
+    )
+    .await
+    .expect("a real client is served despite 40 silent connections");
+    assert_eq!(answer.status, StatusCode::CREATED);
+    // The admin listener too: a cap of its own, the same deadline.
+    let mut silent_admin = Vec::new();
+    for _ in 0..80 {
+        silent_admin.push(TcpStream::connect(gw.admin).await.expect("connect admin"));
+    }
+    let health = tokio::time::timeout(
+        Duration::from_secs(30),
+        send(gw.admin, Method::GET, "/healthz", &[], ""),
+    )
+    .await
+    .expect("the admin listener answers despite 80 silent connections");
+    assert_eq!(health.status, StatusCode::OK);
+    // And the silent ones were closed by the gateway, not left open.
+    for conn in &mut silent[..20] {
+        let closed = read_for(conn, Duration::from_secs(10)).await;
+        assert_eq!(closed, "", "closed without an answer");
+        let mut buf = [0u8; 1];
+        assert_eq!(
+            conn.read(&mut buf).await.unwrap_or(0),
+            0,
+            "closed by the gateway"
+        );
+    }
+    gw.terminate().await;
+}
