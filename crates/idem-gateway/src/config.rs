@@ -79,6 +79,7 @@ struct LimitsConfig {
     queue_wait: Option<Spanned<String>>,
     header_read_timeout: Option<Spanned<String>>,
     body_read_timeout: Option<Spanned<String>>,
+    body_total_timeout: Option<Spanned<String>>,
     max_headers: Option<Spanned<i64>>,
     max_header_bytes: Option<Spanned<String>>,
 }
@@ -614,6 +615,9 @@ fn limits(src: &Source<'_>, cfg: Option<&LimitsConfig>) -> Result<LimitsSettings
     }
     if let Some(v) = &cfg.body_read_timeout {
         out.body_read_timeout = duration(src, "limits.body_read_timeout", v)?;
+    }
+    if let Some(v) = &cfg.body_total_timeout {
+        out.body_total_timeout = duration(src, "limits.body_total_timeout", v)?;
     }
     if let Some(v) = &cfg.max_header_bytes {
         let n =
@@ -1372,7 +1376,7 @@ on_store_error = "open"
         let s = from_text("upstream = \"http://x:1\"\nworkers = 0\n").expect("valid");
         assert_eq!(s.workers, 0);
         let s = from_text(
-            "upstream = \"http://x:1\"\n[limits]\nmax_connections = 100\nmax_in_flight = 8\nqueue_wait = \"0s\"\nheader_read_timeout = \"2s\"\nbody_read_timeout = \"3s\"\nmax_headers = 20\nmax_header_bytes = \"16KiB\"\n",
+            "upstream = \"http://x:1\"\n[limits]\nmax_connections = 100\nmax_in_flight = 8\nqueue_wait = \"0s\"\nheader_read_timeout = \"2s\"\nbody_read_timeout = \"3s\"\nbody_total_timeout = \"0s\"\nmax_headers = 20\nmax_header_bytes = \"16KiB\"\n",
         )
         .expect("valid");
         assert_eq!(
@@ -1383,6 +1387,7 @@ on_store_error = "open"
                 queue_wait: Duration::ZERO,
                 header_read_timeout: Duration::from_secs(2),
                 body_read_timeout: Duration::from_secs(3),
+                body_total_timeout: Duration::ZERO,
                 max_headers: 20,
                 max_header_bytes: 16 << 10,
             }

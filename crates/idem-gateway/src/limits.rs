@@ -48,6 +48,10 @@ pub struct LimitsSettings {
     /// Longest pause allowed between chunks of a request body; zero: no
     /// limit.
     pub body_read_timeout: Duration,
+    /// Longest time a request body may take in all, from its head on, so
+    /// that a client dribbling a byte now and then cannot hold an
+    /// in-flight slot for ever; zero: no limit.
+    pub body_total_timeout: Duration,
     /// Header fields allowed in a request head.
     pub max_headers: usize,
     /// Bytes allowed in a request head (start line and headers).
@@ -62,6 +66,7 @@ impl Default for LimitsSettings {
             queue_wait: Duration::from_millis(100),
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(10),
+            body_total_timeout: Duration::from_secs(60),
             max_headers: 100,
             max_header_bytes: 64 << 10,
         }
@@ -125,22 +130,29 @@ pub fn overloaded<B>() -> Response<ResponseBody<B>> {
 
 /// A request body from a client connection that fails with an
 /// [`std::io::ErrorKind::TimedOut`] error when the client pauses longer
-/// than the allowed time between chunks. The timer exists only while the
-/// body is waiting: a body that arrives with its head costs nothing.
+/// than the allowed time between chunks, or takes longer than the allowed
+/// time in all. The timers exist only while the body is waiting: a body
+/// that arrives with its head costs nothing.
 #[derive(Debug)]
 pub struct ClientBody {
     body: Incoming,
-    idle: Duration,
+    idle: Option<Duration>,
     timer: Option<Pin<Box<Sleep>>>,
+    /// When the whole body must be in (`None`: no limit).
+    until: Option<tokio::time::Instant>,
+    total: Option<Pin<Box<Sleep>>>,
 }
 
 impl ClientBody {
-    /// Wraps `body`, allowing pauses of at most `idle`.
-    pub fn new(body: Incoming, idle: Duration) -> Self {
+    /// Wraps `body`, allowing pauses of at most `idle` and `total` in all
+    /// from now (`None`: no such limit).
+    pub fn new(body: Incoming, idle: Option<Duration>, total: Option<Duration>) -> Self {
         Self {
             body,
             idle,
             timer: None,
+            until: total.map(|t| tokio::time::Instant::now() + t),
+            total: None,
         }
     }
 }
@@ -158,7 +170,20 @@ impl Body for ClientBody {
             this.timer = None;
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
-        let idle = this.idle;
+        if let Some(until) = this.until {
+            let total = this
+                .total
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+            if total.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Some(Err(Box::new(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the request body took longer than body_total_timeout in all",
+                )))));
+            }
+        }
+        let Some(idle) = this.idle else {
+            return Poll::Pending;
+        };
         let timer = this
             .timer
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));

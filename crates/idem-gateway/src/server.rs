@@ -221,6 +221,7 @@ fn client_connections(
 ) -> ServeConnection {
     let body_timeout = Some(limits.body_read_timeout).filter(|t| !t.is_zero());
     let first_bytes = Some(limits.header_read_timeout).filter(|t| !t.is_zero());
+    let body_total = Some(limits.body_total_timeout).filter(|t| !t.is_zero());
     Arc::new(move |stream, peer, graceful| {
         let gateway = gateway.clone();
         let admission = admission.clone();
@@ -235,9 +236,9 @@ fn client_connections(
                     tracing::debug!(reason = "overloaded", %peer, "request shed: every in-flight slot is taken");
                     return Ok(crate::limits::overloaded());
                 };
-                let mut req = req.map(|b| match body_timeout {
-                    Some(idle) => ProxyBody::Client(ClientBody::new(b, idle)),
-                    None => ProxyBody::Incoming(b),
+                let mut req = req.map(|b| match (body_timeout, body_total) {
+                    (None, None) => ProxyBody::Incoming(b),
+                    (idle, total) => ProxyBody::Client(ClientBody::new(b, idle, total)),
                 });
                 req.extensions_mut().insert(PeerAddr(peer));
                 req.extensions_mut().insert(slot.clone());

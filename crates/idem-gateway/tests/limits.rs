@@ -351,3 +351,70 @@ async fn silent_connections_are_closed_and_cannot_crowd_out_a_client() {
     }
     gw.terminate().await;
 }
+
+/// Clients that dribble a body one byte at a time, each byte within
+/// `body_read_timeout` (part of the trust work, item 3): `body_total_timeout`
+/// ends each one with `408`, so they cannot hold every in-flight slot and a
+/// real client gets its answer instead of `503`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dribbling_bodies_are_cut_and_cannot_hold_every_slot() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = start(
+        dir.path(),
+        "max_in_flight = 2\nqueue_wait = \"0s\"\nbody_read_timeout = \"2s\"\nbody_total_timeout = \"2s\"\n",
+        &up,
+    )
+    .await;
+    let mut dribblers = Vec::new();
+    for i in 0..2 {
+        let addr = gw.addr;
+        dribblers.push(tokio::spawn(async move {
+            let mut conn = TcpStream::connect(addr).await.expect("connect");
+            let head = format!(
+                "POST /v1/payments HTTP/1.1\r\nhost: x\r\nidempotency-key: drip-{i}\r\n\
+                 content-type: application/json\r\ncontent-length: 100\r\n\r\n"
+            );
+            conn.write_all(head.as_bytes()).await.expect("head");
+            // A byte every 500 ms: never a pause of 2 s, 50 s in all.
+            for _ in 0..100 {
+                if conn.write_all(b" ").await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let mut buf = [0u8; 64];
+                if let Ok(Ok(n)) =
+                    tokio::time::timeout(Duration::from_millis(1), conn.read(&mut buf)).await
+                {
+                    return String::from_utf8_lossy(&buf[..n]).into_owned();
+                }
+            }
+            String::new()
+        }));
+    }
+    for d in dribblers {
+        let answer = tokio::time::timeout(Duration::from_secs(30), d)
+            .await
+            .expect("the dribbler is cut off, not served for 50 s")
+            .expect("task");
+        assert_eq!(status_of(&answer), Some(408), "{answer:?}");
+    }
+    let real = send(
+        gw.addr,
+        Method::POST,
+        "/v1/payments",
+        &[
+            ("idempotency-key", "real"),
+            ("content-type", "application/json"),
+        ],
+        "{}",
+    )
+    .await;
+    assert_eq!(real.status, StatusCode::CREATED);
+    assert_eq!(
+        up.total(),
+        1,
+        "nothing of the dribbled bodies was forwarded"
+    );
+    gw.terminate().await;
+}
