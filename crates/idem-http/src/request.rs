@@ -49,7 +49,9 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, Pr
         .map_err(|e| Problem::new(ProblemKind::KeyInvalid, e.to_string()))
 }
 
-/// Unquotes an RFC 8941 string (`"…"` with `\"` and `\\` escapes).
+/// Unquotes an RFC 8941 item whose value is a string (`"…"` with `\"` and
+/// `\\` escapes); its parameters (`;name` or `;name=value`, as the IETF
+/// draft allows) are checked for form and ignored.
 fn sf_string(raw: &[u8]) -> Result<Vec<u8>, Problem> {
     let bad = |why: &str| {
         Problem::new(
@@ -57,23 +59,68 @@ fn sf_string(raw: &[u8]) -> Result<Vec<u8>, Problem> {
             format!("Idempotency-Key is not a valid structured-field string: {why}"),
         )
     };
-    let inner = raw
-        .strip_prefix(b"\"")
-        .and_then(|r| r.strip_suffix(b"\""))
-        .ok_or_else(|| bad("missing closing quote"))?;
-    let mut out = Vec::with_capacity(inner.len());
-    let mut bytes = inner.iter();
-    while let Some(&b) = bytes.next() {
-        match b {
-            b'\\' => match bytes.next() {
+    let mut out = Vec::with_capacity(raw.len());
+    let mut bytes = raw.iter().skip(1);
+    loop {
+        match bytes.next() {
+            None => return Err(bad("missing closing quote")),
+            Some(b'\\') => match bytes.next() {
                 Some(&e @ (b'"' | b'\\')) => out.push(e),
                 _ => return Err(bad("a backslash must escape '\"' or '\\'")),
             },
-            b'"' => return Err(bad("unescaped quote inside the string")),
-            _ => out.push(b),
+            Some(b'"') => break,
+            Some(&b) => out.push(b),
         }
     }
+    let rest: Vec<u8> = bytes.copied().collect();
+    if !sf_parameters(&rest) {
+        return Err(bad(
+            "after the closing quote only parameters may follow (;name or ;name=value)",
+        ));
+    }
     Ok(out)
+}
+
+/// Whether `rest` is a list of RFC 8941 parameters: `*( ";" *SP key [ "="
+/// bare-item ] )`, a key being `( lcalpha / "*" ) *( lcalpha / DIGIT / "_"
+/// / "-" / "." / "*" )`. Values are checked loosely (a quoted string, or a
+/// token of visible characters); they are ignored either way.
+fn sf_parameters(mut rest: &[u8]) -> bool {
+    while !rest.is_empty() {
+        let Some(after) = rest.strip_prefix(b";") else {
+            return false;
+        };
+        rest = after.trim_ascii_start();
+        let key_len = rest
+            .iter()
+            .position(|b| !(b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-.*".contains(b)))
+            .unwrap_or(rest.len());
+        if key_len == 0 || !(rest[0].is_ascii_lowercase() || rest[0] == b'*') {
+            return false;
+        }
+        rest = &rest[key_len..];
+        let Some(value) = rest.strip_prefix(b"=") else {
+            continue;
+        };
+        let end = if value.first() == Some(&b'"') {
+            let mut i = 1;
+            loop {
+                match value.get(i) {
+                    None => return false,
+                    Some(b'\\') => i += 2,
+                    Some(b'"') => break i + 1,
+                    Some(_) => i += 1,
+                }
+            }
+        } else {
+            value.iter().position(|b| *b == b';').unwrap_or(value.len())
+        };
+        if end == 0 || !value[..end].iter().all(|b| (0x20..0x7f).contains(b)) {
+            return false;
+        }
+        rest = &value[end..];
+    }
+    true
 }
 
 /// Decides which tenant a request belongs to. Tenants come from
@@ -320,6 +367,19 @@ mod tests {
             r#"a"b\c"#
         );
         assert_eq!(idempotency_key(&HeaderMap::new()).expect("ok"), None);
+        // Item parameters are allowed by the draft and ignored.
+        for value in [
+            &br#""abc-123";v=1"#[..],
+            br#""abc-123"; origin="web;app""#,
+            br#""abc-123";a;b=tok;*c=2.5"#,
+        ] {
+            assert_eq!(
+                key_of(value).expect("parameters").expect("some").as_str(),
+                "abc-123",
+                "{}",
+                String::from_utf8_lossy(value)
+            );
+        }
     }
 
     #[test]
@@ -330,6 +390,11 @@ mod tests {
             (b"\"a\\nb\"", ProblemKind::KeyInvalid),
             (b"\"a b\"", ProblemKind::KeyInvalid),
             (b"\"a\"b\"", ProblemKind::KeyInvalid),
+            (b"\"a\";", ProblemKind::KeyInvalid),
+            (b"\"a\";V=1", ProblemKind::KeyInvalid),
+            (b"\"a\";v=", ProblemKind::KeyInvalid),
+            (b"\"a\";v=\"open", ProblemKind::KeyInvalid),
+            (b"\"a\" junk", ProblemKind::KeyInvalid),
             (b"caf\xc3\xa9", ProblemKind::KeyInvalid),
         ] {
             let err = key_of(value).expect_err("invalid");
