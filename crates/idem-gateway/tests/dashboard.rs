@@ -212,6 +212,15 @@ async fn dashboard_loads_updates_under_traffic_and_inspects_records() {
         .js("return document.getElementById('tile-version').textContent")
         .await;
     assert_eq!(version, env!("CARGO_PKG_VERSION"));
+    // Re-runs and reconciliations show zeros, not dashes, before any.
+    let reruns = browser
+        .js("return document.getElementById('tile-reruns').textContent")
+        .await;
+    assert_eq!(reruns, "0");
+    let reconciled = browser
+        .js("return document.getElementById('tile-reconciled').textContent")
+        .await;
+    assert_eq!(reconciled, "0 / 0");
 
     // The charts move while traffic flows.
     let chart = "return document.getElementById('chart-requests').toDataURL()";
