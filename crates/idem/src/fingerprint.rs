@@ -433,6 +433,23 @@ fn write_string(s: &str, out: &mut Vec<u8>) {
 mod tests {
     use super::*;
 
+    /// Found by the fuzzer: a double of 2^53 or more is written in integer
+    /// notation (RFC 8785), which reads back as an unsafe integer literal.
+    #[test]
+    fn a_large_double_canonicalises_to_an_integer_literal_that_is_refused_back() {
+        let canonical = canonical_json_strict(b"79991e14").expect("a double");
+        assert_eq!(canonical, b"7999100000000000000");
+        assert!(matches!(
+            canonical_json_strict(&canonical),
+            Err(JsonRefusal::Ambiguous(_))
+        ));
+        assert_eq!(canonical_json(b"1e21").as_deref(), Some(&b"1e+21"[..]));
+        assert_eq!(
+            canonical_json(b"9007199254740992").as_deref(),
+            Some(&b"9007199254740992"[..])
+        );
+    }
+
     #[test]
     fn hex_is_two_lowercase_digits_per_byte_and_reads_back() {
         let all: Vec<u8> = (0..=255).collect();
