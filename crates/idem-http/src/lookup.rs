@@ -210,7 +210,6 @@ struct RouteLookup {
     lookup: Arc<Lookup>,
     retention: Duration,
     unstored: Vec<HeaderName>,
-    label: String,
 }
 
 type RecordId = (String, String, String);
@@ -264,15 +263,12 @@ impl HttpLookup {
                         lookup,
                         retention: policy.engine.retention,
                         unstored: policy.unstored_headers.clone(),
-                        label: operation.to_owned(),
                     },
                 ))
             })
             .collect();
         (!routes.is_empty()).then(|| Self {
-            metrics: crate::metrics::ReconcileMetrics::new(
-                routes.values().map(|r| r.label.as_str()),
-            ),
+            metrics: crate::metrics::ReconcileMetrics::new(routes.keys().map(String::as_str)),
             routes,
             needs_credentials,
             send: OnceLock::new(),
@@ -404,9 +400,8 @@ impl Reconciler for HttpLookup {
     }
 
     fn settled(&self, record: &Record, how: Settled) {
-        if let Some(route) = self.routes.get(record.scope.operation()) {
-            self.metrics.settled(&route.label, how);
-        }
+        // The route label is the operation (a configured route's).
+        self.metrics.settled(record.scope.operation(), how);
     }
 
     fn forget(&self, scope: &Scope, key: &IdempotencyKey) {
