@@ -414,6 +414,8 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     };
     let settings = config::load(args.config.as_deref(), &overrides).map_err(|e| e.to_string())?;
     let server = server::bind(&settings).await?;
+    // Before the ready line: a signal right after it must stop us cleanly.
+    let stop = server::shutdown_signal();
     let addr = server.local_addr().map_err(|e| e.to_string())?;
     let admin = server.admin_addr().map_err(|e| e.to_string())?;
     tracing::info!(%addr, %admin, upstream = %settings.upstream, store = %idem::store::redact_url(&settings.store), "idem serve ready");
@@ -422,7 +424,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         "idem: listening on {addr} (admin {admin}), upstream {}",
         settings.upstream
     );
-    server.run(server::shutdown_signal()).await;
+    server.run(stop).await;
     tracing::info!("idem serve stopped");
     Ok(())
 }

@@ -216,11 +216,13 @@ impl Setup {
         if let Some(warning) = relay.check_duplicate_window().await {
             eprintln!("idem relay: WARNING: {warning}");
         }
+        // Before the ready line: a signal right after it must stop us cleanly.
+        let stop = crate::server::shutdown_signal();
         println!(
             "idem relay: publishing the outbox of {} to {target}, admin {admin_addr}",
             idem::store::redact_url(store),
         );
-        let stats = relay.run(crate::server::shutdown_signal()).await;
+        let stats = relay.run(stop).await;
         println!(
             "idem relay: stopped after publishing {} row(s) ({} already in the stream), {} failed attempt(s), {} dead",
             stats.published, stats.duplicates, stats.failures, stats.dead

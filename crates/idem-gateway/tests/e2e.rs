@@ -804,3 +804,22 @@ async fn truncated_bodies_and_oversized_headers_forward_nothing_and_leave_no_rec
     assert_eq!(up.total(), 2);
     assert!(gw.terminate().await.success());
 }
+
+/// A SIGTERM sent the moment the gateway says it listens stops it cleanly:
+/// its handler is installed before that line, not when the serving loop
+/// first looks at it (a relay in CI was once killed by a SIGTERM sent in
+/// that gap).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigterm_right_after_the_ready_line_stops_cleanly() {
+    let up = CountingUpstream::start().await;
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = sqlite_store(dir.path());
+        let gw = Gateway::start(IDEM, dir.path(), "", &up.url(), &store, "error", &[]).await;
+        let status = gw.terminate().await;
+        assert!(
+            status.success(),
+            "stopped by its handler, not killed: {status}"
+        );
+    }
+}
