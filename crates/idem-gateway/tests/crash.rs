@@ -132,28 +132,10 @@ async fn sigkilled_ten_times_under_load_nothing_acknowledged_is_lost() {
     }
     // Every key run more than once is found by `records list --state rerun`
     // (it may list more: a takeover of an attempt killed before forwarding).
-    let out = std::process::Command::new(IDEM)
-        .args([
-            "records", "list", "--state", "rerun", "--json", "--limit", "1000",
-        ])
-        .args(["--store", &store])
-        .output()
-        .expect("idem records list");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let page: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-    let listed: Vec<&str> = page["records"]
-        .as_array()
-        .expect("records")
-        .iter()
-        .filter_map(|r| r["key"].as_str())
-        .collect();
+    let listed = idem_testkit::gateway::listed_keys(IDEM, &store, "rerun");
     for key in &repeated {
         assert!(
-            listed.contains(&key.as_str()),
+            listed.contains(key),
             "{key} ran twice but is not listed as a re-run"
         );
     }

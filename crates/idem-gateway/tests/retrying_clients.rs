@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use idem_testkit::client::metric;
-use idem_testkit::gateway::{GatewayProcess, sqlite_store};
+use idem_testkit::gateway::{GatewayProcess, listed_keys, sqlite_store};
 use idem_testkit::ledger::{Faults, Ledger};
 
 const IDEM: &str = env!("CARGO_BIN_EXE_idem");
@@ -49,26 +49,9 @@ async fn gateway(dir: &Path, ledger: &Ledger, reconcile: bool, extra: &str) -> G
     GatewayProcess::start(IDEM, dir, &config, &ledger.url(), &store, "warn", &[]).await
 }
 
-/// `idem records list --state held --json` on `store`: the held keys.
+/// `idem records list --state held` on `store`: the held keys.
 fn held_keys(store: &str) -> Vec<String> {
-    let out = std::process::Command::new(IDEM)
-        .args([
-            "records", "list", "--state", "held", "--json", "--store", store,
-        ])
-        .output()
-        .expect("run idem records list");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let page: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-    page["records"]
-        .as_array()
-        .expect("records")
-        .iter()
-        .map(|r| r["key"].as_str().expect("key").to_owned())
-        .collect()
+    listed_keys(IDEM, store, "held")
 }
 
 /// Runs the Python client: `payments` payments, urllib3 retrying.

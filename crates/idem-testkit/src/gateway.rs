@@ -17,6 +17,30 @@ pub fn sqlite_store(dir: &Path) -> String {
     format!("sqlite://{}", dir.join("idem.db").display())
 }
 
+/// The keys `binary records list --state STATE --json` lists on `store`
+/// (up to 10,000), in listing order.
+pub fn listed_keys(binary: &str, store: &str, state: &str) -> Vec<String> {
+    let out = std::process::Command::new(binary)
+        .args([
+            "records", "list", "--state", state, "--json", "--limit", "10000",
+        ])
+        .args(["--store", store])
+        .output()
+        .expect("run idem records list");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    page["records"]
+        .as_array()
+        .expect("records")
+        .iter()
+        .map(|r| r["key"].as_str().expect("key").to_owned())
+        .collect()
+}
+
 /// A running `idem serve` (killed when dropped).
 #[derive(Debug)]
 pub struct GatewayProcess {
