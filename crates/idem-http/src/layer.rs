@@ -29,8 +29,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, he
 use http_body::Body;
 use idem::reconcile::{Reconciler as _, Reconciliation};
 use idem::{
-    Begin, Engine, EngineError, Guard, IdempotencyKey, LeaseExpiry, ListRecords, Replay, Scope,
-    Store, StoredResponse,
+    Begin, Earlier, Engine, EngineError, Guard, IdempotencyKey, LeaseExpiry, ListRecords, Replay,
+    Scope, Store, StoredResponse,
 };
 use tower_layer::Layer;
 use tower_service::Service;
@@ -38,8 +38,8 @@ use tower_service::Service;
 use crate::body::{BoxError, Kept, RequestBodyError, ResponseBody, keep_response, read_request};
 use crate::lookup::{HttpLookup, LookupRequest, Sender};
 use crate::metrics::RequestMetrics;
-use crate::request::{TenantExtractor, TenantSource, fingerprint, idempotency_key};
-use crate::{Problem, ProblemKind, RouteMatch, RoutePolicy, Routes};
+use crate::request::{Hashing, TenantExtractor, TenantSource, fingerprints, idempotency_key};
+use crate::{MissingTenant, Problem, ProblemKind, RouteMatch, RoutePolicy, Routes, normalize_path};
 
 /// Response header marking a replayed answer.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -184,6 +184,8 @@ struct Shared<S, T> {
     /// One engine per route policy, in [`Routes::policies`] order.
     engines: Vec<Engine<S>>,
     tenant: Arc<T>,
+    /// How tenants and fingerprints are hashed.
+    hashing: Hashing,
     metrics: RequestMetrics,
     /// Settles held records of the routes that name a lookup (`None`:
     /// no route does; held records wait for an operator).
@@ -205,12 +207,13 @@ impl<S: Store> IdempotencyLayer<S, TenantSource> {
             store,
             Routes::default(),
             Arc::new(TenantSource::Authorization),
+            Hashing::unkeyed(),
         )
     }
 }
 
 impl<S: Store, T: TenantExtractor> IdempotencyLayer<S, T> {
-    fn build(store: Arc<S>, routes: Routes, tenant: Arc<T>) -> Self {
+    fn build(store: Arc<S>, routes: Routes, tenant: Arc<T>, hashing: Hashing) -> Self {
         let engines = routes
             .policies()
             .map(|p| Engine::from_arc(Arc::clone(&store)).with_policy(p.engine.clone()))
@@ -223,6 +226,7 @@ impl<S: Store, T: TenantExtractor> IdempotencyLayer<S, T> {
                 routes,
                 engines,
                 tenant,
+                hashing,
                 metrics: RequestMetrics::default(),
                 reconciliation,
                 started: std::sync::OnceLock::new(),
@@ -243,6 +247,7 @@ impl<S: Store, T: TenantExtractor> IdempotencyLayer<S, T> {
             Arc::clone(&self.shared.store),
             routes,
             Arc::clone(&self.shared.tenant),
+            self.shared.hashing.clone(),
         )
     }
 
@@ -252,6 +257,18 @@ impl<S: Store, T: TenantExtractor> IdempotencyLayer<S, T> {
             Arc::clone(&self.shared.store),
             self.shared.routes.clone(),
             Arc::new(tenant),
+            self.shared.hashing.clone(),
+        )
+    }
+
+    /// Hashes tenants and fingerprints this way (default:
+    /// [`Hashing::unkeyed`]; set a secret in production, see [`Hashing`]).
+    pub fn with_hashing(self, hashing: Hashing) -> Self {
+        Self::build(
+            Arc::clone(&self.shared.store),
+            self.shared.routes.clone(),
+            Arc::clone(&self.shared.tenant),
+            hashing,
         )
     }
 
@@ -273,6 +290,7 @@ impl<S: ListRecords, T: TenantExtractor> IdempotencyLayer<S, T> {
             Arc::clone(&self.shared.store),
             self.shared.routes.clone(),
             Arc::clone(&self.shared.tenant),
+            self.shared.hashing.clone(),
         );
         if let Some(shared) = Arc::get_mut(&mut layer.shared) {
             shared.reconciliation = shared
@@ -411,11 +429,13 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
             r.reconciler().connect(|| lookup_sender(inner.clone()));
             this.start_reconciliation();
         }
-        let route = this.routes.matching(req.method(), req.uri().path());
+        // Matched and fingerprinted in one spelling; forwarded as sent.
+        let path: Box<str> = normalize_path(req.uri().path()).into();
+        let route = this.routes.matching(req.method(), &path);
         // Labels index: configured routes, then the defaults, then "none".
         let index = route.as_ref().map_or(this.engines.len(), |r| r.index);
         let answer = match route {
-            Some(route) => Self::protect(this, inner, req, route).await,
+            Some(route) => Self::protect(this, inner, req, &path, route).await,
             None => pass_through(inner, req, Decision::PassThrough).await,
         };
         if let Ok(resp) = &answer {
@@ -434,6 +454,7 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         this: &Arc<Self>,
         inner: I,
         req: Request<ReqBody>,
+        path: &str,
         route: RouteMatch<'_>,
     ) -> Answer<ResBody, I::Error>
     where
@@ -468,12 +489,23 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         };
         let (parts, body) = req.into_parts();
         let scope = match this.tenant.tenant(&parts).and_then(|t| {
-            Scope::new(&t, &operation)
+            Scope::new(&this.hashing.tenant(&t), &operation)
                 .map_err(|e| Problem::new(ProblemKind::TenantInvalid, e.to_string()))
         }) {
             Ok(scope) => scope,
+            Err(p)
+                if p.kind() == ProblemKind::TenantMissing
+                    && policy.on_missing_tenant == MissingTenant::Pass =>
+            {
+                tracing::warn!(reason = "idempotency_unprotected", %operation, %key, detail = p.detail(), "no tenant credential: forwarded unprotected (on_missing_tenant = pass)");
+                let req = Request::from_parts(parts, body);
+                let mut resp = pass_through(inner, req, Decision::Unprotected).await?;
+                resp.headers_mut()
+                    .insert(IDEMPOTENCY_STATUS, HeaderValue::from_static("unprotected"));
+                return Ok(resp);
+            }
             Err(p) => {
-                tracing::info!(reason = "idempotency_bad_tenant", %operation, detail = p.detail());
+                tracing::info!(reason = "idempotency_bad_tenant", %operation, kind = p.kind().slug(), detail = p.detail());
                 return Ok(problem(p, Decision::BadRequest));
             }
         };
@@ -506,13 +538,29 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                 ));
             }
         };
-        let fp = match fingerprint(&parts, &operation, &policy.fingerprint_headers, &bytes) {
-            Ok(fp) => fp,
+        let (fp, earlier_fp) = match fingerprints(
+            &this.hashing,
+            &parts,
+            path,
+            &operation,
+            &policy.fingerprint_headers,
+            &bytes,
+        ) {
+            Ok(fps) => fps,
             Err(p) => {
                 tracing::info!(reason = "idempotency_body_encoding", tenant = scope.tenant(), operation = scope.operation(), %key);
                 return Ok(problem(p, Decision::BadRequest));
             }
         };
+        // While records from before keyed hashing may live, the request is
+        // also looked for where they would be.
+        let earlier = earlier_fp.and_then(|fingerprint| {
+            let tenant = this.tenant.earlier_tenant(&parts)?;
+            Some(Earlier {
+                scope: Scope::new(&tenant, &operation).ok()?,
+                fingerprint,
+            })
+        });
         // From the reservation on, everything runs in a task of its own: a
         // client that disconnects must not drop a reservation just made, nor
         // cancel the work or the recording of its result (its retry would
@@ -534,6 +582,8 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
             scope,
             key,
             fp,
+            earlier,
+            path.into(),
             policy,
         )));
         match task.await {
@@ -566,6 +616,8 @@ async fn decide<I, S, T, ReqBody, ResBody>(
     scope: Scope,
     key: idem::IdempotencyKey,
     fp: idem::Fingerprint,
+    earlier: Option<Earlier>,
+    path: Box<str>,
     policy: Arc<RoutePolicy>,
 ) -> Answer<ResBody, I::Error>
 where
@@ -579,12 +631,16 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    match engine.begin(&scope, &key, fp).await {
+    let begin = match &earlier {
+        Some(earlier) => engine.begin_with_earlier(&scope, &key, fp, earlier).await,
+        None => engine.begin(&scope, &key, fp).await,
+    };
+    match begin {
         Ok(Begin::Execute(guard)) => {
             if let Some(rerun) = guard.rerun() {
                 shared.metrics.rerun(&shared.routes, route, rerun.reason);
             }
-            let handoff = shared.handoff(route, &parts, &scope);
+            let handoff = shared.handoff(route, &parts, &path, &scope);
             let req = Request::from_parts(parts, ReqBody::from(bytes));
             execute(inner, req, guard, policy, handoff).await
         }
@@ -598,7 +654,7 @@ where
         }) => {
             tracing::info!(reason = "idempotency_in_progress", tenant = scope.tenant(), operation = scope.operation(), %key, outcome_unknown);
             let answer = if outcome_unknown {
-                let handoff = shared.handoff(route, &parts, &scope);
+                let handoff = shared.handoff(route, &parts, &path, &scope);
                 held(handoff, &policy, &scope, &key, retry_after)
             } else {
                 // The attempt renews its lease while it runs, so the lease
@@ -871,13 +927,13 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         &self,
         route: usize,
         parts: &http::request::Parts,
+        path: &str,
         scope: &Scope,
     ) -> Option<Handoff<S>> {
         let reconciliation = self.reconciliation.as_ref()?;
         if !reconciliation.reconciler().covers(scope.operation()) {
             return None;
         }
-        let path = parts.uri.path();
         let params = self
             .routes
             .pattern(route)

@@ -53,9 +53,10 @@ pub use layer::{
 pub use lookup::Lookup;
 pub use problem::{PROBLEM_BASE, PROBLEM_JSON, Problem, ProblemKind, retry_after_secs};
 pub use request::{
-    ANONYMOUS_TENANT, IDEMPOTENCY_KEY, TenantExtractor, TenantSource, fingerprint, idempotency_key,
-    is_json,
+    Hashing, IDEMPOTENCY_KEY, PeerAddr, Tenant, TenantExtractor, TenantSource, fingerprints,
+    idempotency_key, is_json,
 };
 pub use routes::{
-    NO_ROUTE, PathPattern, PatternError, RouteMatch, RoutePolicy, Routes, UNMATCHED_ROUTE,
+    MissingTenant, NO_ROUTE, PathPattern, PatternError, RouteMatch, RoutePolicy, Routes,
+    UNMATCHED_ROUTE, normalize_path,
 };

@@ -58,6 +58,12 @@ pub enum ProblemKind {
     Overloaded,
     /// The tenant could not be determined (400).
     TenantInvalid,
+    /// The request lacks the credential its tenant comes from (401).
+    TenantMissing,
+    /// The request's `Host` is sent twice, or is not a host (400).
+    HostInvalid,
+    /// A tenant identity header from a peer that is not a trusted proxy (403).
+    TenantUntrusted,
     /// The idempotency store is unreachable and the route fails closed (503).
     StoreUnavailable,
     /// The upstream could not be reached; nothing was sent (502).
@@ -101,6 +107,9 @@ impl ProblemKind {
             Self::BodyTimeout => "request-body-timeout",
             Self::Overloaded => "server-overloaded",
             Self::TenantInvalid => "tenant-invalid",
+            Self::TenantMissing => "tenant-missing",
+            Self::HostInvalid => "request-host-invalid",
+            Self::TenantUntrusted => "tenant-untrusted",
             Self::StoreUnavailable => "idempotency-store-unavailable",
             Self::UpstreamUnreachable => "upstream-unreachable",
             Self::UpstreamTimeout => "upstream-timeout",
@@ -141,6 +150,9 @@ impl ProblemKind {
             Self::BodyTimeout => "Request body not received in time",
             Self::Overloaded => "Too many requests in progress",
             Self::TenantInvalid => "Tenant could not be determined",
+            Self::TenantMissing => "Credentials required",
+            Self::HostInvalid => "Invalid Host header",
+            Self::TenantUntrusted => "Tenant identity from an untrusted peer",
             Self::StoreUnavailable => "Idempotency store unavailable",
             Self::UpstreamUnreachable => "Upstream unreachable",
             Self::UpstreamTimeout => "Upstream timed out",
@@ -165,9 +177,10 @@ impl ProblemKind {
             | Self::BodyEncoding
             | Self::BodyAmbiguous
             | Self::TenantInvalid
+            | Self::HostInvalid
             | Self::InvalidParameter => StatusCode::BAD_REQUEST,
-            Self::AdminUnauthorized => StatusCode::UNAUTHORIZED,
-            Self::AdminForbidden => StatusCode::FORBIDDEN,
+            Self::AdminUnauthorized | Self::TenantMissing => StatusCode::UNAUTHORIZED,
+            Self::AdminForbidden | Self::TenantUntrusted => StatusCode::FORBIDDEN,
             Self::RecordNotFound | Self::NotFound => StatusCode::NOT_FOUND,
             Self::RecordConflict => StatusCode::CONFLICT,
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
@@ -320,6 +333,9 @@ mod tests {
             BodyTimeout,
             Overloaded,
             TenantInvalid,
+            TenantMissing,
+            TenantUntrusted,
+            HostInvalid,
             StoreUnavailable,
             UpstreamUnreachable,
             UpstreamTimeout,

@@ -2,7 +2,7 @@
 //!
 //! ```
 //! use http::Request;
-//! use idem_http::{TenantSource, TenantExtractor, idempotency_key};
+//! use idem_http::{Tenant, TenantSource, TenantExtractor, idempotency_key};
 //!
 //! let req = Request::post("/v1/payments")
 //!     .header("idempotency-key", "\"order-7\"")   // structured-field string
@@ -12,12 +12,19 @@
 //! let (parts, _) = req.into_parts();
 //! assert_eq!(idempotency_key(&parts.headers).unwrap().unwrap().as_str(), "order-7");
 //! let tenant = TenantSource::Authorization.tenant(&parts).unwrap();
-//! assert_eq!(tenant.len(), 64); // sha256 of the credential, never the credential
+//! // A credential: the layer keeps only its keyed hash.
+//! assert_eq!(tenant, Tenant::Credential(b"Bearer sk_test_1"));
 //! ```
+
+use std::borrow::Cow;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::SystemTime;
 
 use http::header::{self, HeaderMap, HeaderName};
 use http::request::Parts;
-use idem::{Fingerprint, IdempotencyKey};
+use idem::{Fingerprint, HashSecret, IdempotencyKey};
+use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 
 use crate::{Problem, ProblemKind};
@@ -40,13 +47,12 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, Pr
         ));
     }
     let raw = value.as_bytes();
-    let token = match raw.first() {
-        Some(b'"') => sf_string(raw)?,
-        _ => raw.to_vec(),
-    };
-    IdempotencyKey::from_bytes(&token)
-        .map(Some)
-        .map_err(|e| Problem::new(ProblemKind::KeyInvalid, e.to_string()))
+    match raw.first() {
+        Some(b'"') => IdempotencyKey::from_quoted(&sf_string(raw)?),
+        _ => IdempotencyKey::from_bytes(raw),
+    }
+    .map(Some)
+    .map_err(|e| Problem::new(ProblemKind::KeyInvalid, e.to_string()))
 }
 
 /// Unquotes an RFC 8941 item whose value is a string (`"…"` with `\"` and
@@ -123,11 +129,42 @@ fn sf_parameters(mut rest: &[u8]) -> bool {
     true
 }
 
+/// The address of the client a request came from, put in its extensions
+/// by the server (the gateway does; a service using the layer directly
+/// inserts it for [`TenantSource::TrustedHeader`] to trust anyone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// What a request's tenant is made from, as a [`TenantExtractor`] read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tenant<'a> {
+    /// A credential (an `Authorization` value, an API key, a session
+    /// cookie): the tenant is its keyed hash ([`idem::HashSecret::tenant`]),
+    /// so the credential is never stored nor logged.
+    Credential(&'a [u8]),
+    /// An identity that is no secret (set by a trusted proxy, or the one
+    /// tenant of a single-tenant deployment): used as it is.
+    Identity(Cow<'a, str>),
+}
+
 /// Decides which tenant a request belongs to. Tenants come from
 /// authenticated context, never from the body.
+///
+/// A request without what its tenant comes from is refused with
+/// [`ProblemKind::TenantMissing`] (`401`), never put in a tenant shared by
+/// everyone who sends nothing; a route may pass such requests on
+/// unprotected instead ([`crate::MissingTenant::Pass`]).
 pub trait TenantExtractor: Send + Sync + 'static {
-    /// The tenant of this request, or the problem to answer.
-    fn tenant(&self, parts: &Parts) -> Result<String, Problem>;
+    /// What this request's tenant is made from, or the problem to answer.
+    fn tenant<'a>(&'a self, parts: &'a Parts) -> Result<Tenant<'a>, Problem>;
+
+    /// The tenant versions before keyed hashes gave this request, to find
+    /// records they wrote ([`idem::Engine::begin_with_earlier`]). Default:
+    /// none.
+    fn earlier_tenant(&self, parts: &Parts) -> Option<String> {
+        let _ = parts;
+        None
+    }
 
     /// The headers of this request that carry the tenant's credential,
     /// sent with a lookup made on the tenant's behalf (settling a held
@@ -149,25 +186,88 @@ pub trait TenantExtractor: Send + Sync + 'static {
 /// The built-in tenant sources (the gateway's `[tenant] from = …`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TenantSource {
-    /// SHA-256 (hex) of the `Authorization` value: each credential is its
-    /// own tenant and the credential itself is never stored. Requests
-    /// without `Authorization` share the tenant `anonymous`.
+    /// The `Authorization` value, as a credential: each credential is its
+    /// own tenant. A request without one is refused (`401
+    /// tenant-missing`).
     Authorization,
-    /// The value of a header set by a trusted authenticating proxy; a
-    /// request without it is refused.
+    /// A credential header (`X-Api-Key`), hashed like `Authorization`.
     Header(HeaderName),
-    /// One tenant for everything.
+    /// A cookie's value (a session cookie), hashed like `Authorization`.
+    Cookie(String),
+    /// An identity header set by an authenticating proxy, used as it is,
+    /// and only on requests whose [`PeerAddr`] is in `proxies`: from any
+    /// other peer it is refused (`403 tenant-untrusted`), since anyone can
+    /// write a header.
+    TrustedHeader {
+        /// The header the proxy sets.
+        name: HeaderName,
+        /// The proxies' addresses.
+        proxies: Vec<IpNet>,
+    },
+    /// One tenant for everything: a single-tenant deployment, where every
+    /// caller may see every answer.
     Single(String),
 }
 
-/// The tenant of requests that carry no `Authorization` header.
-pub const ANONYMOUS_TENANT: &str = "anonymous";
+/// Exactly one non-empty value of `name`, `Ok(None)` when absent.
+fn single_header<'a>(parts: &'a Parts, name: &HeaderName) -> Result<Option<&'a [u8]>, Problem> {
+    let mut values = parts.headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (None, _) => Ok(None),
+        (Some(v), None) if v.as_bytes().trim_ascii().is_empty() => Ok(None),
+        (Some(v), None) => Ok(Some(v.as_bytes())),
+        (Some(_), Some(_)) => Err(Problem::new(
+            ProblemKind::TenantInvalid,
+            format!("more than one {name} header: the tenant is ambiguous"),
+        )),
+    }
+}
+
+/// The value of cookie `name` across the request's `Cookie` headers;
+/// refused when it is set twice (two tenants).
+fn cookie<'a>(parts: &'a Parts, name: &str) -> Result<Option<&'a [u8]>, Problem> {
+    let mut found = None;
+    for header in parts.headers.get_all(header::COOKIE) {
+        for pair in header.as_bytes().split(|b| *b == b';') {
+            let pair = pair.trim_ascii();
+            let Some(eq) = pair.iter().position(|b| *b == b'=') else {
+                continue;
+            };
+            if &pair[..eq] != name.as_bytes() {
+                continue;
+            }
+            let value = pair[eq + 1..].trim_ascii();
+            let value = value
+                .strip_prefix(b"\"")
+                .and_then(|v| v.strip_suffix(b"\""))
+                .unwrap_or(value);
+            if found.is_some() {
+                return Err(Problem::new(
+                    ProblemKind::TenantInvalid,
+                    format!("the cookie {name} is sent more than once: the tenant is ambiguous"),
+                ));
+            }
+            if !value.is_empty() {
+                found = Some(value);
+            }
+        }
+    }
+    Ok(found)
+}
+
+fn missing(what: &str) -> Problem {
+    Problem::new(
+        ProblemKind::TenantMissing,
+        format!("{what} is required to identify the caller; nothing was forwarded"),
+    )
+}
 
 impl TenantExtractor for TenantSource {
     fn credentials(&self, parts: &Parts) -> HeaderMap {
         let name = match self {
             Self::Authorization => header::AUTHORIZATION,
-            Self::Header(name) => name.clone(),
+            Self::Header(name) | Self::TrustedHeader { name, .. } => name.clone(),
+            Self::Cookie(_) => header::COOKIE,
             Self::Single(_) => return HeaderMap::new(),
         };
         let mut out = HeaderMap::new();
@@ -181,37 +281,60 @@ impl TenantExtractor for TenantSource {
         !matches!(self, Self::Single(_))
     }
 
-    fn tenant(&self, parts: &Parts) -> Result<String, Problem> {
+    fn tenant<'a>(&'a self, parts: &'a Parts) -> Result<Tenant<'a>, Problem> {
         match self {
-            Self::Authorization => Ok(match parts.headers.get(header::AUTHORIZATION) {
-                Some(v) => idem::fingerprint::to_hex(&Sha256::digest(v.as_bytes())),
-                None => ANONYMOUS_TENANT.to_owned(),
-            }),
-            Self::Header(name) => {
-                let mut values = parts.headers.get_all(name).iter();
-                match (values.next(), values.next()) {
-                    (Some(v), None) => v
-                        .to_str()
-                        .ok()
-                        .filter(|s| !s.is_empty())
-                        .map(str::to_owned)
-                        .ok_or_else(|| {
-                            Problem::new(
-                                ProblemKind::TenantInvalid,
-                                format!("the {name} header must be non-empty visible ASCII"),
-                            )
-                        }),
-                    (None, _) => Err(Problem::new(
-                        ProblemKind::TenantInvalid,
-                        format!("the {name} header is required to identify the tenant"),
-                    )),
-                    (Some(_), Some(_)) => Err(Problem::new(
-                        ProblemKind::TenantInvalid,
-                        format!("more than one {name} header"),
-                    )),
+            Self::Authorization => single_header(parts, &header::AUTHORIZATION)?
+                .map(Tenant::Credential)
+                .ok_or_else(|| missing("an Authorization header")),
+            Self::Header(name) => single_header(parts, name)?
+                .map(Tenant::Credential)
+                .ok_or_else(|| missing(&format!("the {name} header"))),
+            Self::Cookie(name) => cookie(parts, name)?
+                .map(Tenant::Credential)
+                .ok_or_else(|| missing(&format!("the {name} cookie"))),
+            Self::TrustedHeader { name, proxies } => {
+                let Some(value) = single_header(parts, name)? else {
+                    return Err(missing(&format!("the {name} header")));
+                };
+                let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0.ip());
+                if !peer.is_some_and(|ip| proxies.iter().any(|net| net.contains(&ip))) {
+                    return Err(Problem::new(
+                        ProblemKind::TenantUntrusted,
+                        format!(
+                            "the {name} header is accepted only from the trusted proxies, and this connection is not from one; nothing was forwarded"
+                        ),
+                    ));
                 }
+                std::str::from_utf8(value)
+                    .ok()
+                    .filter(|v| v.bytes().all(|b| b.is_ascii_graphic() || b == b' '))
+                    .map(|v| Tenant::Identity(Cow::Borrowed(v)))
+                    .ok_or_else(|| {
+                        Problem::new(
+                            ProblemKind::TenantInvalid,
+                            format!("the {name} header must be visible ASCII"),
+                        )
+                    })
             }
-            Self::Single(tenant) => Ok(tenant.clone()),
+            Self::Single(tenant) => Ok(Tenant::Identity(Cow::Borrowed(tenant))),
+        }
+    }
+
+    fn earlier_tenant(&self, parts: &Parts) -> Option<String> {
+        match self {
+            // Earlier versions took the unkeyed SHA-256 of Authorization, the
+            // value of a (trusted) header as it was, and had no cookies.
+            Self::Authorization => single_header(parts, &header::AUTHORIZATION)
+                .ok()
+                .flatten()
+                .map(idem::fingerprint::unkeyed_tenant),
+            Self::Header(name) | Self::TrustedHeader { name, .. } => single_header(parts, name)
+                .ok()
+                .flatten()
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .map(str::to_owned),
+            Self::Cookie(_) => None,
+            Self::Single(tenant) => Some(tenant.clone()),
         }
     }
 }
@@ -234,57 +357,159 @@ pub fn is_json(headers: &HeaderMap) -> bool {
         })
 }
 
-/// The request fingerprint: method, operation, the sorted query, the
-/// chosen headers (all values, in order), and the body — canonical JSON
-/// when the content type is JSON, bytes otherwise. A JSON body that is not
-/// UTF-8 is refused (JSON text is UTF-8 by definition); one that does not
-/// parse is hashed as bytes and left for the upstream to judge.
-pub fn fingerprint(
+/// How tenants and fingerprints are hashed: under the deployment's
+/// [`HashSecret`] (`v2:` fingerprints, keyed credential tenants), and for
+/// how long records written before it are still looked for.
+///
+/// Without a secret ([`Hashing::unkeyed`], the library's default) tenants
+/// and fingerprints are the unkeyed `v1` forms of earlier versions, which
+/// leave out the concrete path: set a secret on any deployment whose
+/// routes have path parameters, or whose store others can read.
+#[derive(Debug, Clone, Default)]
+pub struct Hashing {
+    secret: Option<Arc<HashSecret>>,
+    earlier_until: Option<SystemTime>,
+}
+
+impl Hashing {
+    /// The unkeyed `v1` forms.
+    pub fn unkeyed() -> Self {
+        Self::default()
+    }
+
+    /// Keyed under `secret`.
+    pub fn keyed(secret: Arc<HashSecret>) -> Self {
+        Self {
+            secret: Some(secret),
+            earlier_until: None,
+        }
+    }
+
+    /// Until `until`, also finds records written before the secret was
+    /// set, under their unkeyed tenant and `v1` fingerprint
+    /// ([`idem::Engine::begin_with_earlier`]), at the cost of one store
+    /// read per fresh reservation. Set it to when the last such record
+    /// expires: the upgrade plus the longest retention.
+    pub fn with_earlier_until(mut self, until: SystemTime) -> Self {
+        self.earlier_until = Some(until);
+        self
+    }
+
+    /// Whether a secret keys the hashes.
+    pub fn is_keyed(&self) -> bool {
+        self.secret.is_some()
+    }
+
+    /// Whether records written before keyed hashing are looked for now.
+    pub fn finds_earlier(&self) -> bool {
+        self.secret.is_some() && self.earlier_until.is_some_and(|u| SystemTime::now() < u)
+    }
+
+    /// The tenant string of `tenant`.
+    pub fn tenant(&self, tenant: &Tenant<'_>) -> String {
+        match (tenant, &self.secret) {
+            (Tenant::Credential(c), Some(secret)) => secret.tenant(c),
+            (Tenant::Credential(c), None) => idem::fingerprint::unkeyed_tenant(c),
+            (Tenant::Identity(id), _) => id.clone().into_owned(),
+        }
+    }
+
+    /// The fingerprint of a request whose body is `body` (see
+    /// [`fingerprints`]).
+    pub fn fingerprint(
+        &self,
+        parts: &Parts,
+        path: &str,
+        operation: &str,
+        headers: &[HeaderName],
+        body: &[u8],
+    ) -> Result<Fingerprint, Problem> {
+        fingerprints(self, parts, path, operation, headers, body).map(|(fp, _)| fp)
+    }
+}
+
+/// A request's fingerprint, and (while [`Hashing::finds_earlier`]) the
+/// `v1:` one earlier versions gave it.
+///
+/// Keyed (`v2:`): method, operation, the concrete [normalised](crate::normalize_path)
+/// `path` (so one key on another resource is a different request), the
+/// query with repeated parameters in the order sent, the chosen headers
+/// (all values, in order), and the body: canonical JSON when the content
+/// type is JSON, bytes otherwise. Unkeyed (`v1:`): the same without the
+/// path, the query's parameters sorted.
+///
+/// A JSON body that is not UTF-8 is refused (JSON text is UTF-8 by
+/// definition), and so is one two readers could read as different
+/// documents (`400 request-body-ambiguous-json`); one that does not parse
+/// is hashed as bytes and left for the upstream to judge. The body is
+/// canonicalised once for both fingerprints.
+pub fn fingerprints(
+    hashing: &Hashing,
     parts: &Parts,
+    path: &str,
     operation: &str,
     headers: &[HeaderName],
     body: &[u8],
-) -> Result<Fingerprint, Problem> {
-    let mut query: Vec<&str> = parts
-        .uri
-        .query()
-        .map(|q| q.split('&').filter(|p| !p.is_empty()).collect())
-        .unwrap_or_default();
-    query.sort_unstable();
-    let mut fp = Fingerprint::builder()
-        .part("method", parts.method.as_str().as_bytes())
-        .part("operation", operation.as_bytes())
-        .part("query", query.join("&").as_bytes());
-    for name in headers {
-        for value in parts.headers.get_all(name) {
-            fp = fp.part(name.as_str(), value.as_bytes());
-        }
-    }
-    Ok(if is_json(&parts.headers) {
-        if std::str::from_utf8(body).is_err() {
-            return Err(Problem::new(
-                ProblemKind::BodyEncoding,
-                "the body is declared as JSON but is not valid UTF-8",
-            ));
-        }
-        // Parsed once: canonicalised, and refused when two readers could
-        // read it as different documents (the upstream may read it as the
-        // one the fingerprint did not).
-        match idem::canonical_json_strict(body) {
-            Ok(canonical) => fp
-                .body_digest(idem::BodyKind::Json, Sha256::digest(&canonical).into())
-                .finish(),
-            Err(idem::JsonRefusal::NotJson) => fp.bytes_body(body).finish(),
-            Err(why) => {
-                return Err(Problem::new(
-                    ProblemKind::BodyAmbiguous,
-                    format!("the JSON body is ambiguous: {why}; nothing was forwarded"),
-                ));
+) -> Result<(Fingerprint, Option<Fingerprint>), Problem> {
+    let body = body_digest(parts, body)?;
+    let query = parts.uri.query().unwrap_or("");
+    let params = || query.split('&').filter(|p| !p.is_empty());
+    let rest = |mut fp: idem::FingerprintBuilder| {
+        for name in headers {
+            for value in parts.headers.get_all(name) {
+                fp = fp.part(name.as_str(), value.as_bytes());
             }
         }
-    } else {
-        fp.bytes_body(body).finish()
-    })
+        fp.body_digest(body.0, body.1).finish()
+    };
+    let v1 = || {
+        let mut sorted: Vec<&str> = params().collect();
+        sorted.sort_unstable();
+        rest(
+            Fingerprint::builder()
+                .part("method", parts.method.as_str().as_bytes())
+                .part("operation", operation.as_bytes())
+                .part("query", sorted.join("&").as_bytes()),
+        )
+    };
+    let Some(secret) = &hashing.secret else {
+        return Ok((v1(), None));
+    };
+    let mut fp = idem::FingerprintBuilder::keyed(secret)
+        .part("method", parts.method.as_str().as_bytes())
+        .part("operation", operation.as_bytes())
+        .part("path", path.as_bytes());
+    // Each parameter its own part, in order: `a=1&a=2` is not `a=2&a=1`,
+    // and no parameter can run into the next.
+    for param in params() {
+        fp = fp.part("query", param.as_bytes());
+    }
+    let current = rest(fp);
+    Ok((current, hashing.finds_earlier().then(v1)))
+}
+
+/// The body's kind and digest, as the fingerprint takes it.
+fn body_digest(parts: &Parts, body: &[u8]) -> Result<(idem::BodyKind, [u8; 32]), Problem> {
+    if !is_json(&parts.headers) {
+        return Ok((idem::BodyKind::Bytes, Sha256::digest(body).into()));
+    }
+    if std::str::from_utf8(body).is_err() {
+        return Err(Problem::new(
+            ProblemKind::BodyEncoding,
+            "the body is declared as JSON but is not valid UTF-8",
+        ));
+    }
+    // Parsed once: canonicalised, and refused when two readers could read
+    // it as different documents (the upstream may read it as the one the
+    // fingerprint did not).
+    match idem::canonical_json_strict(body) {
+        Ok(canonical) => Ok((idem::BodyKind::Json, Sha256::digest(&canonical).into())),
+        Err(idem::JsonRefusal::NotJson) => Ok((idem::BodyKind::Bytes, Sha256::digest(body).into())),
+        Err(why) => Err(Problem::new(
+            ProblemKind::BodyAmbiguous,
+            format!("the JSON body is ambiguous: {why}; nothing was forwarded"),
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -296,7 +521,13 @@ mod tests {
     fn ambiguous_json_is_refused_and_plain_json_keeps_its_fingerprint() {
         let json = |body: &str| {
             let p = parts(|b| b.header("content-type", "application/json"));
-            fingerprint(&p, "POST /v1/payments", &[], body.as_bytes())
+            Hashing::unkeyed().fingerprint(
+                &p,
+                "/v1/payments",
+                "POST /v1/payments",
+                &[],
+                body.as_bytes(),
+            )
         };
         for (body, why) in [
             (r#"{"a":1,"a":2}"#, "appears twice"),
@@ -321,13 +552,15 @@ mod tests {
             .json_body(br#"{"n":9007199254740992,"f":1.5,"s":"x"}"#)
             .finish();
         assert_eq!(
-            fingerprint(
-                &p,
-                "POST /v1/payments",
-                &[],
-                br#"{"n":9007199254740992,"f":1.5,"s":"x"}"#
-            )
-            .expect("fp"),
+            Hashing::unkeyed()
+                .fingerprint(
+                    &p,
+                    "/v1/payments",
+                    "POST /v1/payments",
+                    &[],
+                    br#"{"n":9007199254740992,"f":1.5,"s":"x"}"#
+                )
+                .expect("fp"),
             via_builder
         );
         // Not JSON at all: its bytes, as before.
@@ -367,6 +600,14 @@ mod tests {
             r#"a"b\c"#
         );
         assert_eq!(idempotency_key(&HeaderMap::new()).expect("ok"), None);
+        // A quoted key may hold spaces (an sf-string); a bare one may not.
+        assert_eq!(
+            key_of(b"\" two words \"")
+                .expect("ok")
+                .expect("some")
+                .as_str(),
+            " two words "
+        );
         // Item parameters are allowed by the draft and ignored.
         for value in [
             &br#""abc-123";v=1"#[..],
@@ -388,7 +629,7 @@ mod tests {
             (&b"\"\""[..], ProblemKind::KeyInvalid),
             (b"\"abc", ProblemKind::KeyInvalid),
             (b"\"a\\nb\"", ProblemKind::KeyInvalid),
-            (b"\"a b\"", ProblemKind::KeyInvalid),
+            (b"a b", ProblemKind::KeyInvalid),
             (b"\"a\"b\"", ProblemKind::KeyInvalid),
             (b"\"a\";", ProblemKind::KeyInvalid),
             (b"\"a\";V=1", ProblemKind::KeyInvalid),
@@ -422,89 +663,265 @@ mod tests {
         );
     }
 
+    fn secret(byte: u8) -> Hashing {
+        Hashing::keyed(Arc::new(
+            HashSecret::from_bytes(&[byte; 32]).expect("32 bytes"),
+        ))
+    }
+
     #[test]
     fn tenants() {
+        let hashing = secret(7);
+        let tenant_of = |src: &TenantSource, p: &Parts| src.tenant(p).map(|t| hashing.tenant(&t));
         let with_auth = parts(|b| b.header("authorization", "Bearer one"));
         let other = parts(|b| b.header("authorization", "Bearer two"));
-        let t1 = TenantSource::Authorization
-            .tenant(&with_auth)
-            .expect("tenant");
+        let t1 = tenant_of(&TenantSource::Authorization, &with_auth).expect("tenant");
+        assert_eq!(t1.len(), 64);
         assert_ne!(
             t1,
-            TenantSource::Authorization.tenant(&other).expect("tenant")
+            tenant_of(&TenantSource::Authorization, &other).expect("tenant")
         );
+        // Keyed: neither the credential nor its plain SHA-256, and another
+        // secret gives another tenant.
         assert!(!t1.contains("one"));
+        assert_ne!(t1, idem::fingerprint::unkeyed_tenant(b"Bearer one"));
+        assert_ne!(
+            t1,
+            secret(8).tenant(&TenantSource::Authorization.tenant(&with_auth).expect("t"))
+        );
+        assert_eq!(
+            TenantSource::Authorization.earlier_tenant(&with_auth),
+            Some(idem::fingerprint::unkeyed_tenant(b"Bearer one"))
+        );
+        // Nothing sent, an empty value: no shared tenant, a 401.
+        for p in [parts(|b| b), parts(|b| b.header("authorization", " "))] {
+            let err = TenantSource::Authorization.tenant(&p).expect_err("missing");
+            assert_eq!(
+                (err.kind(), err.status().as_u16()),
+                (ProblemKind::TenantMissing, 401)
+            );
+        }
+        let two = parts(|b| b.header("authorization", "a").header("authorization", "b"));
         assert_eq!(
             TenantSource::Authorization
-                .tenant(&parts(|b| b))
-                .expect("tenant"),
-            ANONYMOUS_TENANT
+                .tenant(&two)
+                .expect_err("two")
+                .kind(),
+            ProblemKind::TenantInvalid
         );
-        let by_header = TenantSource::Header(HeaderName::from_static("x-tenant-id"));
+        let api_key = TenantSource::Header(HeaderName::from_static("x-api-key"));
         assert_eq!(
-            by_header
-                .tenant(&parts(|b| b.header("x-tenant-id", "acme")))
+            api_key
+                .tenant(&parts(|b| b.header("x-api-key", "k_1")))
                 .expect("tenant"),
-            "acme"
+            Tenant::Credential(b"k_1")
         );
         assert_eq!(
-            by_header.tenant(&parts(|b| b)).expect_err("missing").kind(),
+            api_key.tenant(&parts(|b| b)).expect_err("missing").kind(),
+            ProblemKind::TenantMissing
+        );
+        let session = TenantSource::Cookie("session".into());
+        assert_eq!(
+            session
+                .tenant(&parts(
+                    |b| b.header("cookie", "theme=dark; session=s_9; x=1")
+                ))
+                .expect("tenant"),
+            Tenant::Credential(b"s_9")
+        );
+        for p in [
+            parts(|b| b),
+            parts(|b| b.header("cookie", "sessionx=1; session=")),
+        ] {
+            assert_eq!(
+                session.tenant(&p).expect_err("missing").kind(),
+                ProblemKind::TenantMissing
+            );
+        }
+        let twice = parts(|b| {
+            b.header("cookie", "session=a")
+                .header("cookie", "session=b")
+        });
+        assert_eq!(
+            session.tenant(&twice).expect_err("two").kind(),
             ProblemKind::TenantInvalid
         );
         assert_eq!(
             TenantSource::Single("one".into())
                 .tenant(&parts(|b| b))
                 .expect("tenant"),
-            "one"
+            Tenant::Identity("one".into())
         );
     }
 
     #[test]
-    fn fingerprint_ignores_query_order_and_json_layout() {
+    fn a_trusted_header_counts_only_from_a_trusted_proxy() {
+        let src = TenantSource::TrustedHeader {
+            name: HeaderName::from_static("x-user"),
+            proxies: vec![
+                "10.0.0.0/8".parse().expect("net"),
+                "::1/128".parse().expect("net"),
+            ],
+        };
+        let from = |peer: Option<&str>| {
+            let mut p = parts(|b| b.header("x-user", "alice"));
+            if let Some(peer) = peer {
+                p.extensions.insert(PeerAddr(peer.parse().expect("addr")));
+            }
+            p
+        };
+        for peer in ["10.1.2.3:5000", "[::1]:80"] {
+            assert_eq!(
+                src.tenant(&from(Some(peer))).expect("trusted"),
+                Tenant::Identity("alice".into()),
+                "{peer}"
+            );
+        }
+        for peer in [Some("192.168.0.1:5000"), None] {
+            let err = src.tenant(&from(peer)).expect_err("untrusted");
+            assert_eq!(
+                (err.kind(), err.status().as_u16()),
+                (ProblemKind::TenantUntrusted, 403)
+            );
+        }
+        let mut without = parts(|b| b);
+        without
+            .extensions
+            .insert(PeerAddr("10.0.0.1:1".parse().expect("addr")));
+        assert_eq!(
+            src.tenant(&without).expect_err("missing").kind(),
+            ProblemKind::TenantMissing
+        );
+    }
+
+    #[test]
+    fn fingerprint_ignores_json_layout_and_keeps_path_and_query_order() {
+        let hashing = secret(1);
         let json =
             |b: http::request::Builder| b.header("content-type", "application/json; charset=utf-8");
-        let a = fingerprint(
+        let fp = |p: &Parts, path: &str, op: &str, body: &[u8]| {
+            hashing
+                .fingerprint(p, path, op, &[header::CONTENT_TYPE], body)
+                .expect("fp")
+        };
+        let a = fp(
             &parts(json),
+            "/v1/payments",
             "POST /v1/payments",
-            &[header::CONTENT_TYPE],
             br#"{"a":1,"b":[1,2]}"#,
-        )
-        .expect("fp");
-        let mut reordered = parts(json);
-        reordered.uri = "/v1/payments?a=1&b=2".parse().expect("uri");
-        let b = fingerprint(
-            &reordered,
+        );
+        assert!(a.to_string().starts_with("v2:"), "{a}");
+        let b = fp(
+            &parts(json),
+            "/v1/payments",
             "POST /v1/payments",
-            &[header::CONTENT_TYPE],
             b"{ \"b\": [1, 2], \"a\": 1.0 }",
-        )
-        .expect("fp");
+        );
         assert_eq!(a, b);
-        let c = fingerprint(
+        let c = fp(
             &parts(json),
+            "/v1/payments",
+            "POST /v1/payments",
+            br#"{"a":2,"b":[1,2]}"#,
+        );
+        assert_ne!(a, c);
+        let other_op = fp(
+            &parts(json),
+            "/v1/payments",
+            "POST /v1/refunds",
+            br#"{"a":1,"b":[1,2]}"#,
+        );
+        assert_ne!(a, other_op);
+        // One key on another resource of the same route: another request.
+        let op = "POST /v1/orders/{id}/capture";
+        assert_ne!(
+            fp(&parts(json), "/v1/orders/ord_A/capture", op, b"{}"),
+            fp(&parts(json), "/v1/orders/ord_B/capture", op, b"{}")
+        );
+        // Repeated parameters keep their order; parameters stay apart.
+        let with_query = |q: &str| {
+            let mut p = parts(json);
+            p.uri = format!("/v1/payments?{q}").parse().expect("uri");
+            fp(&p, "/v1/payments", "POST /v1/payments", b"{}")
+        };
+        assert_ne!(with_query("a=1&a=2"), with_query("a=2&a=1"));
+        assert_ne!(with_query("a=1&b=2"), with_query("a=1%26b=2"));
+        // Another secret, another fingerprint; unkeyed is v1, path-blind.
+        let other = secret(2).fingerprint(
+            &parts(json),
+            "/v1/payments",
             "POST /v1/payments",
             &[header::CONTENT_TYPE],
-            br#"{"a":2,"b":[1,2]}"#,
-        )
-        .expect("fp");
-        assert_ne!(a, c);
-        let other_op = fingerprint(
-            &parts(json),
-            "POST /v1/refunds",
-            &[header::CONTENT_TYPE],
             br#"{"a":1,"b":[1,2]}"#,
+        );
+        assert_ne!(a, other.expect("fp"));
+        let v1 = |path: &str| {
+            Hashing::unkeyed()
+                .fingerprint(
+                    &parts(json),
+                    path,
+                    "POST /v1/payments",
+                    &[header::CONTENT_TYPE],
+                    b"{}",
+                )
+                .expect("fp")
+        };
+        assert!(v1("/a").to_string().starts_with("v1:"));
+        assert_eq!(v1("/a"), v1("/b"));
+        // While earlier records are looked for, both come out, the v1 one
+        // as earlier versions made it.
+        let upgrading =
+            secret(1).with_earlier_until(SystemTime::now() + std::time::Duration::from_secs(60));
+        let (now, earlier) = fingerprints(
+            &upgrading,
+            &parts(json),
+            "/a",
+            "POST /v1/payments",
+            &[header::CONTENT_TYPE],
+            b"{}",
         )
         .expect("fp");
-        assert_ne!(a, other_op);
+        assert_eq!(
+            now,
+            secret(1)
+                .fingerprint(
+                    &parts(json),
+                    "/a",
+                    "POST /v1/payments",
+                    &[header::CONTENT_TYPE],
+                    b"{}"
+                )
+                .expect("fp")
+        );
+        assert_eq!(earlier, Some(v1("/a")));
+        assert_eq!(
+            fingerprints(
+                &secret(1),
+                &parts(json),
+                "/a",
+                "POST /v1/payments",
+                &[],
+                b"{}"
+            )
+            .expect("fp")
+            .1,
+            None
+        );
     }
 
     #[test]
     fn json_that_is_not_utf8_is_refused() {
         let p = parts(|b| b.header("content-type", "application/merchant+json"));
-        let err = fingerprint(&p, "op", &[], b"{\"a\":\"\xff\"}").expect_err("not utf-8");
+        let err = secret(1)
+            .fingerprint(&p, "/", "op", &[], b"{\"a\":\"\xff\"}")
+            .expect_err("not utf-8");
         assert_eq!(err.kind(), ProblemKind::BodyEncoding);
         // Not JSON: any bytes are fine.
         let p = parts(|b| b.header("content-type", "application/octet-stream"));
-        assert!(fingerprint(&p, "op", &[], b"\xff\xfe").is_ok());
+        assert!(
+            secret(1)
+                .fingerprint(&p, "/", "op", &[], b"\xff\xfe")
+                .is_ok()
+        );
     }
 }

@@ -54,6 +54,22 @@ pub struct RoutePolicy {
     /// on the inner service, to settle it ([`Lookup`]); `None`: it is held
     /// for an operator.
     pub lookup: Option<Arc<Lookup>>,
+    /// What a request without the credential its tenant comes from gets
+    /// (default: refused, `401 tenant-missing`).
+    pub on_missing_tenant: MissingTenant,
+}
+
+/// What a protected request gets when it lacks the credential its tenant
+/// comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MissingTenant {
+    /// `401 tenant-missing`: nothing forwarded, nothing recorded.
+    #[default]
+    Refuse,
+    /// Forwarded unprotected, with `Idempotency-Status: unprotected`,
+    /// counted and logged: for an upstream that answers such requests
+    /// itself (with its own `401`).
+    Pass,
 }
 
 impl Default for RoutePolicy {
@@ -67,6 +83,7 @@ impl Default for RoutePolicy {
             fingerprint_headers: vec![header::CONTENT_TYPE],
             unstored_headers: Vec::new(),
             lookup: None,
+            on_missing_tenant: MissingTenant::Refuse,
         }
     }
 }
@@ -99,6 +116,12 @@ impl RoutePolicy {
     /// Sets the mismatch status.
     pub fn with_mismatch_status(mut self, status: StatusCode) -> Self {
         self.mismatch_status = status;
+        self
+    }
+
+    /// Sets what a request without its tenant's credential gets.
+    pub fn with_on_missing_tenant(mut self, on_missing: MissingTenant) -> Self {
+        self.on_missing_tenant = on_missing;
         self
     }
 
@@ -182,8 +205,15 @@ impl PathPattern {
         })
     }
 
-    /// Whether `path` (without query) matches.
+    /// Whether `path` (without query, [normalised](normalize_path))
+    /// matches, literal segments compared exactly.
     pub fn matches(&self, path: &str) -> bool {
+        self.matches_with(path, false)
+    }
+
+    /// [`matches`](Self::matches), literal segments compared regardless of
+    /// ASCII case when `ignore_case`.
+    pub fn matches_with(&self, path: &str, ignore_case: bool) -> bool {
         let Some(rest) = path.strip_prefix('/') else {
             return false;
         };
@@ -196,7 +226,8 @@ impl PathPattern {
         .flatten();
         for seg in &self.segments {
             match (seg, parts.next()) {
-                (Segment::Literal(l), Some(p)) if l == p => {}
+                (Segment::Literal(l), Some(p))
+                    if l == p || (ignore_case && l.eq_ignore_ascii_case(p)) => {}
                 (Segment::Param(_), Some(p)) if !p.is_empty() => {}
                 _ => return false,
             }
@@ -251,6 +282,80 @@ pub const NO_ROUTE: &str = "none";
 pub struct Routes {
     routes: Vec<Route>,
     defaults: Arc<RoutePolicy>,
+    ignore_case: bool,
+}
+
+/// A request path in the one form routes are matched and fingerprinted
+/// on, so that no spelling of a path slips past its route's policy:
+/// percent-encoded unreserved characters decoded (`%41` is `A`, `%2e` is
+/// `.`; other escapes kept, their hex digits upper-cased), repeated
+/// slashes merged, `.` and `..` segments removed (RFC 3986 §5.2.4) and a
+/// trailing slash dropped. Borrowed when the path is already in that form.
+///
+/// ```
+/// use idem_http::normalize_path;
+/// assert_eq!(normalize_path("/v1//payments/"), "/v1/payments");
+/// assert_eq!(normalize_path("/v1/x/../%70ayments"), "/v1/payments");
+/// assert_eq!(normalize_path("/v1/a%2fb"), "/v1/a%2Fb");
+/// assert_eq!(normalize_path("/"), "/");
+/// ```
+pub fn normalize_path(path: &str) -> Cow<'_, str> {
+    let b = path.as_bytes();
+    let clean = b.first() == Some(&b'/')
+        && !b.contains(&b'%')
+        && !path.contains("//")
+        && !path.contains("/./")
+        && !path.contains("/../")
+        && !path.ends_with("/.")
+        && !path.ends_with("/..")
+        && (b.len() == 1 || b.last() != Some(&b'/'));
+    if clean {
+        return Cow::Borrowed(path);
+    }
+    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut decoded = String::with_capacity(path.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && let (Some(hi), Some(lo)) = (
+                b.get(i + 1).copied().and_then(hex),
+                b.get(i + 2).copied().and_then(hex),
+            )
+        {
+            let c = hi << 4 | lo;
+            if c.is_ascii_alphanumeric() || b"-._~".contains(&c) {
+                decoded.push(c as char);
+            } else {
+                decoded.push('%');
+                decoded.push_str(&format!("{c:02X}"));
+            }
+            i += 3;
+            continue;
+        }
+        // Non-ASCII arrives percent-encoded in a URI; a raw byte is kept.
+        let ch = path[i..].chars().next().expect("in bounds");
+        decoded.push(ch);
+        i += ch.len_utf8();
+    }
+    let mut segments: Vec<&str> = Vec::new();
+    for seg in decoded.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    let mut out = String::with_capacity(decoded.len());
+    for seg in &segments {
+        out.push('/');
+        out.push_str(seg);
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    Cow::Owned(out)
 }
 
 /// A protected request's route.
@@ -282,7 +387,17 @@ impl Routes {
         Self {
             routes: Vec::new(),
             defaults: Arc::new(defaults),
+            ignore_case: false,
         }
+    }
+
+    /// Matches routes' literal segments regardless of ASCII case
+    /// (`/V1/Payments` takes `/v1/payments`'s policy); parameters and the
+    /// fingerprint keep the case sent. Off by default: most servers treat
+    /// paths as case-sensitive.
+    pub fn with_ignore_case(mut self, ignore_case: bool) -> Self {
+        self.ignore_case = ignore_case;
+        self
     }
 
     /// Adds a route (first match wins).
@@ -346,13 +461,16 @@ impl Routes {
             .map(|r| (r.operation.as_str(), &r.policy))
     }
 
-    /// The route protecting this request, if any.
+    /// The route protecting this request, if any, matched on the
+    /// [normalised](normalize_path) `path`.
     pub fn matching(&self, method: &Method, path: &str) -> Option<RouteMatch<'_>> {
+        let path = normalize_path(path);
+        let path = path.as_ref();
         if let Some((index, route)) = self
             .routes
             .iter()
             .enumerate()
-            .find(|(_, r)| r.method == method && r.pattern.matches(path))
+            .find(|(_, r)| r.method == method && r.pattern.matches_with(path, self.ignore_case))
         {
             return Some(RouteMatch {
                 index,
@@ -390,6 +508,41 @@ mod tests {
         assert_eq!(p.param_names().collect::<Vec<_>>(), ["id"]);
         assert_eq!(p.param("id", "/v1/orders/42/capture"), Some("42"));
         assert_eq!(p.param("other", "/v1/orders/42/capture"), None);
+    }
+
+    #[test]
+    fn no_spelling_of_a_path_slips_past_its_route() {
+        let routes = Routes::default()
+            .route(
+                Method::PUT,
+                "/v1/payments",
+                RoutePolicy::default().with_require_key(true),
+            )
+            .expect("valid");
+        for path in [
+            "/v1/payments",
+            "/v1/payments/",
+            "//v1///payments",
+            "/v1/./payments",
+            "/v1/x/../payments",
+            "/v1/%70ayments",
+            "/v1/%2e/payments",
+            "/v1/x/%2E%2E/payments",
+        ] {
+            let m = routes.matching(&Method::PUT, path);
+            assert_eq!(m.map(|m| m.index), Some(0), "{path}");
+        }
+        // Other escapes stay escaped (a%2Fb is one segment, not two).
+        assert_eq!(normalize_path("/v1/a%2fb/c"), "/v1/a%2Fb/c");
+        assert_eq!(normalize_path("/../.."), "/");
+        assert!(matches!(normalize_path("/v1/payments"), Cow::Borrowed(_)));
+        // Case: exact unless asked otherwise.
+        assert!(routes.matching(&Method::PUT, "/V1/Payments").is_none());
+        let ci = routes.with_ignore_case(true);
+        assert_eq!(
+            ci.matching(&Method::PUT, "/V1/Payments").map(|m| m.index),
+            Some(0)
+        );
     }
 
     #[test]

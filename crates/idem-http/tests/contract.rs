@@ -15,7 +15,7 @@ use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use idem::{FailMode, InFlight, MemoryStore, Policy};
-use idem_http::{IdempotencyLayer, RoutePolicy, Routes, TenantSource};
+use idem_http::{Hashing, IdempotencyLayer, MissingTenant, RoutePolicy, Routes, TenantSource};
 use idem_testkit::client::send;
 use idem_testkit::{FaultyStore, Op};
 
@@ -67,6 +67,15 @@ async fn charge(
 }
 
 fn app<S: idem::Store>(store: Arc<S>, routes: Routes, counter: Counter) -> Router {
+    app_with(store, routes, counter, Hashing::unkeyed())
+}
+
+fn app_with<S: idem::Store>(
+    store: Arc<S>,
+    routes: Routes,
+    counter: Counter,
+    hashing: Hashing,
+) -> Router {
     Router::new()
         .route("/v1/payments", post(charge).get(|| async { "list" }))
         .route("/v1/orders/{id}/capture", post(charge))
@@ -74,9 +83,16 @@ fn app<S: idem::Store>(store: Arc<S>, routes: Routes, counter: Counter) -> Route
         .layer(
             IdempotencyLayer::from_arc(store)
                 .with_routes(routes)
-                .with_tenant(TenantSource::Authorization),
+                .with_tenant(TenantSource::Authorization)
+                .with_hashing(hashing),
         )
         .with_state(counter)
+}
+
+fn keyed(byte: u8) -> Hashing {
+    Hashing::keyed(Arc::new(
+        idem::HashSecret::from_bytes(&[byte; 32]).expect("32 bytes"),
+    ))
 }
 
 fn routes() -> Routes {
@@ -322,6 +338,7 @@ async fn bad_keys_and_bodies_are_refused_without_forwarding_or_records() {
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let req = http::Request::post(format!("http://{addr}/v1/payments"))
         .header("content-type", "application/json")
+        .header(AUTH.0, AUTH.1)
         .header("idempotency-key", "utf8")
         .body(Full::new(Bytes::from_static(b"{\"a\":\"\xff\xfe\"}")))
         .expect("request");
@@ -685,6 +702,7 @@ async fn a_panicking_handler_leaves_its_outcome_unknown_and_is_not_rerun() {
         let request = || {
             http::Request::post("/v1/payments")
                 .header(JSON.0, JSON.1)
+                .header(AUTH.0, AUTH.1)
                 .header("idempotency-key", "panics")
                 .body(Full::new(Bytes::from_static(b"{}")))
                 .expect("request")
@@ -907,4 +925,144 @@ where
     let (parts, body) = resp.into_parts();
     let bytes = body.collect().await.expect("body").to_bytes();
     (parts, bytes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_without_its_tenant_s_credential_is_refused_or_passed_unprotected() {
+    let counter = Counter::default();
+    let store = Arc::new(MemoryStore::new());
+    let passing = Routes::default()
+        .route(
+            Method::POST,
+            "/v1/big",
+            RoutePolicy::default().with_on_missing_tenant(MissingTenant::Pass),
+        )
+        .expect("routes");
+    let addr = serve(app(Arc::clone(&store), passing, counter.clone())).await;
+    // No shared "anonymous" tenant: a caller without credentials can
+    // neither read another's answer nor claim its key.
+    let h = [JSON, ("idempotency-key", "k-anon")];
+    let refused = send(addr, Method::POST, "/v1/payments", &h, "{}").await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(refused.problem_type(), "tenant-missing");
+    assert_eq!(counter.get(), 0, "nothing forwarded");
+    assert!(store.is_empty(), "nothing recorded");
+    // A route that passes such requests: forwarded, said so, not recorded.
+    for _ in 0..2 {
+        let passed = send(addr, Method::POST, "/v1/big", &h, "{}").await;
+        assert_eq!(passed.status, StatusCode::CREATED);
+        assert_eq!(passed.headers["idempotency-status"], "unprotected");
+    }
+    assert_eq!(counter.get(), 2);
+    assert!(store.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authentication_failure_is_not_recorded() {
+    let counter = Counter::default();
+    let addr = serve(app(Arc::new(MemoryStore::new()), routes(), counter.clone())).await;
+    for status in ["401", "403", "407"] {
+        let key = format!("auth-{status}");
+        let h = [JSON, AUTH, ("idempotency-key", key.as_str())];
+        let denied = [
+            JSON,
+            AUTH,
+            ("idempotency-key", key.as_str()),
+            ("x-status", status),
+        ];
+        let first = send(addr, Method::POST, "/v1/payments", &denied, "{}").await;
+        assert_eq!(first.status.as_str(), status);
+        // The key is free again: the retry runs, and its answer is the one kept.
+        let retry = send(addr, Method::POST, "/v1/payments", &h, "{}").await;
+        assert_eq!(retry.status, StatusCode::CREATED, "{status}");
+        assert!(
+            retry.headers.get("idempotent-replayed").is_none(),
+            "{status}"
+        );
+    }
+    assert_eq!(counter.get(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_key_is_one_request_on_one_resource() {
+    let counter = Counter::default();
+    let capture = Routes::default()
+        .route(
+            Method::POST,
+            "/v1/orders/{id}/capture",
+            RoutePolicy::default().with_require_key(true),
+        )
+        .and_then(|r| {
+            r.route(
+                Method::POST,
+                "/v1/payments",
+                RoutePolicy::default().with_require_key(true),
+            )
+        })
+        .expect("routes");
+    let addr = serve(app_with(
+        Arc::new(MemoryStore::new()),
+        capture,
+        counter.clone(),
+        keyed(3),
+    ))
+    .await;
+    let h = [JSON, AUTH, ("idempotency-key", "capture-1")];
+    let a = send(addr, Method::POST, "/v1/orders/ord_A/capture", &h, "{}").await;
+    assert_eq!(a.status, StatusCode::CREATED);
+    // The same key on order B: not A's answer replayed (B was never
+    // captured), but a key reused for another request.
+    let b = send(addr, Method::POST, "/v1/orders/ord_B/capture", &h, "{}").await;
+    assert_eq!(b.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(b.problem_type(), "idempotency-key-reused");
+    // A's own retry, spelled otherwise, is A's request.
+    let again = send(addr, Method::POST, "/v1/orders//ord_A/capture/", &h, "{}").await;
+    assert_eq!(again.headers["idempotent-replayed"], "true");
+    assert_eq!(counter.get(), 1);
+    // No spelling of a protected path skips its route's policy.
+    for path in [
+        "/v1/payments/",
+        "//v1/payments",
+        "/v1/./payments",
+        "/v1/%70ayments",
+    ] {
+        let keyless = send(addr, Method::POST, path, &[JSON, AUTH], "{}").await;
+        assert_eq!(keyless.status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(keyless.problem_type(), "idempotency-key-missing", "{path}");
+    }
+    assert_eq!(counter.get(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_across_the_keyed_hash_upgrade_gets_its_original_answer() {
+    let counter = Counter::default();
+    let store = Arc::new(MemoryStore::new());
+    let body = r#"{"amount":100}"#;
+    let h = [JSON, AUTH, ("idempotency-key", "before-upgrade")];
+    // Before: unkeyed tenants and v1 fingerprints.
+    let before = serve(app(Arc::clone(&store), routes(), counter.clone())).await;
+    let first = send(before, Method::POST, "/v1/payments", &h, body).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    // After: keyed, still looking for records from before.
+    let upgrading =
+        keyed(9).with_earlier_until(std::time::SystemTime::now() + Duration::from_secs(3600));
+    let after = serve(app_with(
+        Arc::clone(&store),
+        routes(),
+        counter.clone(),
+        upgrading,
+    ))
+    .await;
+    let retry = send(after, Method::POST, "/v1/payments", &h, body).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(retry.body, first.body, "the original answer");
+    assert_eq!(retry.headers["idempotent-replayed"], "true");
+    let other = send(after, Method::POST, "/v1/payments", &h, r#"{"amount":200}"#).await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    // A new key after the upgrade runs, and its retry replays as usual.
+    let fresh = [JSON, AUTH, ("idempotency-key", "after-upgrade")];
+    let new = send(after, Method::POST, "/v1/payments", &fresh, body).await;
+    let new_retry = send(after, Method::POST, "/v1/payments", &fresh, body).await;
+    assert_eq!(new_retry.body, new.body);
+    assert_eq!(counter.get(), 2, "charged once per key");
 }

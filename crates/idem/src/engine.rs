@@ -40,8 +40,8 @@ use tokio::time::Instant;
 
 use crate::store::{FinalOutcome, Reservation, ReserveRequest, Store, StoreError, Verdict};
 use crate::{
-    FailMode, Fingerprint, IdempotencyKey, InFlight, Lease, OwnerToken, Policy, RecordState,
-    Resolution, Scope, StoredResponse,
+    FailMode, Fingerprint, IdempotencyKey, InFlight, Lease, OwnerToken, Policy, Record,
+    RecordState, Resolution, Scope, StoredResponse,
 };
 
 /// The idempotency engine over a store `S`. Cheap to clone; clones share the
@@ -82,6 +82,17 @@ pub struct Replay {
     pub response: StoredResponse,
     /// What the original execution created, if it said.
     pub resource_id: Option<String>,
+}
+
+/// Where a request's record was written before keyed hashing: its
+/// unkeyed tenant's scope and its `v1:` fingerprint
+/// ([`Engine::begin_with_earlier`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Earlier {
+    /// The scope under the unkeyed tenant.
+    pub scope: Scope,
+    /// The `v1:` fingerprint.
+    pub fingerprint: Fingerprint,
 }
 
 /// What [`Engine::begin`] decided.
@@ -335,6 +346,77 @@ impl<S: Store> Engine<S> {
                     }
                 }
             }
+        }
+    }
+
+    /// [`begin`](Self::begin), also finding a record written before keyed
+    /// hashing, under the request's `earlier` scope and fingerprint (the
+    /// unkeyed tenant and the `v1:` fingerprint).
+    ///
+    /// A retry that crosses the upgrade then gets its original answer, not
+    /// a second execution (its tenant moved) nor a `Mismatch` (its
+    /// fingerprint did). It costs one read per fresh reservation, for as
+    /// long as such records may live (the caller bounds that by the
+    /// longest retention).
+    pub async fn begin_with_earlier(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+        earlier: &Earlier,
+    ) -> Result<Begin<S>, EngineError> {
+        match self.begin(scope, key, fingerprint).await? {
+            Begin::Execute(guard) if earlier.scope != *scope => {
+                match self.store.get(&earlier.scope, key).await {
+                    Ok(None) => Ok(Begin::Execute(guard)),
+                    Ok(Some(record)) => {
+                        // The work is not ours to run: hand the key back.
+                        if let Err(err) = guard.release().await {
+                            tracing::warn!(reason = "idempotency_store_error", tenant = scope.tenant(), operation = scope.operation(), %key, %err, "releasing a reservation an earlier record answers");
+                        }
+                        tracing::debug!(reason = "idempotency_earlier_record", tenant = earlier.scope.tenant(), operation = scope.operation(), %key, state = %record.state);
+                        Ok(self.earlier_answer(record, earlier.fingerprint))
+                    }
+                    Err(err) => {
+                        let _ = guard.release().await;
+                        self.store_failed(err, scope, key)
+                    }
+                }
+            }
+            Begin::Mismatch { state } if earlier.scope == *scope => {
+                match self.store.get(scope, key).await {
+                    Ok(Some(record)) if record.fingerprint == earlier.fingerprint => {
+                        Ok(self.earlier_answer(record, earlier.fingerprint))
+                    }
+                    _ => Ok(Begin::Mismatch { state }),
+                }
+            }
+            other => Ok(other),
+        }
+    }
+
+    /// What a record written before keyed hashing answers a request whose
+    /// earlier fingerprint is `fingerprint`.
+    fn earlier_answer(&self, record: Record, fingerprint: Fingerprint) -> Begin<S> {
+        if record.fingerprint != fingerprint {
+            return Begin::Mismatch {
+                state: record.state,
+            };
+        }
+        match record.response {
+            Some(response) if record.state.is_final() => Begin::Replay(Replay {
+                state: record.state,
+                response,
+                resource_id: record.resource_id,
+            }),
+            _ => Begin::InProgress {
+                retry_after: record
+                    .lease
+                    .locked_until
+                    .since(crate::Timestamp::now())
+                    .max(Duration::from_secs(1)),
+                outcome_unknown: record.is_outcome_unknown(),
+            },
         }
     }
 

@@ -1,8 +1,19 @@
 //! Request fingerprints: what makes two requests "the same request".
 //!
 //! A key reused with a different request is a client bug that must be
-//! refused, not replayed. The fingerprint is a SHA-256 over a canonical,
-//! versioned form of the request, written `v1:<64 hex digits>`.
+//! refused, not replayed. The fingerprint is a digest over a canonical,
+//! versioned form of the request:
+//!
+//! * `v2:<64 hex digits>`, an HMAC-SHA-256 under the deployment's
+//!   [`HashSecret`] ([`FingerprintBuilder::keyed`]): someone who reads a
+//!   record cannot test guesses of a small body against it;
+//! * `v1:<64 hex digits>`, the unkeyed SHA-256 of earlier versions
+//!   ([`Fingerprint::builder`]), for a deployment without a secret and for
+//!   matching records written before one was set.
+//!
+//! The same secret keys credential tenants ([`HashSecret::tenant`]): a
+//! tenant in a log line or a record says nothing of the credential it
+//! came from.
 //!
 //! The canonical form is a sequence of labelled parts, each written as
 //! `len(label) label len(value) value` with 8-byte big-endian lengths, after
@@ -37,19 +48,64 @@
 use std::fmt;
 use std::str::FromStr;
 
+use ring::hmac;
 use sha2::{Digest, Sha256};
 
 const DOMAIN_V1: &[u8] = b"idem.fingerprint.v1\0";
+const DOMAIN_V2: &[u8] = b"idem.fingerprint.v2\0";
+const DOMAIN_TENANT: &[u8] = b"idem.tenant.v2\0";
 
-/// A versioned SHA-256 digest of a request's canonical form.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Fingerprint([u8; 32]);
+/// A versioned digest of a request's canonical form.
+///
+/// Two fingerprints are equal when their digests are: a digest read back
+/// from a store carries no version of its own (stores keep the 32 bytes),
+/// so [`from_digest`](Self::from_digest) gives it the version this build
+/// writes, `v2`. The version is what the text form shows.
+#[derive(Clone, Copy)]
+pub struct Fingerprint {
+    digest: [u8; 32],
+    version: Version,
+}
+
+/// Which canonical form and hash a fingerprint was made with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Version {
+    /// Unkeyed SHA-256: method, operation, the sorted query, headers, body.
+    V1,
+    /// HMAC-SHA-256 under a [`HashSecret`], over the form of [`V1`](Self::V1)
+    /// plus whatever its caller adds (the gateway adds the normalised path
+    /// and keeps the query in order).
+    V2,
+}
+
+impl Version {
+    fn prefix(self) -> &'static str {
+        match self {
+            Self::V1 => "v1:",
+            Self::V2 => "v2:",
+        }
+    }
+}
+
+impl PartialEq for Fingerprint {
+    fn eq(&self, other: &Self) -> bool {
+        self.digest == other.digest
+    }
+}
+
+impl Eq for Fingerprint {}
+
+impl std::hash::Hash for Fingerprint {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.digest.hash(state);
+    }
+}
 
 /// Why a string is not a fingerprint.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FingerprintParseError {
-    /// The `v1:` prefix is missing (or names a version this build does not know).
-    #[error("fingerprint must start with \"v1:\"")]
+    /// The `v1:`/`v2:` prefix is missing (or names a version this build does not know).
+    #[error("fingerprint must start with \"v2:\" or \"v1:\"")]
     UnknownVersion,
     /// The digest is not 64 lowercase or uppercase hex digits.
     #[error("fingerprint digest must be 64 hex digits")]
@@ -65,19 +121,27 @@ impl Fingerprint {
     /// Builds a fingerprint directly from a digest, e.g. one read back from a
     /// store's binary column.
     pub const fn from_digest(digest: [u8; 32]) -> Self {
-        Self(digest)
+        Self {
+            digest,
+            version: Version::V2,
+        }
     }
 
-    /// The raw SHA-256 digest.
+    /// The raw digest.
     pub const fn digest(&self) -> &[u8; 32] {
-        &self.0
+        &self.digest
+    }
+
+    /// The version it was made with (for one read from a store: `V2`).
+    pub const fn version(&self) -> Version {
+        self.version
     }
 }
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("v1:")?;
-        f.write_str(&to_hex(&self.0))
+        f.write_str(self.version.prefix())?;
+        f.write_str(&to_hex(&self.digest))
     }
 }
 
@@ -91,11 +155,95 @@ impl FromStr for Fingerprint {
     type Err = FingerprintParseError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let hex = s
-            .strip_prefix("v1:")
-            .ok_or(FingerprintParseError::UnknownVersion)?;
-        hex32(hex).map(Self).ok_or(FingerprintParseError::BadDigest)
+        let (version, hex) = if let Some(hex) = s.strip_prefix("v2:") {
+            (Version::V2, hex)
+        } else if let Some(hex) = s.strip_prefix("v1:") {
+            (Version::V1, hex)
+        } else {
+            return Err(FingerprintParseError::UnknownVersion);
+        };
+        let digest = hex32(hex).ok_or(FingerprintParseError::BadDigest)?;
+        Ok(Self { digest, version })
     }
+}
+
+/// The deployment's secret for keyed hashes: fingerprints (`v2:`) and
+/// credential tenants. Every process that shares a store must use the same
+/// one, or none of them finds the others' records.
+///
+/// At least 32 bytes, written as hex (`openssl rand -hex 32`). The secret
+/// never reaches a log: `Debug` shows its length only.
+pub struct HashSecret {
+    key: hmac::Key,
+    len: usize,
+}
+
+impl fmt::Debug for HashSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HashSecret")
+            .field("bytes", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a text is not a hash secret (the message never quotes it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("hash secret: {0}")]
+pub struct HashSecretError(&'static str);
+
+impl HashSecret {
+    /// The fewest bytes a secret may have.
+    pub const MIN_BYTES: usize = 32;
+
+    /// Reads a secret written as hex (white space around it ignored).
+    pub fn from_hex(text: &str) -> Result<Self, HashSecretError> {
+        let bytes = from_hex(text.trim()).ok_or(HashSecretError(
+            "must be written as hex digits (openssl rand -hex 32)",
+        ))?;
+        Self::from_bytes(&bytes)
+    }
+
+    /// A secret from raw bytes, at least [`MIN_BYTES`](Self::MIN_BYTES).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, HashSecretError> {
+        if bytes.len() < Self::MIN_BYTES {
+            return Err(HashSecretError(
+                "must be at least 32 bytes (64 hex digits: openssl rand -hex 32)",
+            ));
+        }
+        Ok(Self {
+            key: hmac::Key::new(hmac::HMAC_SHA256, bytes),
+            len: bytes.len(),
+        })
+    }
+
+    /// A new random secret of 32 bytes, and its hex form to keep.
+    pub fn generate() -> (Self, String) {
+        use ring::rand::SecureRandom;
+        let mut bytes = [0u8; 32];
+        ring::rand::SystemRandom::new()
+            .fill(&mut bytes)
+            .expect("the operating system's random source works");
+        let hex = to_hex(&bytes);
+        let secret = Self::from_bytes(&bytes).expect("32 bytes");
+        (secret, hex)
+    }
+
+    /// The tenant a credential (an `Authorization` value, an API key, a
+    /// session cookie) stands for: HMAC-SHA-256 of it under this secret,
+    /// as 64 hex digits. The credential itself is never kept.
+    pub fn tenant(&self, credential: &[u8]) -> String {
+        let mut ctx = hmac::Context::with_key(&self.key);
+        ctx.update(DOMAIN_TENANT);
+        ctx.update(credential);
+        to_hex(ctx.sign().as_ref())
+    }
+}
+
+/// The tenant earlier versions gave a credential: its unkeyed SHA-256, as
+/// 64 hex digits. Used only to find records written before a
+/// [`HashSecret`] was set.
+pub fn unkeyed_tenant(credential: &[u8]) -> String {
+    to_hex(&Sha256::digest(credential))
 }
 
 /// Bytes as lowercase hex, two digits each: the tenant hash, the
@@ -134,7 +282,22 @@ pub(crate) fn hex32(text: &str) -> Option<[u8; 32]> {
 /// docs](self) for the exact canonical form.
 #[derive(Clone)]
 pub struct FingerprintBuilder {
-    hasher: Sha256,
+    hasher: Hasher,
+}
+
+#[derive(Clone)]
+enum Hasher {
+    Plain(Sha256),
+    Keyed(hmac::Context),
+}
+
+impl Hasher {
+    fn update(&mut self, data: &[u8]) {
+        match self {
+            Self::Plain(h) => h.update(data),
+            Self::Keyed(h) => h.update(data),
+        }
+    }
 }
 
 impl fmt::Debug for FingerprintBuilder {
@@ -150,11 +313,23 @@ impl Default for FingerprintBuilder {
 }
 
 impl FingerprintBuilder {
-    /// An empty builder, already carrying the version's domain tag.
+    /// An empty `v1` builder (unkeyed SHA-256), already carrying the
+    /// version's domain tag.
     pub fn new() -> Self {
         let mut hasher = Sha256::new();
         hasher.update(DOMAIN_V1);
-        Self { hasher }
+        Self {
+            hasher: Hasher::Plain(hasher),
+        }
+    }
+
+    /// An empty `v2` builder: HMAC-SHA-256 under `secret`.
+    pub fn keyed(secret: &HashSecret) -> Self {
+        let mut ctx = hmac::Context::with_key(&secret.key);
+        ctx.update(DOMAIN_V2);
+        Self {
+            hasher: Hasher::Keyed(ctx),
+        }
     }
 
     /// Adds one labelled part (method, route, a header, the sorted query…).
@@ -165,9 +340,9 @@ impl FingerprintBuilder {
     }
 
     fn write_part(&mut self, label: &[u8], value: &[u8]) {
-        self.hasher.update((label.len() as u64).to_be_bytes());
+        self.hasher.update(&(label.len() as u64).to_be_bytes());
         self.hasher.update(label);
-        self.hasher.update((value.len() as u64).to_be_bytes());
+        self.hasher.update(&(value.len() as u64).to_be_bytes());
         self.hasher.update(value);
     }
 
@@ -200,7 +375,20 @@ impl FingerprintBuilder {
 
     /// Finishes the digest.
     pub fn finish(self) -> Fingerprint {
-        Fingerprint(self.hasher.finalize().into())
+        match self.hasher {
+            Hasher::Plain(h) => Fingerprint {
+                digest: h.finalize().into(),
+                version: Version::V1,
+            },
+            Hasher::Keyed(h) => Fingerprint {
+                digest: h
+                    .sign()
+                    .as_ref()
+                    .try_into()
+                    .expect("HMAC-SHA-256 is 32 bytes"),
+                version: Version::V2,
+            },
+        }
     }
 }
 
@@ -565,6 +753,24 @@ mod tests {
     }
 
     #[test]
+    fn hash_secrets_are_long_hex_and_never_shown() {
+        let hex = "ab".repeat(32);
+        let secret = HashSecret::from_hex(&format!("  {hex}\n")).expect("32 bytes");
+        assert!(!format!("{secret:?}").contains("ab"), "{secret:?}");
+        assert!(HashSecret::from_hex(&"ab".repeat(31)).is_err());
+        assert!(HashSecret::from_hex("not hex at all, not hex at all, not hex at all!!").is_err());
+        let (a, a_hex) = HashSecret::generate();
+        let (b, _) = HashSecret::generate();
+        assert_eq!(a_hex.len(), 64);
+        assert_ne!(a.tenant(b"c"), b.tenant(b"c"));
+        assert_eq!(
+            HashSecret::from_hex(&a_hex).expect("own hex").tenant(b"c"),
+            a.tenant(b"c")
+        );
+        assert_ne!(a.tenant(b"c"), unkeyed_tenant(b"c"));
+    }
+
+    #[test]
     fn text_round_trip_and_errors() {
         let fp = json("{}");
         let text = fp.to_string();
@@ -572,9 +778,24 @@ mod tests {
         assert_eq!(text.parse::<Fingerprint>(), Ok(fp));
         assert_eq!(text.to_uppercase().replacen("V1", "v1", 1).parse(), Ok(fp));
         assert_eq!(
-            "v2:00".parse::<Fingerprint>(),
+            "v3:00".parse::<Fingerprint>(),
             Err(FingerprintParseError::UnknownVersion)
         );
+        // Keyed: v2, another digest than v1's, and another per secret.
+        let secret = |b: u8| HashSecret::from_bytes(&[b; 32]).expect("32 bytes");
+        let keyed = |s: &HashSecret| FingerprintBuilder::keyed(s).json_body(b"{}").finish();
+        let v2 = keyed(&secret(1));
+        assert!(v2.to_string().starts_with("v2:"));
+        assert_eq!(v2.to_string().parse::<Fingerprint>(), Ok(v2));
+        assert_ne!(v2, fp);
+        assert_ne!(v2, keyed(&secret(2)));
+        assert_eq!(v2, keyed(&secret(1)));
+        // Read back from a store, a digest is shown as the current version.
+        assert_eq!(
+            Fingerprint::from_digest(*fp.digest()).version(),
+            Version::V2
+        );
+        assert_eq!(Fingerprint::from_digest(*fp.digest()), fp);
         assert_eq!(
             "v1:zz".parse::<Fingerprint>(),
             Err(FingerprintParseError::BadDigest)

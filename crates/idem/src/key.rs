@@ -28,7 +28,9 @@ pub const MAX_KEY_LEN: usize = 255;
 pub const MAX_SCOPE_LEN: usize = 255;
 
 /// A client-chosen idempotency key: 1 to 255 characters of visible ASCII
-/// (`!` through `~`).
+/// (`!` through `~`), or, for a key sent as a structured-field string
+/// (`Idempotency-Key: "two words"`), printable ASCII, spaces included
+/// ([`from_quoted`](Self::from_quoted)).
 ///
 /// Construction validates, so holding an `IdempotencyKey` proves it is
 /// well-formed. Cloning is cheap (shared, immutable).
@@ -62,9 +64,21 @@ pub enum KeyError {
 impl IdempotencyKey {
     /// Validates raw bytes (as they arrive in a header) as a key.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, KeyError> {
-        validate_key(bytes)?;
-        let text = std::str::from_utf8(bytes).expect("visible ASCII is valid UTF-8");
-        Ok(Self(Arc::from(text)))
+        validate_key(bytes, false)?;
+        Ok(Self::new_unchecked(bytes))
+    }
+
+    /// Validates the content of a structured-field string (RFC 8941: the
+    /// characters between the quotes, unescaped) as a key: 1 to 255
+    /// printable ASCII characters, where a space is allowed.
+    pub fn from_quoted(bytes: &[u8]) -> Result<Self, KeyError> {
+        validate_key(bytes, true)?;
+        Ok(Self::new_unchecked(bytes))
+    }
+
+    fn new_unchecked(bytes: &[u8]) -> Self {
+        let text = std::str::from_utf8(bytes).expect("printable ASCII is valid UTF-8");
+        Self(Arc::from(text))
     }
 
     /// The key as text.
@@ -73,14 +87,17 @@ impl IdempotencyKey {
     }
 }
 
-fn validate_key(bytes: &[u8]) -> Result<(), KeyError> {
+fn validate_key(bytes: &[u8], space: bool) -> Result<(), KeyError> {
     if bytes.is_empty() {
         return Err(KeyError::Empty);
     }
     if bytes.len() > MAX_KEY_LEN {
         return Err(KeyError::TooLong { len: bytes.len() });
     }
-    match bytes.iter().position(|b| !b.is_ascii_graphic()) {
+    match bytes
+        .iter()
+        .position(|b| !(b.is_ascii_graphic() || (space && *b == b' ')))
+    {
         Some(position) => Err(KeyError::InvalidByte {
             position,
             byte: bytes[position],
@@ -92,8 +109,11 @@ fn validate_key(bytes: &[u8]) -> Result<(), KeyError> {
 impl FromStr for IdempotencyKey {
     type Err = KeyError;
 
+    /// Reads a key as [`from_quoted`](IdempotencyKey::from_quoted) does
+    /// (spaces allowed): a key a store or an operator gives back must read
+    /// as the key stored, whichever form it arrived in.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::from_bytes(s.as_bytes())
+        Self::from_quoted(s.as_bytes())
     }
 }
 
@@ -253,8 +273,16 @@ mod tests {
 
     #[test]
     fn rejects_space_control_and_non_ascii_with_position() {
+        // Parsed text may hold a space (a quoted key read back); a bare
+        // header value may not.
         assert_eq!(
-            "ab c".parse::<IdempotencyKey>(),
+            "ab c"
+                .parse::<IdempotencyKey>()
+                .map(|k| k.as_str().to_owned()),
+            Ok("ab c".to_owned())
+        );
+        assert_eq!(
+            IdempotencyKey::from_bytes(b"ab c"),
             Err(KeyError::InvalidByte {
                 position: 2,
                 byte: b' '

@@ -50,10 +50,12 @@ pub mod store;
 pub mod tiered;
 
 pub use dyn_store::DynStore;
-pub use engine::{Begin, Engine, EngineError, Guard, RecordError, Replay, Rerun, RerunReason, Run};
+pub use engine::{
+    Begin, Earlier, Engine, EngineError, Guard, RecordError, Replay, Rerun, RerunReason, Run,
+};
 pub use fingerprint::{
-    BodyKind, Fingerprint, FingerprintBuilder, FingerprintParseError, JsonRefusal, canonical_json,
-    canonical_json_strict,
+    BodyKind, Fingerprint, FingerprintBuilder, FingerprintParseError, HashSecret, HashSecretError,
+    JsonRefusal, canonical_json, canonical_json_strict,
 };
 pub use key::{
     IdempotencyKey, KeyError, MAX_KEY_LEN, MAX_SCOPE_LEN, Scope, ScopeError, ScopeField,

@@ -74,9 +74,11 @@ pub enum Resolution {
 }
 
 /// Statuses that free the key instead of being stored, by default:
-/// request timeout, conflict, too early, too many requests, and the
+/// authentication failures (401, 403, 407: a caller who could claim a key
+/// with a bad credential must not fix the answer its owner gets), request
+/// timeout, conflict, too early, too many requests, and the
 /// gateway/availability errors. Retrying any of them may rightly succeed.
-pub const DEFAULT_RELEASE_STATUSES: &[u16] = &[408, 409, 425, 429, 502, 503, 504];
+pub const DEFAULT_RELEASE_STATUSES: &[u16] = &[401, 403, 407, 408, 409, 425, 429, 502, 503, 504];
 
 /// Per-operation idempotency policy. Defaults: retention 24 h, lease 30 s,
 /// [`LeaseExpiry::Hold`], [`FailMode::Closed`], [`InFlight::Reject`].

@@ -550,3 +550,73 @@ async fn fail_open_keeps_a_reservation_whose_answer_was_lost() {
             .is_none()
     );
 }
+
+/// A record written before keyed hashing (its unkeyed tenant, its `v1:`
+/// fingerprint) answers a retry that arrives after the upgrade: replayed,
+/// never run again, and a different request under its key is a mismatch.
+#[tokio::test]
+async fn records_written_before_keyed_hashing_still_answer_their_retries() {
+    use idem::{Earlier, Scope};
+    let store = Arc::new(MemoryStore::new());
+    let engine = Engine::from_arc(Arc::clone(&store));
+    let op = unique_scope("upgrade").operation().to_owned();
+    let (old_scope, new_scope) = (
+        Scope::new("unkeyed-tenant", &op).expect("scope"),
+        Scope::new("keyed-tenant", &op).expect("scope"),
+    );
+    let k = key("paid-before-the-upgrade");
+    let Begin::Execute(guard) = engine.begin(&old_scope, &k, fp("v1")).await.expect("begin") else {
+        panic!("executes");
+    };
+    guard
+        .complete(StoredResponse::new(201, "charged once"))
+        .await
+        .expect("recorded");
+    let earlier = |fingerprint| Earlier {
+        scope: old_scope.clone(),
+        fingerprint,
+    };
+    // The retry: the old answer, and the reservation it made is gone.
+    match engine
+        .begin_with_earlier(&new_scope, &k, fp("v2"), &earlier(fp("v1")))
+        .await
+        .expect("begin")
+    {
+        Begin::Replay(r) => assert_eq!(r.response.body.as_ref(), b"charged once"),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    assert!(store.get(&new_scope, &k).await.expect("get").is_none());
+    // Another request under that key.
+    assert!(matches!(
+        engine
+            .begin_with_earlier(&new_scope, &k, fp("v2-other"), &earlier(fp("v1-other")))
+            .await
+            .expect("begin"),
+        Begin::Mismatch { .. }
+    ));
+    // A tenant that did not move (an identity): the record is found in
+    // the same scope, where its v1 fingerprint differs from the new one.
+    assert!(matches!(
+        engine.begin(&old_scope, &k, fp("v2")).await.expect("begin"),
+        Begin::Mismatch { .. }
+    ));
+    let same = Earlier {
+        scope: old_scope.clone(),
+        fingerprint: fp("v1"),
+    };
+    assert!(matches!(
+        engine
+            .begin_with_earlier(&old_scope, &k, fp("v2"), &same)
+            .await
+            .expect("begin"),
+        Begin::Replay(_)
+    ));
+    // No earlier record: runs, as begin would.
+    assert!(matches!(
+        engine
+            .begin_with_earlier(&new_scope, &key("fresh"), fp("v2"), &earlier(fp("v1")))
+            .await
+            .expect("begin"),
+        Begin::Execute(_)
+    ));
+}
