@@ -1,11 +1,20 @@
 //! Stored response bodies encrypted at rest (feature `seal`).
 //!
 //! [`Sealed`] wraps any store: every response body it records is sealed
-//! with AES-256-GCM under the current key of a [`SealKeys`] ring, bound to
-//! its record (tenant, operation and key are the associated data, so a
-//! sealed body copied onto another record does not open), and opened again
-//! when the record is read. Status, replayed headers, fingerprints and
-//! keys stay in clear: they are what the store matches on.
+//! with AES-256-GCM under the current key of a [`SealKeys`] ring, and opened
+//! again when the record is read. The whole stored answer is bound to its
+//! record: the associated data (authenticated, not encrypted) are the
+//! record's tenant, operation, key and fingerprint, its state, and the
+//! answer's status, replayed headers, resource id and error code. A sealed
+//! body copied onto another record, or a status, header or fingerprint
+//! changed in the store, does not open: the record is refused as corrupt
+//! (never replayed, never run again). Status, headers, fingerprints and
+//! keys stay readable: they are what the store matches on.
+//!
+//! [`Sealed::with_require_sealed`] also refuses a final record whose body
+//! is not sealed at all (one written into the store by someone else, or
+//! stored before sealing was on). Bodies sealed by earlier versions
+//! (bound to tenant, operation and key only) still open.
 //!
 //! Keys are named (`id:64 hex digits`), and a sealed body names the key
 //! that sealed it, so keys rotate without rewriting records: put the new
@@ -35,14 +44,81 @@ use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use ring::rand::{SecureRandom, SystemRandom};
 
 use crate::{
-    FinalOutcome, IdempotencyKey, Lease, ListFilter, ListRecords, Page, Purge, Record, Reservation,
-    ReserveRequest, Scope, Store, StoreError, Timestamp,
+    FinalOutcome, Fingerprint, IdempotencyKey, Lease, ListFilter, ListRecords, Page, Purge, Record,
+    RecordState, Reservation, ReserveRequest, Scope, Store, StoreError, StoredResponse, Timestamp,
 };
 
 /// The first bytes of a sealed body (a body an application returns never
 /// starts with a NUL and this tag by accident in practice; one that does is
 /// refused at sealing time rather than misread later).
 const MAGIC: &[u8] = b"\0idem-seal1\0";
+/// The first bytes of a body sealed with its whole answer bound to the
+/// record (this version); [`MAGIC`] marks the earlier, body-only form.
+const MAGIC2: &[u8] = b"\0idem-seal2\0";
+
+/// What a sealed answer is bound to: the record and the rest of its answer.
+#[derive(Debug, Clone, Copy)]
+pub struct Binding<'a> {
+    /// The record's tenant and operation.
+    pub scope: &'a Scope,
+    /// The record's key.
+    pub key: &'a IdempotencyKey,
+    /// The record's fingerprint.
+    pub fingerprint: &'a Fingerprint,
+    /// Completed or failed.
+    pub state: RecordState,
+    /// The answer's status.
+    pub status: u16,
+    /// The answer's replayed headers.
+    pub headers: &'a [(String, Bytes)],
+    /// What the operation created, if said.
+    pub resource_id: Option<&'a str>,
+    /// The record's machine-readable reason, if any.
+    pub error_code: Option<&'a str>,
+}
+
+impl<'a> Binding<'a> {
+    /// The associated data: each part length-prefixed, so that no part
+    /// can slide into the next.
+    fn associated(&self) -> Vec<u8> {
+        let mut aad = Vec::with_capacity(256);
+        let mut part = |bytes: &[u8]| {
+            aad.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
+            aad.extend_from_slice(bytes);
+        };
+        part(self.scope.tenant().as_bytes());
+        part(self.scope.operation().as_bytes());
+        part(self.key.as_str().as_bytes());
+        part(self.fingerprint.digest());
+        part(self.state.as_str().as_bytes());
+        part(&self.status.to_be_bytes());
+        part(&(self.headers.len() as u64).to_be_bytes());
+        for (name, value) in self.headers {
+            part(name.as_bytes());
+            part(value);
+        }
+        part(self.resource_id.unwrap_or("\0none").as_bytes());
+        part(self.error_code.unwrap_or("\0none").as_bytes());
+        aad
+    }
+
+    fn of(record: &'a Record) -> Option<(Binding<'a>, &'a StoredResponse)> {
+        let response = record.response.as_ref()?;
+        Some((
+            Binding {
+                scope: &record.scope,
+                key: &record.key,
+                fingerprint: &record.fingerprint,
+                state: record.state,
+                status: response.status,
+                headers: &response.headers,
+                resource_id: record.resource_id.as_deref(),
+                error_code: record.error_code.as_deref(),
+            },
+            response,
+        ))
+    }
+}
 
 /// Why a key ring could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -113,13 +189,12 @@ impl SealKeys {
         &self.keys[0].0
     }
 
-    /// Seals `body` for the record `(scope, key)`.
-    pub fn seal(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        body: &[u8],
-    ) -> Result<Bytes, StoreError> {
+    /// Seals `body`, bound to its record and answer.
+    pub fn seal(&self, binding: &Binding<'_>, body: &[u8]) -> Result<Bytes, StoreError> {
+        self.seal_with(MAGIC2, binding.associated(), body)
+    }
+
+    fn seal_with(&self, magic: &[u8], aad: Vec<u8>, body: &[u8]) -> Result<Bytes, StoreError> {
         let (id, aead) = &self.keys[0];
         let mut nonce = [0u8; NONCE_LEN];
         self.rng
@@ -129,8 +204,8 @@ impl SealKeys {
         // one buffer, one copy of the body.
         let tag_len = AES_256_GCM.tag_len();
         let mut out =
-            BytesMut::with_capacity(MAGIC.len() + 1 + id.len() + NONCE_LEN + body.len() + tag_len);
-        out.put_slice(MAGIC);
+            BytesMut::with_capacity(magic.len() + 1 + id.len() + NONCE_LEN + body.len() + tag_len);
+        out.put_slice(magic);
         out.put_u8(id.len() as u8);
         out.put_slice(id.as_bytes());
         out.put_slice(&nonce);
@@ -139,7 +214,7 @@ impl SealKeys {
         let tag = aead
             .seal_in_place_separate_tag(
                 Nonce::assume_unique_for_key(nonce),
-                Aad::from(associated(scope, key)),
+                Aad::from(aad),
                 &mut out[start..],
             )
             .map_err(|_| StoreError::Backend("sealing the response body failed".into()))?;
@@ -147,19 +222,29 @@ impl SealKeys {
         Ok(out.freeze())
     }
 
-    /// Opens a body sealed for `(scope, key)`; a body without a seal header
-    /// (stored before sealing was on) comes back as it is.
+    /// Opens a body sealed for `binding`'s record and answer; a body
+    /// without a seal header (stored before sealing was on) comes back as
+    /// it is, unless `require_sealed`.
     pub fn open(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
+        binding: &Binding<'_>,
         body: Bytes,
+        require_sealed: bool,
     ) -> Result<Bytes, StoreError> {
-        let Some(rest) = body.strip_prefix(MAGIC) else {
-            return Ok(body);
-        };
         let corrupt =
             |why: &str| StoreError::Corrupt(format!("sealed response body: {why}").into());
+        let (rest, aad) = if let Some(rest) = body.strip_prefix(MAGIC2) {
+            (rest, binding.associated())
+        } else if let Some(rest) = body.strip_prefix(MAGIC) {
+            (rest, associated_v1(binding.scope, binding.key))
+        } else if require_sealed {
+            return Err(StoreError::Corrupt(
+                "the stored answer is not sealed, and require_sealed is on: refused, not replayed"
+                    .into(),
+            ));
+        } else {
+            return Ok(body);
+        };
         let (&id_len, rest) = rest.split_first().ok_or_else(|| corrupt("truncated"))?;
         let id_len = usize::from(id_len);
         if rest.len() < id_len + NONCE_LEN {
@@ -175,10 +260,10 @@ impl SealKeys {
         let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| corrupt("bad nonce"))?;
         let mut buf = sealed.to_vec();
         let plain = aead
-            .open_in_place(nonce, Aad::from(associated(scope, key)), &mut buf)
+            .open_in_place(nonce, Aad::from(aad), &mut buf)
             .map_err(|_| {
                 corrupt(&format!(
-                    "does not open with key {id:?} (altered, or another record's)"
+                    "does not open with key {id:?} (the answer or its record altered, or another record's)"
                 ))
             })?;
         let len = plain.len();
@@ -186,16 +271,22 @@ impl SealKeys {
         Ok(Bytes::from(buf))
     }
 
-    fn open_record(&self, mut record: Record) -> Result<Record, StoreError> {
-        if let Some(resp) = record.response.as_mut() {
-            resp.body = self.open(&record.scope, &record.key, std::mem::take(&mut resp.body))?;
+    fn open_record(&self, mut record: Record, require_sealed: bool) -> Result<Record, StoreError> {
+        let body = match Binding::of(&record) {
+            Some((binding, response)) => {
+                Some(self.open(&binding, response.body.clone(), require_sealed)?)
+            }
+            None => None,
+        };
+        if let (Some(body), Some(resp)) = (body, record.response.as_mut()) {
+            resp.body = body;
         }
         Ok(record)
     }
 }
 
-/// What binds a sealed body to its record.
-fn associated(scope: &Scope, key: &IdempotencyKey) -> Vec<u8> {
+/// What bound a body sealed by earlier versions to its record.
+fn associated_v1(scope: &Scope, key: &IdempotencyKey) -> Vec<u8> {
     let mut aad = Vec::with_capacity(scope.tenant().len() + scope.operation().len() + 64);
     aad.extend_from_slice(scope.tenant().as_bytes());
     aad.push(0);
@@ -210,12 +301,24 @@ fn associated(scope: &Scope, key: &IdempotencyKey) -> Vec<u8> {
 pub struct Sealed<S> {
     inner: S,
     keys: Arc<SealKeys>,
+    require_sealed: bool,
 }
 
 impl<S> Sealed<S> {
     /// Wraps `inner`, sealing with `keys`.
     pub fn new(inner: S, keys: Arc<SealKeys>) -> Self {
-        Self { inner, keys }
+        Self {
+            inner,
+            keys,
+            require_sealed: false,
+        }
+    }
+
+    /// Also refuses final records whose body is not sealed (default: they
+    /// are read as they are, as records from before sealing was on).
+    pub fn with_require_sealed(mut self, require: bool) -> Self {
+        self.require_sealed = require;
+        self
     }
 }
 
@@ -223,7 +326,7 @@ impl<S: Store> Store for Sealed<S> {
     async fn reserve(&self, req: ReserveRequest<'_>) -> Result<Reservation, StoreError> {
         match self.inner.reserve(req).await? {
             Reservation::Existing(record) => Ok(Reservation::Existing(Box::new(
-                self.keys.open_record(*record)?,
+                self.keys.open_record(*record, self.require_sealed)?,
             ))),
             other => Ok(other),
         }
@@ -233,7 +336,7 @@ impl<S: Store> Store for Sealed<S> {
         self.inner
             .get(scope, key)
             .await?
-            .map(|r| self.keys.open_record(r))
+            .map(|r| self.keys.open_record(r, self.require_sealed))
             .transpose()
     }
 
@@ -249,8 +352,32 @@ impl<S: Store> Store for Sealed<S> {
                 "a response body that starts like a sealed one cannot be stored".into(),
             ));
         }
+        if outcome.response.body.starts_with(MAGIC2) {
+            return Err(StoreError::Backend(
+                "a response body that starts like a sealed one cannot be stored".into(),
+            ));
+        }
+        // The fingerprint is the record's: one read of it per recorded
+        // answer (the price of binding the answer to the request). A record
+        // that is gone cannot be resolved anyway; its zero fingerprint
+        // would never open.
+        let fingerprint = self
+            .inner
+            .get(scope, key)
+            .await?
+            .map_or(Fingerprint::from_digest([0; 32]), |r| r.fingerprint);
+        let binding = Binding {
+            scope,
+            key,
+            fingerprint: &fingerprint,
+            state: outcome.verdict.into(),
+            status: outcome.response.status,
+            headers: &outcome.response.headers,
+            resource_id: outcome.resource_id.as_deref(),
+            error_code: outcome.error_code.as_deref(),
+        };
         let mut sealed = outcome.clone();
-        sealed.response.body = self.keys.seal(scope, key, &outcome.response.body)?;
+        sealed.response.body = self.keys.seal(&binding, &outcome.response.body)?;
         self.inner.resolve(scope, key, lease, &sealed).await
     }
 
@@ -291,7 +418,7 @@ impl<S: ListRecords> ListRecords for Sealed<S> {
             records: page
                 .records
                 .into_iter()
-                .map(|r| self.keys.open_record(r))
+                .map(|r| self.keys.open_record(r, self.require_sealed))
                 .collect::<Result<_, _>>()?,
             next: page.next,
         })
@@ -311,7 +438,7 @@ impl<S: Purge> Purge for Sealed<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Fingerprint, MemoryStore, OwnerToken, Policy, StoredResponse, Verdict};
+    use crate::{MemoryStore, OwnerToken, Policy, Verdict};
 
     const K1: &str = "k1:000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
     const K2: &str = "k2:ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
@@ -324,59 +451,125 @@ mod tests {
         k.parse().expect("key")
     }
 
+    fn fp(b: &[u8]) -> Fingerprint {
+        Fingerprint::builder().part("body", b).finish()
+    }
+
+    /// A record's binding: scope, key `k`, and an answer `status`.
+    fn binding<'a>(
+        scope: &'a Scope,
+        k: &'a IdempotencyKey,
+        fp: &'a Fingerprint,
+        headers: &'a [(String, Bytes)],
+        status: u16,
+    ) -> Binding<'a> {
+        Binding {
+            scope,
+            key: k,
+            fingerprint: fp,
+            state: RecordState::Completed,
+            status,
+            headers,
+            resource_id: Some("ch_1"),
+            error_code: None,
+        }
+    }
+
     #[test]
-    fn a_sealed_body_opens_only_for_its_record_and_key() {
+    fn a_sealed_answer_opens_only_for_its_record_as_stored() {
         let keys = SealKeys::parse(K1).expect("keys");
-        let sealed = keys.seal(&scope(), &key("a"), b"card 4242").expect("seal");
+        let (s, a, f) = (scope(), key("a"), fp(b"request"));
+        let headers = vec![("location".to_owned(), Bytes::from_static(b"/v1/payments/1"))];
+        let good = binding(&s, &a, &f, &headers, 201);
+        let sealed = keys.seal(&good, b"card 4242").expect("seal");
         assert!(!sealed.windows(4).any(|w| w == b"4242"), "no clear text");
         assert_eq!(
-            keys.open(&scope(), &key("a"), sealed.clone())
-                .expect("open"),
+            keys.open(&good, sealed.clone(), true).expect("open"),
             &b"card 4242"[..]
         );
-        // Another record's body, or an altered one, does not open.
-        assert!(keys.open(&scope(), &key("b"), sealed.clone()).is_err());
+        // Whatever someone changes in the store, the answer does not open:
+        // another record, another fingerprint, status, header, resource, state.
+        let (b, other_fp) = (key("b"), fp(b"another request"));
+        let forged_headers = vec![("location".to_owned(), Bytes::from_static(b"/evil"))];
+        let failed = Binding {
+            state: RecordState::Failed,
+            ..good
+        };
+        let other_resource = Binding {
+            resource_id: Some("ch_2"),
+            ..good
+        };
+        for forged in [
+            binding(&s, &b, &f, &headers, 201),
+            binding(&s, &a, &other_fp, &headers, 201),
+            binding(&s, &a, &f, &headers, 200),
+            binding(&s, &a, &f, &forged_headers, 201),
+            binding(&s, &a, &f, &[], 201),
+            failed,
+            other_resource,
+        ] {
+            assert!(
+                matches!(
+                    keys.open(&forged, sealed.clone(), false),
+                    Err(StoreError::Corrupt(_))
+                ),
+                "{forged:?}"
+            );
+        }
         let mut altered = sealed.to_vec();
         *altered.last_mut().expect("bytes") ^= 1;
         assert!(matches!(
-            keys.open(&scope(), &key("a"), Bytes::from(altered)),
+            keys.open(&good, Bytes::from(altered), false),
             Err(StoreError::Corrupt(_))
         ));
         // Two seals of the same body differ (fresh nonces).
-        assert_ne!(
-            sealed,
-            keys.seal(&scope(), &key("a"), b"card 4242").expect("seal")
-        );
-        // A body stored before sealing was on reads as it is.
+        assert_ne!(sealed, keys.seal(&good, b"card 4242").expect("seal"));
+        // A body stored before sealing was on reads as it is, unless sealing
+        // is required: then it is refused.
+        let plain = Bytes::from_static(b"plain");
         assert_eq!(
-            keys.open(&scope(), &key("a"), Bytes::from_static(b"plain"))
-                .expect("plain"),
+            keys.open(&good, plain.clone(), false).expect("plain"),
             &b"plain"[..]
+        );
+        let err = keys.open(&good, plain, true).expect_err("required");
+        assert!(err.to_string().contains("require_sealed"), "{err}");
+        // A body sealed by an earlier version (bound to tenant, operation
+        // and key only) still opens, for its record only.
+        let v1 = keys
+            .seal_with(MAGIC, associated_v1(&s, &a), b"old")
+            .expect("v1");
+        assert_eq!(
+            keys.open(&good, v1.clone(), true).expect("v1 opens"),
+            &b"old"[..]
+        );
+        assert!(
+            keys.open(&binding(&s, &b, &f, &headers, 201), v1, false)
+                .is_err()
         );
     }
 
     #[test]
     fn keys_rotate_new_first_old_still_opening() {
+        let (s, a, f) = (scope(), key("a"), fp(b"r"));
+        let b = binding(&s, &a, &f, &[], 201);
         let old = SealKeys::parse(K1).expect("old");
-        let sealed_old = old.seal(&scope(), &key("a"), b"x").expect("seal");
+        let sealed_old = old.seal(&b, b"x").expect("seal");
         let rotated = SealKeys::parse(&format!("{K2}\n# previous\n{K1}")).expect("rotated");
         assert_eq!(rotated.current_id(), "k2");
         assert_eq!(
             rotated
-                .open(&scope(), &key("a"), sealed_old.clone())
+                .open(&b, sealed_old.clone(), false)
                 .expect("old opens"),
             &b"x"[..]
         );
-        let sealed_new = rotated.seal(&scope(), &key("a"), b"y").expect("seal");
-        let err = old
-            .open(&scope(), &key("a"), sealed_new)
-            .expect_err("k2 unknown");
+        let sealed_new = rotated.seal(&b, b"y").expect("seal");
+        let err = old.open(&b, sealed_new, false).expect_err("k2 unknown");
         assert!(
             err.to_string().contains("\"k2\", which is not configured"),
             "{err}"
         );
         let dropped = SealKeys::parse(K2).expect("k1 dropped");
-        assert!(dropped.open(&scope(), &key("a"), sealed_old).is_err());
+        assert!(dropped.open(&b, sealed_old, false).is_err());
     }
 
     #[test]
@@ -431,7 +624,7 @@ mod tests {
             .expect("resolve");
         let raw = inner.get(&s, &k).await.expect("get").expect("record");
         let raw_body = raw.response.expect("response").body;
-        assert!(raw_body.starts_with(MAGIC), "sealed at rest");
+        assert!(raw_body.starts_with(MAGIC2), "sealed at rest");
         let clear = store.get(&s, &k).await.expect("get").expect("record");
         assert_eq!(
             clear.response.expect("response").body,
