@@ -7,12 +7,12 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::{HeaderName, Method, StatusCode, Uri};
 use idem::seal::SealKeys;
-use idem::{FailMode, InFlight, LeaseExpiry, Policy};
-use idem_http::{Lookup, PathPattern, RoutePolicy, Routes, TenantSource};
+use idem::{FailMode, HashSecret, InFlight, LeaseExpiry, Policy};
+use idem_http::{Lookup, MissingTenant, PathPattern, RoutePolicy, Routes, TenantSource};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -56,10 +56,15 @@ struct FileConfig {
     listen: Option<Spanned<String>>,
     admin_listen: Option<Spanned<String>>,
     admin_token: Option<Spanned<String>>,
+    admin_token_file: Option<Spanned<String>>,
     shutdown_grace: Option<Spanned<String>>,
     workers: Option<Spanned<i64>>,
     store_timeout: Option<Spanned<String>>,
     encryption_keys_file: Option<Spanned<String>>,
+    require_sealed: Option<Spanned<bool>>,
+    hash_secret_file: Option<Spanned<String>>,
+    accept_v1_until: Option<Spanned<String>>,
+    ignore_path_case: Option<bool>,
     tenant: Option<TenantConfig>,
     defaults: Option<PolicyConfig>,
     #[serde(default)]
@@ -76,6 +81,8 @@ struct FileConfig {
 struct LimitsConfig {
     max_connections: Option<Spanned<i64>>,
     max_in_flight: Option<Spanned<i64>>,
+    max_connections_per_peer: Option<Spanned<i64>>,
+    max_in_flight_per_peer: Option<Spanned<i64>>,
     queue_wait: Option<Spanned<String>>,
     header_read_timeout: Option<Spanned<String>>,
     body_read_timeout: Option<Spanned<String>>,
@@ -115,6 +122,7 @@ struct MonitorConfig {
 struct TenantConfig {
     from: Spanned<String>,
     name: Option<Spanned<String>>,
+    trusted_proxies: Option<Spanned<Vec<String>>>,
 }
 
 /// `[defaults]` and each `[[route]]` (routes also say `method` and `path`).
@@ -130,6 +138,7 @@ struct PolicyConfig {
     in_flight_wait: Option<Spanned<String>>,
     on_store_error: Option<Spanned<String>>,
     on_lease_expiry: Option<Spanned<String>>,
+    on_missing_tenant: Option<Spanned<String>>,
     max_request_body: Option<Spanned<String>>,
     max_stored_response: Option<Spanned<String>>,
     upstream_timeout: Option<Spanned<String>>,
@@ -171,6 +180,8 @@ pub struct Overrides {
     /// `IDEM_ENCRYPTION_KEYS` (environment only: keys never go on a
     /// command line).
     pub encryption_keys: Option<String>,
+    /// `IDEM_HASH_SECRET` (environment only, like the keys).
+    pub hash_secret: Option<String>,
 }
 
 /// Everything `serve` needs, validated.
@@ -208,9 +219,26 @@ pub struct Settings {
     pub cache: Option<CacheSettings>,
     /// Connection, concurrency and slow-client limits.
     pub limits: LimitsSettings,
-    /// Keys sealing stored response bodies at rest (`None`: stored in
-    /// clear).
-    pub seal: Option<Arc<SealKeys>>,
+    /// Sealing of stored answers at rest (`None`: bodies stored in clear).
+    pub seal: Option<SealSettings>,
+    /// The secret keying tenants and fingerprints, from `IDEM_HASH_SECRET`
+    /// or `hash_secret_file` (`None`: the embedded store keeps one beside
+    /// its database, `memory://` makes one per process, and a shared store
+    /// refuses to start).
+    pub hash_secret: Option<Arc<HashSecret>>,
+    /// Until when records written before keyed hashing are looked for
+    /// (`accept_v1_until`, or the secret file's own line).
+    pub accept_v1_until: Option<SystemTime>,
+}
+
+/// Sealing, validated: the keys, and whether unsealed records are refused.
+#[derive(Debug, Clone)]
+pub struct SealSettings {
+    /// The key ring (`IDEM_ENCRYPTION_KEYS` or `encryption_keys_file`).
+    pub keys: Arc<SealKeys>,
+    /// `require_sealed`: a final record whose body is not sealed is
+    /// refused as corrupt (never replayed, never run again).
+    pub require_sealed: bool,
 }
 
 /// `[cache]`, validated: a bounded in-process copy of recent records in
@@ -356,11 +384,7 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         .unwrap_or((DEFAULT_ADMIN_LISTEN.to_owned(), None));
     let admin_listen = parse_addr(&admin.0)
         .map_err(|why| located(admin.1, &why, "--admin-listen / IDEM_ADMIN_LISTEN"))?;
-    let admin_token = o
-        .admin_token
-        .clone()
-        .or_else(|| file.admin_token.as_ref().map(|t| t.get_ref().clone()))
-        .filter(|t| !t.is_empty());
+    let admin_token = admin_token(src, o.admin_token.as_deref(), &file)?;
     if admin_token.is_none() && !admin_listen.ip().is_loopback() {
         return Err(ConfigError(format!(
             "admin_listen {admin_listen} is not a loopback address: set an admin token (--admin-token or IDEM_ADMIN_TOKEN) before exposing the admin API"
@@ -396,6 +420,21 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         None => TenantSource::Authorization,
         Some(t) => tenant_source(src, t)?,
     };
+    let (hash_secret, file_v1_until) = hash_secret(
+        src,
+        o.hash_secret.as_deref(),
+        file.hash_secret_file.as_ref(),
+    )?;
+    let accept_v1_until = match &file.accept_v1_until {
+        Some(v) => Some(humantime::parse_rfc3339(v.get_ref()).map_err(|e| {
+            src.error(
+                "accept_v1_until",
+                v,
+                format!("{e}: write an RFC 3339 time in UTC, as \"2026-12-02T18:00:00Z\""),
+            )
+        })?),
+        None => file_v1_until,
+    };
 
     let base = RoutePolicy::default();
     let defaults_cfg = file.defaults.unwrap_or_default();
@@ -427,7 +466,8 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         )?;
     }
     let defaults = apply(src, "defaults", &defaults_cfg, base)?;
-    let mut routes = Routes::new(defaults.clone());
+    let mut routes =
+        Routes::new(defaults.clone()).with_ignore_case(file.ignore_path_case == Some(true));
     for (i, r) in file.route.iter().enumerate() {
         let at = format!("route[{i}]");
         if let Some(v) = &r.upstream_timeout {
@@ -482,11 +522,24 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
     let (cleanup, monitor) = jobs(src, &file.cleanup, &file.monitor, longest_lease, !redis)?;
     let cache = cache(src, file.cache.as_ref())?;
     let limits = limits(src, file.limits.as_ref())?;
-    let seal = seal_keys(
+    let keys = seal_keys(
         src,
         o.encryption_keys.as_deref(),
         file.encryption_keys_file.as_ref(),
     )?;
+    let require_sealed = file.require_sealed.as_ref().is_some_and(|v| *v.get_ref());
+    if require_sealed && keys.is_none() {
+        let v = file.require_sealed.as_ref().expect("set");
+        return Err(src.error(
+            "require_sealed",
+            v,
+            format!("needs sealing keys: set {ENCRYPTION_KEYS_ENV} or encryption_keys_file"),
+        ));
+    }
+    let seal = keys.map(|keys| SealSettings {
+        keys,
+        require_sealed,
+    });
     Ok(Settings {
         listen,
         upstream,
@@ -504,7 +557,121 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         cache,
         limits,
         seal,
+        hash_secret,
+        accept_v1_until,
     })
+}
+
+/// The fewest characters an admin token may have: a guessable one would
+/// open the records (and the operator actions) to anyone who can reach the
+/// admin listener.
+pub const MIN_ADMIN_TOKEN: usize = 32;
+
+/// The admin token: `--admin-token`/`IDEM_ADMIN_TOKEN`, else `admin_token`,
+/// else the first line of the file `admin_token_file` names. At least
+/// [`MIN_ADMIN_TOKEN`] visible characters; errors never quote it.
+fn admin_token(
+    src: &Source<'_>,
+    given: Option<&str>,
+    file: &FileConfig,
+) -> Result<Option<String>, ConfigError> {
+    if let (Some(_), Some(path)) = (&file.admin_token, &file.admin_token_file) {
+        return Err(src.error(
+            "admin_token_file",
+            path,
+            "set admin_token or admin_token_file, not both",
+        ));
+    }
+    let (token, from) = match (given, &file.admin_token, &file.admin_token_file) {
+        (Some(t), _, _) => (t.to_owned(), "--admin-token / IDEM_ADMIN_TOKEN".to_owned()),
+        (None, Some(t), _) => (t.get_ref().clone(), "admin_token".to_owned()),
+        (None, None, Some(path)) => {
+            let text = std::fs::read_to_string(path.get_ref())
+                .map_err(|e| src.error("admin_token_file", path, format!("cannot read it: {e}")))?;
+            if let Some(why) = exposed(Path::new(path.get_ref())) {
+                tracing::warn!(reason = "secret_file_exposed", file = %path.get_ref(), "the admin token file {why}: chmod 600 it");
+            }
+            (
+                text.lines().next().unwrap_or("").trim().to_owned(),
+                format!("admin_token_file {}", path.get_ref()),
+            )
+        }
+        (None, None, None) => return Ok(None),
+    };
+    if token.is_empty() && file.admin_token_file.is_none() {
+        return Ok(None);
+    }
+    if token.chars().count() < MIN_ADMIN_TOKEN || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ConfigError(format!(
+            "{from}: an admin token must be at least {MIN_ADMIN_TOKEN} visible ASCII characters (openssl rand -hex 32)"
+        )));
+    }
+    Ok(Some(token))
+}
+
+/// The environment variable holding the hash secret.
+pub const HASH_SECRET_ENV: &str = "IDEM_HASH_SECRET";
+
+/// `IDEM_HASH_SECRET`, if set and not blank.
+pub fn hash_secret_from_env() -> Option<String> {
+    std::env::var(HASH_SECRET_ENV)
+        .ok()
+        .filter(|k| !k.trim().is_empty())
+}
+
+/// A hash secret file: the secret as hex on a line of its own, `#`
+/// comment lines, and optionally `accept_v1_until = <RFC 3339 time>`
+/// (written by the gateway when it made the secret beside a database
+/// that already held records). Errors never quote the secret.
+pub fn parse_secret_file(text: &str) -> Result<(HashSecret, Option<SystemTime>), String> {
+    let mut secret = None;
+    let mut until = None;
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if let Some(value) = line
+            .strip_prefix("accept_v1_until")
+            .and_then(|r| r.trim_start().strip_prefix('='))
+        {
+            let value = value.trim().trim_matches('"');
+            until = Some(
+                humantime::parse_rfc3339(value)
+                    .map_err(|e| format!("accept_v1_until {value:?}: {e}"))?,
+            );
+        } else if secret.is_some() {
+            return Err("more than one secret line".to_owned());
+        } else {
+            secret = Some(HashSecret::from_hex(line).map_err(|e| e.to_string())?);
+        }
+    }
+    let secret = secret.ok_or("no secret in it (openssl rand -hex 32)")?;
+    Ok((secret, until))
+}
+
+/// The hash secret: `IDEM_HASH_SECRET`, else the file `hash_secret_file`
+/// names. Errors name the source, never the secret.
+fn hash_secret(
+    src: &Source<'_>,
+    env: Option<&str>,
+    file: Option<&Spanned<String>>,
+) -> Result<(Option<Arc<HashSecret>>, Option<SystemTime>), ConfigError> {
+    match (env, file) {
+        (Some(hex), _) => HashSecret::from_hex(hex)
+            .map(|s| (Some(Arc::new(s)), None))
+            .map_err(|e| ConfigError(format!("{HASH_SECRET_ENV}: {e}"))),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path.get_ref())
+                .map_err(|e| src.error("hash_secret_file", path, format!("cannot read it: {e}")))?;
+            if let Some(why) = exposed(Path::new(path.get_ref())) {
+                tracing::warn!(reason = "secret_file_exposed", file = %path.get_ref(), "the hash secret file {why}: chmod 600 it");
+            }
+            parse_secret_file(&text)
+                .map(|(s, until)| (Some(Arc::new(s)), until))
+                .map_err(|e| src.error("hash_secret_file", path, e))
+        }
+        (None, None) => Ok((None, None)),
+    }
 }
 
 /// The environment variable holding the sealing keys (never a flag: a
@@ -603,6 +770,22 @@ fn limits(src: &Source<'_>, cfg: Option<&LimitsConfig>) -> Result<LimitsSettings
     if let Some(v) = &cfg.max_in_flight {
         out.max_in_flight = whole(src, "limits.max_in_flight", v, 1_000_000)?;
     }
+    // Per peer: half of the whole unless said (0: no cap of its own).
+    out.max_connections_per_peer = match &cfg.max_connections_per_peer {
+        Some(v) if *v.get_ref() == 0 => 0,
+        Some(v) => whole(
+            src,
+            "limits.max_connections_per_peer",
+            v,
+            out.max_connections,
+        )?,
+        None => (out.max_connections / 2).max(1),
+    };
+    out.max_in_flight_per_peer = match &cfg.max_in_flight_per_peer {
+        Some(v) if *v.get_ref() == 0 => 0,
+        Some(v) => whole(src, "limits.max_in_flight_per_peer", v, out.max_in_flight)?,
+        None => (out.max_in_flight / 2).max(1),
+    };
     if let Some(v) = &cfg.max_headers {
         out.max_headers = whole(src, "limits.max_headers", v, 10_000)?;
     }
@@ -806,22 +989,78 @@ fn header_names(
 }
 
 fn tenant_source(src: &Source<'_>, t: &TenantConfig) -> Result<TenantSource, ConfigError> {
-    match t.from.get_ref().as_str() {
+    let from = t.from.get_ref().as_str();
+    let name = |example: &str| {
+        let name = t.name.as_ref().ok_or_else(|| {
+            src.error(
+                "tenant.from",
+                &t.from,
+                format!("from = \"{from}\" needs name = \"{example}\""),
+            )
+        })?;
+        Ok::<_, ConfigError>((name, name.get_ref().trim().to_owned()))
+    };
+    let header = |(name, text): (&Spanned<String>, String)| {
+        HeaderName::from_bytes(text.to_ascii_lowercase().as_bytes())
+            .map_err(|_| src.error("tenant.name", name, "not a header name"))
+    };
+    if from != "trusted_header"
+        && let Some(v) = &t.trusted_proxies
+    {
+        return Err(src.error(
+            "tenant.trusted_proxies",
+            v,
+            "only from = \"trusted_header\" trusts proxies",
+        ));
+    }
+    match from {
         "authorization" => Ok(TenantSource::Authorization),
-        "header" => {
-            let name = t
-                .name
-                .as_ref()
-                .ok_or_else(|| src.error("tenant.from", &t.from, "from = \"header\" needs name = \"X-Tenant-Id\" (the header a trusted proxy sets)"))?;
-            HeaderName::from_bytes(name.get_ref().to_ascii_lowercase().as_bytes())
-                .map(TenantSource::Header)
-                .map_err(|_| src.error("tenant.name", name, "not a header name"))
+        "header" => Ok(TenantSource::Header(header(name("X-Api-Key")?)?)),
+        "cookie" => {
+            let (span, text) = name("session")?;
+            if text.is_empty()
+                || !text
+                    .bytes()
+                    .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b))
+            {
+                return Err(src.error("tenant.name", span, "not a cookie name"));
+            }
+            Ok(TenantSource::Cookie(text))
+        }
+        "trusted_header" => {
+            let name = header(name("X-Authenticated-User")?)?;
+            let Some(list) = &t.trusted_proxies else {
+                return Err(src.error(
+                    "tenant.from",
+                    &t.from,
+                    "from = \"trusted_header\" needs trusted_proxies = [\"10.0.0.0/8\", …]: the addresses of the proxies that set the header (anyone else could write it)",
+                ));
+            };
+            let proxies = list
+                .get_ref()
+                .iter()
+                .map(|p| {
+                    p.parse::<ipnet::IpNet>()
+                        .or_else(|_| p.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                        .map_err(|_| {
+                            src.error(
+                                "tenant.trusted_proxies",
+                                list,
+                                format!("{p:?} is not an address or a CIDR range"),
+                            )
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if proxies.is_empty() {
+                return Err(src.error("tenant.trusted_proxies", list, "name at least one proxy"));
+            }
+            Ok(TenantSource::TrustedHeader { name, proxies })
         }
         "none" => Ok(TenantSource::Single("default".to_owned())),
         _ => Err(src.error(
             "tenant.from",
             &t.from,
-            "expected \"authorization\", \"header\" or \"none\"",
+            "expected \"authorization\", \"header\", \"cookie\", \"trusted_header\" or \"none\"",
         )),
     }
 }
@@ -957,6 +1196,22 @@ fn apply(
         }
         None => {}
     }
+    match cfg
+        .on_missing_tenant
+        .as_ref()
+        .map(|v| (v, v.get_ref().as_str()))
+    {
+        Some((_, "refuse")) => p = p.with_on_missing_tenant(MissingTenant::Refuse),
+        Some((_, "pass")) => p = p.with_on_missing_tenant(MissingTenant::Pass),
+        Some((v, _)) => {
+            return Err(src.error(
+                &key("on_missing_tenant"),
+                v,
+                "expected \"refuse\" or \"pass\"",
+            ));
+        }
+        None => {}
+    }
     if let Some(v) = &cfg.release_statuses {
         if let Some(bad) = v.get_ref().iter().find(|s| !(100..=599).contains(*s)) {
             return Err(src.error(
@@ -1002,6 +1257,82 @@ fn apply(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tenant_sources_and_hash_settings() {
+        let tenant = |t: &str| {
+            from_text(&format!("upstream = \"http://127.0.0.1:1\"\n[tenant]\n{t}"))
+                .map(|s| s.tenant)
+        };
+        assert_eq!(
+            tenant("from = \"authorization\"").expect("ok"),
+            TenantSource::Authorization
+        );
+        assert_eq!(
+            tenant("from = \"header\"\nname = \"X-Api-Key\"").expect("ok"),
+            TenantSource::Header(HeaderName::from_static("x-api-key"))
+        );
+        assert_eq!(
+            tenant("from = \"cookie\"\nname = \"session\"").expect("ok"),
+            TenantSource::Cookie("session".into())
+        );
+        assert_eq!(
+            tenant("from = \"trusted_header\"\nname = \"X-User\"\ntrusted_proxies = [\"10.0.0.0/8\", \"192.168.1.7\"]").expect("ok"),
+            TenantSource::TrustedHeader {
+                name: HeaderName::from_static("x-user"),
+                proxies: vec!["10.0.0.0/8".parse().expect("net"), "192.168.1.7/32".parse().expect("net")],
+            }
+        );
+        for (bad, why) in [
+            (
+                "from = \"trusted_header\"\nname = \"X-User\"",
+                "trusted_proxies",
+            ),
+            (
+                "from = \"trusted_header\"\nname = \"X-User\"\ntrusted_proxies = [\"nope\"]",
+                "not an address",
+            ),
+            (
+                "from = \"header\"\nname = \"X-Api-Key\"\ntrusted_proxies = [\"10.0.0.0/8\"]",
+                "only from",
+            ),
+            ("from = \"cookie\"\nname = \"a;b\"", "not a cookie name"),
+            ("from = \"cookie\"", "needs name"),
+            ("from = \"ip\"", "expected"),
+        ] {
+            let err = tenant(bad).expect_err(bad).to_string();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+        let route = |r: &str| {
+            from_text(&format!(
+                "upstream = \"http://127.0.0.1:1\"\n[[route]]\nmethod = \"POST\"\npath = \"/p\"\n{r}"
+            ))
+        };
+        let pass = route("on_missing_tenant = \"pass\"").expect("ok");
+        let m = pass.routes.matching(&Method::POST, "/p").expect("route");
+        assert_eq!(m.policy.on_missing_tenant, MissingTenant::Pass);
+        assert!(route("on_missing_tenant = \"maybe\"").is_err());
+        let until = from_text(
+            "upstream = \"http://127.0.0.1:1\"\naccept_v1_until = \"2030-01-02T03:04:05Z\"",
+        )
+        .expect("ok");
+        assert_eq!(
+            until.accept_v1_until,
+            humantime::parse_rfc3339("2030-01-02T03:04:05Z").ok()
+        );
+        let err = from_text("upstream = \"http://127.0.0.1:1\"\naccept_v1_until = \"tomorrow\"")
+            .expect_err("bad");
+        assert!(err.to_string().contains("RFC 3339"), "{err}");
+        // A secret file: the secret line, comments, an optional deadline.
+        let hex = "ab".repeat(32);
+        let (_, until) = parse_secret_file(&format!(
+            "# made by idem\n{hex}\naccept_v1_until = 2030-01-02T03:04:05Z\n"
+        ))
+        .expect("ok");
+        assert!(until.is_some());
+        assert!(parse_secret_file("# nothing\n").is_err());
+        assert!(parse_secret_file(&format!("{hex}\n{hex}\n")).is_err());
+    }
 
     fn from_text(text: &str) -> Result<Settings, ConfigError> {
         let path = Path::new("idem.toml");
@@ -1311,7 +1642,29 @@ on_store_error = "open"
             .expect_err("no token")
             .to_string();
         assert!(err.contains("admin token"), "{err}");
-        assert!(from_text("upstream = \"http://x:1\"\nadmin_listen = \"0.0.0.0:9090\"\nadmin_token = \"s3cret\"\n").is_ok());
+        assert!(from_text("upstream = \"http://x:1\"\nadmin_listen = \"0.0.0.0:9090\"\nadmin_token = \"s3cret-0123456789abcdef0123456789ab\"\n").is_ok());
+        // A guessable token is refused, wherever it comes from, unquoted.
+        let short =
+            from_text("upstream = \"http://x:1\"\nadmin_token = \"s3cret\"\n").expect_err("short");
+        assert!(short.to_string().contains("at least 32"), "{short}");
+        assert!(!short.to_string().contains("s3cret"), "{short}");
+        let dir = tempfile::tempdir().expect("dir");
+        let token_file = dir.path().join("admin-token");
+        std::fs::write(&token_file, "t0ken-from-a-file-0123456789abcdef\n").expect("write");
+        let from_file = from_text(&format!(
+            "upstream = \"http://x:1\"\nadmin_token_file = {:?}\n",
+            token_file.display().to_string()
+        ))
+        .expect("file");
+        assert_eq!(
+            from_file.admin_token.as_deref(),
+            Some("t0ken-from-a-file-0123456789abcdef")
+        );
+        let both = from_text(&format!(
+            "upstream = \"http://x:1\"\nadmin_token = \"x\"\nadmin_token_file = {:?}\n",
+            token_file.display().to_string()
+        ));
+        assert!(both.expect_err("both").to_string().contains("not both"));
     }
 
     #[test]
@@ -1384,6 +1737,8 @@ on_store_error = "open"
             LimitsSettings {
                 max_connections: 100,
                 max_in_flight: 8,
+                max_connections_per_peer: 50,
+                max_in_flight_per_peer: 4,
                 queue_wait: Duration::ZERO,
                 header_read_timeout: Duration::from_secs(2),
                 body_read_timeout: Duration::from_secs(3),

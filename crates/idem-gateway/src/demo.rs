@@ -279,6 +279,9 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         cache: Some(crate::config::CacheSettings::default()),
         limits: crate::config::LimitsSettings::default(),
         seal: None,
+        // The demo's records live as long as it runs.
+        hash_secret: Some(std::sync::Arc::new(idem::HashSecret::generate().0)),
+        accept_v1_until: None,
     };
     let server = crate::server::bind(&settings).await?;
     let gateway = server.local_addr().map_err(|e| e.to_string())?;

@@ -8,14 +8,20 @@
 //!   `server-overloaded`) before anything is recorded or forwarded, so its
 //!   retry starts clean. Work carried on for a client that went away still
 //!   holds its slot until it ends.
+//! * One peer (a client address) holds at most `max_connections_per_peer`
+//!   connections (more are closed at once) and `max_in_flight_per_peer`
+//!   requests (more are shed with `503` at once): by default half of each,
+//!   so one address can never take every place from the others.
 //! * Slow clients: the request head must arrive within
 //!   `header_read_timeout` (hyper closes the connection otherwise, also an
 //!   idle keep-alive one); the body may pause at most `body_read_timeout`
 //!   between chunks (`408`, nothing recorded or forwarded).
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -30,6 +36,10 @@ use tokio::time::Sleep;
 /// Counter of requests answered `503` because the gateway was full.
 pub const REQUESTS_SHED_TOTAL: &str = "idem_requests_shed_total";
 
+/// Counter of connections closed at once because their peer held its
+/// share already.
+pub const CONNECTIONS_REFUSED_TOTAL: &str = "idem_connections_refused_total";
+
 /// `[limits]`, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LimitsSettings {
@@ -37,6 +47,10 @@ pub struct LimitsSettings {
     pub max_connections: usize,
     /// Requests handled at once.
     pub max_in_flight: usize,
+    /// Connections one peer address may hold (0: no cap of its own).
+    pub max_connections_per_peer: usize,
+    /// Requests one peer address may have in flight (0: no cap of its own).
+    pub max_in_flight_per_peer: usize,
     /// How long a request over `max_in_flight` waits for a slot before it
     /// is shed (zero: shed at once).
     pub queue_wait: Duration,
@@ -63,6 +77,8 @@ impl Default for LimitsSettings {
         Self {
             max_connections: 4096,
             max_in_flight: 1024,
+            max_connections_per_peer: 2048,
+            max_in_flight_per_peer: 512,
             queue_wait: Duration::from_millis(100),
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(10),
@@ -73,11 +89,93 @@ impl Default for LimitsSettings {
     }
 }
 
-/// Admission of requests: at most `max_in_flight` at once.
+/// Admission of requests: at most `max_in_flight` at once, and
+/// `max_in_flight_per_peer` from one address.
 #[derive(Debug, Clone)]
 pub struct Admission {
     slots: Arc<Semaphore>,
     queue_wait: Duration,
+    per_peer: Arc<PerPeer>,
+}
+
+/// Places held per peer address, for a per-peer cap.
+#[derive(Debug)]
+pub struct PerPeer {
+    max: usize,
+    held: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl PerPeer {
+    /// At most `max` places per address (0: no cap).
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            max,
+            held: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A place for `ip`, or `None` when it holds its share already.
+    pub fn take(self: &Arc<Self>, ip: IpAddr) -> Option<PeerPlace> {
+        if self.max == 0 {
+            return Some(PeerPlace(None));
+        }
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let n = held.entry(ip).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(PeerPlace(Some((Arc::clone(self), ip))))
+    }
+
+    /// Places `ip` holds now.
+    pub fn held(&self, ip: IpAddr) -> usize {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.get(&ip).copied().unwrap_or(0)
+    }
+}
+
+/// One place of a peer, given back when dropped.
+#[derive(Debug)]
+pub struct PeerPlace(Option<(Arc<PerPeer>, IpAddr)>);
+
+impl PeerPlace {
+    /// A place under no cap.
+    pub fn uncapped() -> Self {
+        Self(None)
+    }
+}
+
+impl Drop for PeerPlace {
+    fn drop(&mut self) {
+        if let Some((of, ip)) = self.0.take() {
+            let mut held = of.held.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = held.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    held.remove(&ip);
+                }
+            }
+        }
+    }
+}
+
+/// A client connection's place: among all connections, and among its
+/// peer's.
+#[derive(Debug)]
+pub struct ConnectionPlace {
+    _all: OwnedSemaphorePermit,
+    _peer: PeerPlace,
+}
+
+impl ConnectionPlace {
+    /// Holds both until dropped.
+    pub fn new(all: OwnedSemaphorePermit, peer: PeerPlace) -> Self {
+        Self {
+            _all: all,
+            _peer: peer,
+        }
+    }
 }
 
 /// One request's place among those in flight, released when the last
@@ -86,20 +184,25 @@ pub struct Admission {
 /// response: work the idempotency layer finishes after its client left
 /// (reading and recording the answer) keeps the slot until it is done.
 #[derive(Debug, Clone)]
-pub struct Slot(#[allow(dead_code)] Arc<OwnedSemaphorePermit>);
+pub struct Slot(#[allow(dead_code)] Arc<(OwnedSemaphorePermit, PeerPlace)>);
 
 impl Admission {
-    /// Room for `max_in_flight` requests; a request waits up to
-    /// `queue_wait` for room.
-    pub fn new(max_in_flight: usize, queue_wait: Duration) -> Self {
+    /// Room for `max_in_flight` requests, `per_peer` of them from one
+    /// address (0: no cap of its own); a request waits up to `queue_wait`
+    /// for room.
+    pub fn new(max_in_flight: usize, per_peer: usize, queue_wait: Duration) -> Self {
         Self {
             slots: Arc::new(Semaphore::new(max_in_flight)),
             queue_wait,
+            per_peer: PerPeer::new(per_peer),
         }
     }
 
-    /// A slot, or `None` when none came free within the queue wait.
-    pub async fn admit(&self) -> Option<Slot> {
+    /// A slot, or `None` when none came free within the queue wait (or
+    /// `peer` holds its share: then at once, so that one address cannot
+    /// queue in front of the others).
+    pub async fn admit(&self, peer: IpAddr) -> Option<Slot> {
+        let place = self.per_peer.take(peer)?;
         let permit = match Arc::clone(&self.slots).try_acquire_owned() {
             Ok(permit) => permit,
             Err(TryAcquireError::Closed) => return None,
@@ -111,7 +214,7 @@ impl Admission {
                     .ok()?
             }
         };
-        Some(Slot(Arc::new(permit)))
+        Some(Slot(Arc::new((permit, place))))
     }
 }
 
@@ -211,28 +314,28 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_gateway_sheds_after_the_queue_wait_and_admits_again() {
-        let adm = Admission::new(2, Duration::from_millis(20));
-        let a = adm.admit().await.expect("first slot");
-        let b = adm.admit().await.expect("second slot");
+        let adm = Admission::new(2, 0, Duration::from_millis(20));
+        let a = adm.admit(LOCAL).await.expect("first slot");
+        let b = adm.admit(LOCAL).await.expect("second slot");
         assert_eq!(adm.slots.available_permits(), 0, "both slots in flight");
-        assert!(adm.admit().await.is_none(), "third request is shed");
+        assert!(adm.admit(LOCAL).await.is_none(), "third request is shed");
         // A clone (the one riding with the request) keeps the slot.
         let a2 = a.clone();
         drop(a);
-        assert!(adm.admit().await.is_none(), "the clone still holds it");
+        assert!(adm.admit(LOCAL).await.is_none(), "the clone still holds it");
         drop(a2);
-        let c = adm.admit().await.expect("a slot came free");
+        let c = adm.admit(LOCAL).await.expect("a slot came free");
         drop((b, c));
         assert_eq!(adm.slots.available_permits(), 2, "none in flight");
     }
 
     #[tokio::test]
     async fn a_waiting_request_gets_a_slot_freed_within_the_wait() {
-        let adm = Admission::new(1, Duration::from_secs(5));
-        let held = adm.admit().await.expect("slot");
+        let adm = Admission::new(1, 0, Duration::from_secs(5));
+        let held = adm.admit(LOCAL).await.expect("slot");
         let waiter = tokio::spawn({
             let adm = adm.clone();
-            async move { adm.admit().await.is_some() }
+            async move { adm.admit(LOCAL).await.is_some() }
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
         drop(held);
@@ -241,9 +344,34 @@ mod tests {
 
     #[tokio::test]
     async fn zero_queue_wait_sheds_at_once() {
-        let adm = Admission::new(1, Duration::ZERO);
-        let _held = adm.admit().await.expect("slot");
-        assert!(adm.admit().await.is_none());
+        let adm = Admission::new(1, 0, Duration::ZERO);
+        let _held = adm.admit(LOCAL).await.expect("slot");
+        assert!(adm.admit(LOCAL).await.is_none());
+    }
+
+    const LOCAL: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+    #[tokio::test]
+    async fn one_peer_gets_its_share_and_the_others_keep_theirs() {
+        let adm = Admission::new(4, 2, Duration::from_secs(5));
+        let other: IpAddr = "10.0.0.2".parse().expect("ip");
+        let (a, b) = (adm.admit(LOCAL).await, adm.admit(LOCAL).await);
+        assert!(a.is_some() && b.is_some());
+        // Its third is shed at once (no queueing in front of the others),
+        // while another address still gets in.
+        let started = std::time::Instant::now();
+        assert!(adm.admit(LOCAL).await.is_none());
+        assert!(started.elapsed() < Duration::from_secs(1));
+        let c = adm.admit(other).await.expect("another peer");
+        assert_eq!(adm.per_peer.held(LOCAL), 2);
+        drop(a);
+        assert_eq!(adm.per_peer.held(LOCAL), 1);
+        assert!(adm.admit(LOCAL).await.is_some());
+        drop((b, c));
+        assert_eq!(adm.per_peer.held(other), 0);
+        assert!(
+            adm.per_peer.held.lock().expect("lock").is_empty() || adm.per_peer.held(LOCAL) == 0
+        );
     }
 
     #[test]

@@ -411,6 +411,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         admin_listen: args.admin_listen,
         admin_token: args.admin_token,
         encryption_keys: config::encryption_keys_from_env(),
+        hash_secret: config::hash_secret_from_env(),
     };
     let settings = config::load(args.config.as_deref(), &overrides).map_err(|e| e.to_string())?;
     let server = server::bind(&settings).await?;

@@ -149,7 +149,11 @@ fn describe() {
     );
     metrics::describe_counter!(
         crate::limits::REQUESTS_SHED_TOTAL,
-        "Requests answered 503 because every in-flight slot was taken."
+        "Requests answered 503 because every in-flight slot was taken (or their peer's share)."
+    );
+    metrics::describe_counter!(
+        crate::limits::CONNECTIONS_REFUSED_TOTAL,
+        "Connections closed at once because their peer held max_connections_per_peer already."
     );
     metrics::describe_gauge!(BUILD_INFO, "Always 1; the version is a label.");
     metrics::describe_counter!(

@@ -11,7 +11,6 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -23,7 +22,7 @@ use http::{Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use idem_http::{BoxError, Problem, ProblemKind, UpstreamOutcome, hop_by_hop_names};
+use idem_http::{BoxError, PeerAddr, Problem, ProblemKind, UpstreamOutcome, hop_by_hop_names};
 use tower::Service;
 
 use crate::limits::{ClientBody, Slot};
@@ -84,10 +83,6 @@ impl Body for ProxyBody {
     }
 }
 
-/// The address of the client, put in request extensions by the server.
-#[derive(Debug, Clone, Copy)]
-pub struct PeerAddr(pub SocketAddr);
-
 /// Forwards requests to one upstream origin. Cloned for every request
 /// (tower's clone-and-swap): one `Arc`.
 #[derive(Debug, Clone)]
@@ -144,6 +139,17 @@ impl Service<Request<ProxyBody>> for Proxy {
         let slot = parts.extensions.remove::<Slot>();
         let forward = async move {
             strip_hop_by_hop(&mut parts.headers);
+            // A body of unknown length goes on chunked, whatever the method:
+            // left to itself the HTTP/1 client sends a GET, HEAD or CONNECT
+            // without it (RFC 9110 gives such a body no meaning, but it is
+            // the client's to send and the upstream's to judge, not ours to
+            // drop).
+            if !body.is_end_stream() && body.size_hint().exact().is_none() {
+                parts.headers.insert(
+                    http::header::TRANSFER_ENCODING,
+                    HeaderValue::from_static("chunked"),
+                );
+            }
             if let Some(PeerAddr(peer)) = parts.extensions.get::<PeerAddr>().copied()
                 && let Ok(v) = HeaderValue::from_str(&peer.ip().to_string())
             {

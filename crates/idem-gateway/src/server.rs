@@ -12,16 +12,21 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use idem_http::{Idempotency, IdempotencyLayer, TenantSource};
+use idem_http::{
+    Idempotency, IdempotencyLayer, PeerAddr, Problem, ProblemKind, ResponseBody, TenantSource,
+};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tower::{Layer, ServiceExt};
 
 use crate::admin::AdminState;
 use crate::config::Settings;
-use crate::limits::{Admission, ClientBody, FirstBytes, LimitsSettings};
-use crate::proxy::{PeerAddr, Proxy, ProxyBody};
-use crate::store::GatewayStore;
+use crate::limits::{
+    Admission, CONNECTIONS_REFUSED_TOTAL, ClientBody, ConnectionPlace, FirstBytes, LimitsSettings,
+    PerPeer,
+};
+use crate::proxy::{Proxy, ProxyBody};
+use crate::store::{GatewayStore, StoreUrl};
 use crate::workers::{ServeConnection, Workers, close_within};
 
 /// How often an HTTP/2 client is pinged, and how long its answer may take.
@@ -68,6 +73,17 @@ pub async fn bind(settings: &Settings) -> Result<Server, String> {
     // Before anything records: the layer registers its counters on the
     // first request.
     crate::metrics::install();
+    let retention = settings
+        .routes
+        .policies()
+        .map(|p| p.engine.retention)
+        .max()
+        .unwrap_or(Duration::from_secs(86_400));
+    let hashing = StoreUrl::parse(&settings.store)?.hashing(
+        settings.hash_secret.clone(),
+        settings.accept_v1_until,
+        retention,
+    )?;
     let store = GatewayStore::open(
         &settings.store,
         settings.cache,
@@ -89,6 +105,7 @@ pub async fn bind(settings: &Settings) -> Result<Server, String> {
     let layer = IdempotencyLayer::new(store.clone())
         .with_routes(settings.routes.clone())
         .with_tenant(settings.tenant.clone())
+        .with_hashing(hashing)
         .with_reconcile_scans(scans);
     // On the shared runtime, beside the store, not on a serving thread.
     layer.start_reconciliation();
@@ -135,7 +152,12 @@ impl Server {
         let limits = settings.limits;
         let mut jobs = crate::jobs::spawn(&store, settings.cleanup, settings.monitor);
         let builder = connection_builder(&limits);
-        let admission = Admission::new(limits.max_in_flight, limits.queue_wait);
+        let admission = Admission::new(
+            limits.max_in_flight,
+            limits.max_in_flight_per_peer,
+            limits.queue_wait,
+        );
+        let peer_connections = PerPeer::new(limits.max_connections_per_peer);
         let connections = Arc::new(Semaphore::new(limits.max_connections));
         let serve = client_connections(gateway.clone(), admission, builder.clone(), &limits);
         let workers = match Workers::start(settings.workers, serve, grace) {
@@ -165,10 +187,18 @@ impl Server {
                             continue;
                         }
                     };
+                    // One address holds at most its share of connections:
+                    // past it, a new one is closed at once.
+                    let Some(mine) = peer_connections.take(peer.ip()) else {
+                        metrics::counter!(CONNECTIONS_REFUSED_TOTAL).increment(1);
+                        tracing::debug!(reason = "peer_connections", %peer, "connection closed: its peer holds max_connections_per_peer already");
+                        drop(stream);
+                        continue;
+                    };
                     let _ = stream.set_nodelay(true);
                     // The semaphore is never closed, so the permit is there.
                     if let Ok(open) = open {
-                        workers.dispatch(stream, peer, open);
+                        workers.dispatch(stream, peer, ConnectionPlace::new(open, mine));
                     }
                 }
                 // A few connections at most (past them, new ones wait in
@@ -229,7 +259,11 @@ fn client_connections(
             let gateway = gateway.clone();
             let admission = admission.clone();
             async move {
-                let Some(slot) = admission.admit().await else {
+                if let Some(problem) = host_problem(&req) {
+                    tracing::debug!(reason = "host_invalid", %peer, detail = problem.detail());
+                    return Ok(ResponseBody::problem(&problem));
+                }
+                let Some(slot) = admission.admit(peer.ip()).await else {
                     // Counted in idem_requests_shed_total; a warning per
                     // shed request would add work exactly when there is
                     // too much.
@@ -256,6 +290,37 @@ fn client_connections(
             }
         })
     })
+}
+
+/// Why a request's `Host` makes it unsafe to route (RFC 9112 §3.2: an
+/// HTTP/1.1 request carries exactly one, a host with an optional port),
+/// or `None`. Two proxies in a row could otherwise each pick another one.
+fn host_problem<B>(req: &Request<B>) -> Option<Problem> {
+    let mut hosts = req.headers().get_all(http::header::HOST).iter();
+    let bad = |why: &str| {
+        Some(Problem::new(
+            ProblemKind::HostInvalid,
+            format!("{why}; nothing was forwarded"),
+        ))
+    };
+    match (hosts.next(), hosts.next()) {
+        (Some(_), Some(_)) => bad("the request has more than one Host header"),
+        (Some(host), None) => {
+            let text = host.as_bytes();
+            let valid = !text.is_empty()
+                && !text.contains(&b'@')
+                && http::uri::Authority::try_from(text).is_ok();
+            if valid {
+                None
+            } else {
+                bad("the Host header is not a host[:port]")
+            }
+        }
+        (None, _) if req.version() == http::Version::HTTP_11 => {
+            bad("an HTTP/1.1 request must carry a Host header")
+        }
+        (None, _) => None,
+    }
 }
 
 /// The HTTP/1 and HTTP/2 connection settings that enforce `[limits]` on

@@ -15,21 +15,24 @@
 //! the background until it succeeds — no restart needed.
 
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use idem::HashSecret;
 use idem::{
     DynStore, FinalOutcome, IdempotencyKey, Lease, ListFilter, ListRecords, MemoryStore, Page,
     Purge, Record, Reservation, ReserveRequest, Scope, Store, StoreError, Tiered, Timestamp,
 };
+use idem_http::Hashing;
 use idem_postgres::{PgOptions, PgStore};
 use idem_redis::{RedisOptions, RedisStore};
 use idem_sqlite::SqliteStore;
 
-use idem::seal::{SealKeys, Sealed};
+use idem::seal::Sealed;
 use idem::store::redact_url as redact;
 
-use crate::config::CacheSettings;
+use crate::config::{CacheSettings, SealSettings};
 use crate::metrics::{StoreOp, StoreOpMetrics};
 use crate::server::error_chain;
 
@@ -120,6 +123,53 @@ impl StoreUrl {
         matches!(self, Self::Postgres(_) | Self::Redis(_) | Self::Tiered(..))
     }
 
+    /// How this store's tenants and fingerprints are hashed, given the
+    /// configured secret (see [`Hashing`]):
+    ///
+    /// * a configured secret keys them;
+    /// * the embedded store keeps a secret of its own beside its
+    ///   database (`<file>.secret`, mode 0600), made at first start;
+    /// * `memory://` makes one per process (its records die with it);
+    /// * a shared store refuses to start without one: gateways that share
+    ///   a store must share the secret, or none finds the others' records.
+    ///
+    /// `accept_v1_until` (or a secret made beside a database that already
+    /// held records: the longest `retention` from now) keeps finding
+    /// records written before keyed hashing until then.
+    pub fn hashing(
+        &self,
+        secret: Option<Arc<HashSecret>>,
+        accept_v1_until: Option<SystemTime>,
+        retention: Duration,
+    ) -> Result<Hashing, String> {
+        let (secret, until) = match (secret, self) {
+            (Some(secret), _) => (secret, accept_v1_until),
+            (None, Self::Memory) => (Arc::new(HashSecret::generate().0), None),
+            (None, Self::Sqlite(url)) => {
+                let opts =
+                    idem_sqlite::SqliteOptions::from_url(url).map_err(|e| error_chain(&e))?;
+                let (secret, until) = embedded_secret(&opts.path, retention)?;
+                (secret, accept_v1_until.or(until))
+            }
+            (None, shared) => {
+                return Err(format!(
+                    "a {} store is shared by every gateway that uses it, and they must share one hash secret for tenants and fingerprints: set {} (openssl rand -hex 32) or hash_secret_file in the config file. Upgrading a store that already holds records? Also set accept_v1_until = \"{}\" (now plus the longest retention) so their retries still find them",
+                    shared.kind(),
+                    crate::config::HASH_SECRET_ENV,
+                    humantime::format_rfc3339_seconds(SystemTime::now() + retention),
+                ));
+            }
+        };
+        let hashing = Hashing::keyed(secret);
+        Ok(match until {
+            Some(until) if SystemTime::now() < until => {
+                tracing::info!(until = %humantime::format_rfc3339_seconds(until), "records written before keyed hashing are looked for until then (one extra store read per new key)");
+                hashing.with_earlier_until(until)
+            }
+            _ => hashing,
+        })
+    }
+
     /// Connects (and, for PostgreSQL, migrates unless `migrate=false`).
     pub async fn connect(&self) -> Result<DynStore, String> {
         match self {
@@ -156,6 +206,61 @@ impl StoreUrl {
                 Ok(DynStore::new(Tiered::new(fast, durable)))
             }
         }
+    }
+}
+
+/// The embedded store's own hash secret, beside its database: read, or
+/// made (mode 0600) at first start. Made beside a database that already
+/// exists (records from before keyed hashing), the file also says until
+/// when those are looked for: `retention` from now.
+fn embedded_secret(
+    db: &Path,
+    retention: Duration,
+) -> Result<(Arc<HashSecret>, Option<SystemTime>), String> {
+    let mut name = db.as_os_str().to_owned();
+    name.push(".secret");
+    let path = PathBuf::from(name);
+    let read = |path: &Path| {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the hash secret {}: {e}", path.display()))?;
+        crate::config::parse_secret_file(&text)
+            .map(|(s, until)| (Arc::new(s), until))
+            .map_err(|e| format!("{}: {e}", path.display()))
+    };
+    if path.exists() {
+        return read(&path);
+    }
+    let (secret, hex) = HashSecret::generate();
+    let existing = std::fs::metadata(db).is_ok_and(|m| m.len() > 0);
+    let until = existing.then(|| SystemTime::now() + retention);
+    let mut text = format!(
+        "# The secret keying this database's tenants and fingerprints (made by idem serve).\n# Keep it with the database: without it, no retry finds its record.\n{hex}\n"
+    );
+    if let Some(until) = until {
+        text.push_str(&format!(
+            "# The database held records from before keyed hashing: looked for until then.\naccept_v1_until = {}\n",
+            humantime::format_rfc3339_seconds(until)
+        ));
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    match options.open(&path) {
+        Ok(mut file) => {
+            use std::io::Write as _;
+            file.write_all(text.as_bytes())
+                .and_then(|()| file.sync_all())
+                .map_err(|e| format!("cannot write the hash secret {}: {e}", path.display()))?;
+            tracing::info!(file = %path.display(), "made a hash secret for this database: keep it with the database");
+            Ok((Arc::new(secret), until))
+        }
+        // Another gateway made it first.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read(&path),
+        Err(e) => Err(format!(
+            "cannot create the hash secret {}: {e}",
+            path.display()
+        )),
     }
 }
 
@@ -199,7 +304,7 @@ pub struct GatewayStore {
     ops: StoreOpMetrics,
     cache: Option<CacheSettings>,
     timeout: Duration,
-    seal: Option<Arc<SealKeys>>,
+    seal: Option<SealSettings>,
 }
 
 impl GatewayStore {
@@ -215,7 +320,7 @@ impl GatewayStore {
         url: &str,
         cache: Option<CacheSettings>,
         timeout: Duration,
-        seal: Option<Arc<SealKeys>>,
+        seal: Option<SealSettings>,
     ) -> Result<Self, String> {
         let parsed = StoreUrl::parse(url)?;
         let store = Self {
@@ -265,7 +370,9 @@ impl GatewayStore {
 
     fn set(&self, store: DynStore) {
         let store = match &self.seal {
-            Some(keys) => DynStore::new(Sealed::new(store, Arc::clone(keys))),
+            Some(seal) => DynStore::new(
+                Sealed::new(store, Arc::clone(&seal.keys)).with_require_sealed(seal.require_sealed),
+            ),
             None => store,
         };
         let store = match self.cache {
@@ -410,6 +517,54 @@ mod tests {
     use super::*;
 
     const SECOND: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_secret_made_beside_a_database_with_records_looks_for_them_for_one_retention() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let day = Duration::from_secs(86_400);
+        // A database that already exists: records from before keyed hashing.
+        let old = dir.path().join("old.db");
+        std::fs::write(&old, b"SQLite format 3\0").expect("write");
+        let (secret, until) = embedded_secret(&old, day).expect("made");
+        let until = until.expect("earlier records are looked for");
+        let left = until
+            .duration_since(SystemTime::now())
+            .expect("in the future");
+        assert!(
+            left <= day && left > day - Duration::from_secs(60),
+            "{left:?}"
+        );
+        // Read back, the same secret and the same deadline.
+        let (again, until_again) = embedded_secret(&old, day).expect("read");
+        assert_eq!(secret.tenant(b"c"), again.tenant(b"c"));
+        assert_eq!(
+            until_again
+                .map(humantime::format_rfc3339_seconds)
+                .map(|t| t.to_string()),
+            Some(humantime::format_rfc3339_seconds(until).to_string())
+        );
+        // A new database has none to look for.
+        let (_, none) = embedded_secret(&dir.path().join("new.db"), day).expect("made");
+        assert_eq!(none, None);
+        // A secret file that is not one is refused, without quoting it.
+        std::fs::write(dir.path().join("bad.db.secret"), "0123 not hex").expect("write");
+        let err = embedded_secret(&dir.path().join("bad.db"), day).expect_err("bad");
+        assert!(err.contains("hex") && !err.contains("0123"), "{err}");
+        // memory:// makes its own; a shared store without one is refused.
+        let memory = StoreUrl::Memory.hashing(None, None, day).expect("memory");
+        assert!(memory.is_keyed() && !memory.finds_earlier());
+        let pg = StoreUrl::parse("postgres://u@127.0.0.1/test").expect("url");
+        assert!(
+            pg.hashing(None, None, day)
+                .expect_err("refused")
+                .contains("IDEM_HASH_SECRET")
+        );
+        let given = Arc::new(HashSecret::generate().0);
+        let upgrading = pg
+            .hashing(Some(given), Some(SystemTime::now() + day), day)
+            .expect("keyed");
+        assert!(upgrading.finds_earlier());
+    }
 
     #[test]
     fn urls_are_understood_or_refused_in_one_line() {

@@ -24,7 +24,9 @@ use std::time::Duration;
 
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpStream;
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::mpsc;
+
+use crate::limits::ConnectionPlace;
 
 /// Serves one client connection on the calling worker's event loop; the
 /// connection is watched by that worker's graceful shutdown.
@@ -39,7 +41,7 @@ struct Accepted {
     stream: std::net::TcpStream,
     peer: SocketAddr,
     /// The connection's place under `max_connections`, held until it closes.
-    open: OwnedSemaphorePermit,
+    open: ConnectionPlace,
 }
 
 struct Worker {
@@ -118,7 +120,7 @@ impl Workers {
 
     /// Hands an accepted connection to the least loaded worker (or, with
     /// none, to a task of the caller's runtime).
-    pub fn dispatch(&self, stream: TcpStream, peer: SocketAddr, open: OwnedSemaphorePermit) {
+    pub fn dispatch(&self, stream: TcpStream, peer: SocketAddr, open: ConnectionPlace) {
         if let Some(shared) = &self.shared {
             let conn = (shared.serve)(stream, peer, &shared.graceful);
             tokio::spawn(async move {
@@ -270,7 +272,8 @@ mod tests {
             let client = TcpStream::connect(addr).await.expect("connect");
             let (stream, peer) = listener.accept().await.expect("accept");
             let permit = Arc::clone(&open).acquire_owned().await.expect("permit");
-            workers.dispatch(stream, peer, permit);
+            let place = ConnectionPlace::new(permit, crate::limits::PeerPlace::uncapped());
+            workers.dispatch(stream, peer, place);
             clients.push(client);
         }
         clients

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 use idem_testkit::client::{Answer, metric, send};
-use idem_testkit::gateway::{GatewayProcess as Gateway, sqlite_store};
+use idem_testkit::gateway::{GatewayProcess as Gateway, TEST_CREDENTIAL, sqlite_store};
 use idem_testkit::services;
 use idem_testkit::upstream::CountingUpstream;
 
@@ -42,7 +42,7 @@ async fn pay(addr: SocketAddr, key: &str) -> Answer {
         addr,
         Method::POST,
         "/v1/payments",
-        &[("idempotency-key", key)],
+        &[("authorization", TEST_CREDENTIAL), ("idempotency-key", key)],
         "{}",
     )
     .await
@@ -50,7 +50,11 @@ async fn pay(addr: SocketAddr, key: &str) -> Answer {
 
 /// The same, answered by the upstream after 4 s.
 async fn pay_slowly(addr: SocketAddr, key: &str) -> Answer {
-    let h = [("idempotency-key", key), ("x-delay-ms", "4000")];
+    let h = [
+        ("authorization", TEST_CREDENTIAL),
+        ("idempotency-key", key),
+        ("x-delay-ms", "4000"),
+    ];
     send(addr, Method::POST, "/v1/payments", &h, "{}").await
 }
 

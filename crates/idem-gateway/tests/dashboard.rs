@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 
 const IDEM: &str = env!("CARGO_BIN_EXE_idem");
-const TOKEN: &str = "dash-token";
+const TOKEN: &str = "dash-token-0123456789abcdef0123456789";
 const CONFIG: &str = r#"
 [[route]]
 method = "POST"

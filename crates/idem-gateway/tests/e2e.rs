@@ -766,7 +766,7 @@ async fn truncated_bodies_and_oversized_headers_forward_nothing_and_leave_no_rec
     // A body cut short: Content-Length says 100, 10 bytes arrive, the
     // client goes away.
     let truncated = format!(
-        "POST /v1/payments HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\nidempotency-key: cut-1\r\ncontent-length: 100\r\n\r\n{{\"amount\":",
+        "POST /v1/payments HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer sk_test_caller\r\ncontent-type: application/json\r\nidempotency-key: cut-1\r\ncontent-length: 100\r\n\r\n{{\"amount\":",
         gw.addr
     );
     let answer = raw_exchange(gw.addr, truncated.as_bytes()).await;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 use idem_testkit::client::send;
 use idem_testkit::gateway::{GatewayProcess, sqlite_store};
+use idem_testkit::upstream::CountingUpstream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -165,4 +166,61 @@ async fn a_forged_marker_and_cookies_are_not_stored() {
 
 fn count(hay: &[u8], needle: &[u8]) -> usize {
     hay.windows(needle.len()).filter(|w| *w == needle).count()
+}
+
+/// Writes `request` (which asks to close) raw on a fresh connection, and
+/// returns what the gateway answered before closing.
+async fn exchange(addr: std::net::SocketAddr, request: &str) -> String {
+    let mut conn = TcpStream::connect(addr).await.expect("connect");
+    conn.write_all(request.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Two `Host` lines (which one does the next proxy route by?) and a
+/// `Host` that is not a host are refused before anything else; a body on
+/// a GET reaches the upstream whole instead of being dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_hosts_are_refused_and_no_method_loses_its_body() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = GatewayProcess::start(
+        IDEM,
+        dir.path(),
+        "",
+        &up.url(),
+        &sqlite_store(dir.path()),
+        "error",
+        &[],
+    )
+    .await;
+    for head in [
+        "host: a.example\r\nhost: b.example\r\n",
+        "host: a b\r\n",
+        "host: user@a.example\r\n",
+        "",
+    ] {
+        let answer = exchange(
+            gw.addr,
+            &format!("GET /v1/things HTTP/1.1\r\n{head}connection: close\r\n\r\n"),
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{head:?}: {answer}");
+        assert!(
+            answer.contains("request-host-invalid"),
+            "{head:?}: {answer}"
+        );
+    }
+    assert_eq!(up.total(), 0, "nothing forwarded");
+    let chunked = exchange(
+        gw.addr,
+        "GET /v1/things HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+    )
+    .await;
+    assert!(chunked.starts_with("HTTP/1.1 201"), "{chunked}");
+    assert!(
+        chunked.contains(r#""body_len":11"#),
+        "the body arrived whole: {chunked}"
+    );
 }

@@ -70,7 +70,7 @@ async fn slow_clients_and_oversized_heads_get_their_answers_and_forward_nothing(
     let started = Instant::now();
     let answer = raw(
         gw.addr,
-        b"POST /v1/payments HTTP/1.1\r\nhost: x\r\nidempotency-key: slow-head\r\n",
+        b"POST /v1/payments HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk_test_caller\r\nidempotency-key: slow-head\r\n",
         Duration::from_secs(20),
     )
     .await;
@@ -81,8 +81,9 @@ async fn slow_clients_and_oversized_heads_get_their_answers_and_forward_nothing(
     );
 
     // Too many header fields, and too many header bytes: 431.
-    let mut many =
-        String::from("POST /v1/payments HTTP/1.1\r\nhost: x\r\nidempotency-key: many\r\n");
+    let mut many = String::from(
+        "POST /v1/payments HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk_test_caller\r\nidempotency-key: many\r\n",
+    );
     for i in 0..30 {
         many.push_str(&format!("x-filler-{i}: {i}\r\n"));
     }
@@ -90,7 +91,7 @@ async fn slow_clients_and_oversized_heads_get_their_answers_and_forward_nothing(
     let answer = raw(gw.addr, many.as_bytes(), Duration::from_secs(10)).await;
     assert_eq!(status_of(&answer), Some(431), "{answer:?}");
     let big = format!(
-        "POST /v1/payments HTTP/1.1\r\nhost: x\r\nidempotency-key: big\r\nx-big: {}\r\ncontent-length: 0\r\n\r\n",
+        "POST /v1/payments HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk_test_caller\r\nidempotency-key: big\r\nx-big: {}\r\ncontent-length: 0\r\n\r\n",
         "a".repeat(20 << 10)
     );
     let answer = raw(gw.addr, big.as_bytes(), Duration::from_secs(10)).await;
@@ -100,7 +101,7 @@ async fn slow_clients_and_oversized_heads_get_their_answers_and_forward_nothing(
     // recorded, so the same key with the whole body then runs once.
     let mut conn = TcpStream::connect(gw.addr).await.expect("connect");
     conn.write_all(
-        b"POST /v1/payments HTTP/1.1\r\nhost: x\r\nidempotency-key: slow-body\r\ncontent-type: application/json\r\ncontent-length: 20\r\n\r\n{\"amount\":",
+        b"POST /v1/payments HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk_test_caller\r\nidempotency-key: slow-body\r\ncontent-type: application/json\r\ncontent-length: 20\r\n\r\n{\"amount\":",
     )
     .await
     .expect("write");
@@ -129,7 +130,12 @@ async fn slow_clients_and_oversized_heads_get_their_answers_and_forward_nothing(
 async fn past_max_connections_new_connections_wait_for_a_free_one() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
-    let gw = start(dir.path(), "max_connections = 2\n", &up).await;
+    let gw = start(
+        dir.path(),
+        "max_connections = 2\nmax_connections_per_peer = 0\n",
+        &up,
+    )
+    .await;
 
     let mut held = Vec::new();
     for _ in 0..2 {
@@ -166,7 +172,7 @@ async fn ten_times_the_capacity_is_shed_with_503_and_retries_run_once() {
     let up = CountingUpstream::start().await;
     let gw = start(
         dir.path(),
-        "max_in_flight = 4\nqueue_wait = \"20ms\"\n",
+        "max_in_flight = 4\nmax_in_flight_per_peer = 0\nqueue_wait = \"20ms\"\n",
         &up,
     )
     .await;
@@ -185,7 +191,11 @@ async fn ten_times_the_capacity_is_shed_with_503_and_retries_run_once() {
                     addr,
                     Method::POST,
                     "/v1/payments",
-                    &[("idempotency-key", &key), ("x-delay-ms", "300")],
+                    &[
+                        ("authorization", "Bearer sk_test_caller"),
+                        ("idempotency-key", &key),
+                        ("x-delay-ms", "300"),
+                    ],
                     "{}",
                 )
                 .await;
@@ -225,7 +235,11 @@ async fn ten_times_the_capacity_is_shed_with_503_and_retries_run_once() {
             addr,
             Method::POST,
             "/v1/payments",
-            &[("idempotency-key", key), ("x-delay-ms", "300")],
+            &[
+                ("authorization", "Bearer sk_test_caller"),
+                ("idempotency-key", key),
+                ("x-delay-ms", "300"),
+            ],
             "{}",
         )
         .await
@@ -254,12 +268,17 @@ async fn ten_times_the_capacity_is_shed_with_503_and_retries_run_once() {
 async fn work_kept_going_for_a_client_that_left_still_holds_its_slot() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
-    let gw = start(dir.path(), "max_in_flight = 1\nqueue_wait = \"0s\"\n", &up).await;
+    let gw = start(
+        dir.path(),
+        "max_in_flight = 1\nmax_in_flight_per_peer = 0\nqueue_wait = \"0s\"\n",
+        &up,
+    )
+    .await;
 
     // A client sends a slow protected request and hangs up.
     let mut conn = TcpStream::connect(gw.addr).await.expect("connect");
     conn.write_all(
-        b"POST /v1/payments HTTP/1.1\r\nhost: x\r\nidempotency-key: left\r\nx-delay-ms: 1500\r\ncontent-length: 2\r\n\r\n{}",
+        b"POST /v1/payments HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk_test_caller\r\nidempotency-key: left\r\nx-delay-ms: 1500\r\ncontent-length: 2\r\n\r\n{}",
     )
     .await
     .expect("write");
@@ -271,7 +290,10 @@ async fn work_kept_going_for_a_client_that_left_still_holds_its_slot() {
         gw.addr,
         Method::POST,
         "/v1/payments",
-        &[("idempotency-key", "other")],
+        &[
+            ("authorization", "Bearer sk_test_caller"),
+            ("idempotency-key", "other"),
+        ],
         "{}",
     )
     .await;
@@ -289,7 +311,11 @@ async fn work_kept_going_for_a_client_that_left_still_holds_its_slot() {
         gw.addr,
         Method::POST,
         "/v1/payments",
-        &[("idempotency-key", "left"), ("x-delay-ms", "1500")],
+        &[
+            ("authorization", "Bearer sk_test_caller"),
+            ("idempotency-key", "left"),
+            ("x-delay-ms", "1500"),
+        ],
         "{}",
     )
     .await;
@@ -310,7 +336,7 @@ async fn silent_connections_are_closed_and_cannot_crowd_out_a_client() {
     let up = CountingUpstream::start().await;
     let gw = start(
         dir.path(),
-        "max_connections = 20\nheader_read_timeout = \"1s\"\n",
+        "max_connections = 20\nmax_connections_per_peer = 0\nheader_read_timeout = \"1s\"\n",
         &up,
     )
     .await;
@@ -362,7 +388,7 @@ async fn dribbling_bodies_are_cut_and_cannot_hold_every_slot() {
     let up = CountingUpstream::start().await;
     let gw = start(
         dir.path(),
-        "max_in_flight = 2\nqueue_wait = \"0s\"\nbody_read_timeout = \"2s\"\nbody_total_timeout = \"2s\"\n",
+        "max_in_flight = 2\nmax_in_flight_per_peer = 0\nqueue_wait = \"0s\"\nbody_read_timeout = \"2s\"\nbody_total_timeout = \"2s\"\n",
         &up,
     )
     .await;
@@ -372,7 +398,7 @@ async fn dribbling_bodies_are_cut_and_cannot_hold_every_slot() {
         dribblers.push(tokio::spawn(async move {
             let mut conn = TcpStream::connect(addr).await.expect("connect");
             let head = format!(
-                "POST /v1/payments HTTP/1.1\r\nhost: x\r\nidempotency-key: drip-{i}\r\n\
+                "POST /v1/payments HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk_test_caller\r\nidempotency-key: drip-{i}\r\n\
                  content-type: application/json\r\ncontent-length: 100\r\n\r\n"
             );
             conn.write_all(head.as_bytes()).await.expect("head");
@@ -404,6 +430,7 @@ async fn dribbling_bodies_are_cut_and_cannot_hold_every_slot() {
         Method::POST,
         "/v1/payments",
         &[
+            ("authorization", "Bearer sk_test_caller"),
             ("idempotency-key", "real"),
             ("content-type", "application/json"),
         ],
@@ -417,4 +444,105 @@ async fn dribbling_bodies_are_cut_and_cannot_hold_every_slot() {
         "nothing of the dribbled bodies was forwarded"
     );
     gw.terminate().await;
+}
+
+/// A connection from `source` (any 127/8 address is this machine) that
+/// sends `bytes`, and what came back within `wait`.
+async fn raw_from(
+    source: &str,
+    addr: std::net::SocketAddr,
+    bytes: &[u8],
+    wait: Duration,
+) -> (TcpStream, String) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(format!("{source}:0").parse().expect("source"))
+        .expect("bind the source address");
+    let mut conn = socket.connect(addr).await.expect("connect");
+    conn.write_all(bytes).await.expect("write");
+    // The first bytes back (an answer's head), or "" once it is closed.
+    let mut buf = vec![0u8; 4096];
+    let n = match tokio::time::timeout(wait, conn.read(&mut buf)).await {
+        Ok(Ok(n)) => n,
+        _ => 0,
+    };
+    (conn, String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// One address (a hostile client, a crowd behind one NAT) gets its share
+/// of connections and in-flight slots, never all of them: past its share
+/// its connections are closed and its requests shed at once, while
+/// another address is still served promptly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_cannot_take_every_connection_or_slot() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = start(
+        dir.path(),
+        "max_connections = 8\nmax_connections_per_peer = 4\nmax_in_flight = 4\nmax_in_flight_per_peer = 2\nqueue_wait = \"2s\"\n",
+        &up,
+    )
+    .await;
+    let slow = |key: &str| {
+        format!(
+            "POST /v1/payments HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk_test_caller\r\nidempotency-key: {key}\r\nx-delay-ms: 3000\r\ncontent-length: 2\r\n\r\n{{}}"
+        )
+    };
+    // The hostile peer: two slow requests hold its two slots.
+    let mut held = Vec::new();
+    for i in 0..2 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind("127.0.0.2:0".parse().expect("src"))
+            .expect("bind");
+        let mut conn = socket.connect(gw.addr).await.expect("connect");
+        conn.write_all(slow(&format!("hog-{i}")).as_bytes())
+            .await
+            .expect("write");
+        held.push(conn);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Its third request is shed at once, not queued for the 2 s wait.
+    let started = std::time::Instant::now();
+    let (_c, third) = raw_from(
+        "127.0.0.2",
+        gw.addr,
+        slow("hog-2").as_bytes(),
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(status_of(&third), Some(503), "{third}");
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+    // Its fifth connection is closed without an answer (three open: two
+    // held, the one above, plus one idle).
+    let (_idle, _) = raw_from("127.0.0.2", gw.addr, b"", Duration::from_millis(200)).await;
+    let (_d, refused) = raw_from(
+        "127.0.0.2",
+        gw.addr,
+        b"GET / HTTP/1.1\r\nhost: x\r\n\r\n",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(refused, "", "closed at once: {refused}");
+    // Another address is served at once, with every slot of its own share.
+    let started = std::time::Instant::now();
+    let (_e, other) = raw_from(
+        "127.0.0.3",
+        gw.addr,
+        b"POST /v1/payments HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk_test_caller\r\nidempotency-key: fair\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(status_of(&other), Some(201), "{other}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(metric(gw.admin, "idem_connections_refused_total", "").await >= 1.0);
+    drop(held);
 }

@@ -158,3 +158,56 @@ async fn bad_keys_stop_the_gateway_at_start_without_echoing_them() {
         "key material in the message: {stderr}"
     );
 }
+
+/// Someone who can write to the store changes a sealed answer's status
+/// and headers, gives it another fingerprint, or plants a record of their
+/// own with a clear body: none of it is replayed (`503`, the record
+/// refused as corrupt), and nothing runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_changed_or_planted_in_the_store_are_refused_not_replayed() {
+    use idem_sqlite::rusqlite;
+    let up = CountingUpstream::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = sqlite_store(dir.path());
+    let env = [("IDEM_ENCRYPTION_KEYS", K1)];
+    let strict = format!("require_sealed = true\n{CONFIG}");
+    let gw =
+        Gateway::start_with_env(IDEM, dir.path(), &strict, &up.url(), &store, "error", &env).await;
+    for key in ["status", "headers", "fingerprint", "model"] {
+        assert_eq!(pay(&gw, key).await.status, StatusCode::CREATED);
+    }
+    gw.terminate().await;
+    let db = rusqlite::Connection::open(dir.path().join("idem.db")).expect("open the database");
+    for change in [
+        "UPDATE idem_records SET response_status = 200 WHERE key = 'status'",
+        "UPDATE idem_records SET response_headers = X'' WHERE key = 'headers'",
+        "UPDATE idem_records SET fingerprint = zeroblob(32) WHERE key = 'fingerprint'",
+        // A planted record: a copy of a real one under another key, its
+        // body in clear.
+        "INSERT INTO idem_records SELECT tenant, operation, 'planted', fingerprint, state, created_at, updated_at, expires_at, locked_until, owner, attempt, response_status, response_headers, CAST('{\"charge\":\"forged\"}' AS BLOB), resource_id, error_code FROM idem_records WHERE key = 'model'",
+    ] {
+        assert_eq!(db.execute(change, []).expect(change), 1, "{change}");
+    }
+    drop(db);
+    let gw =
+        Gateway::start_with_env(IDEM, dir.path(), &strict, &up.url(), &store, "error", &env).await;
+    for key in ["status", "headers", "planted"] {
+        let answer = pay(&gw, key).await;
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{key}");
+        assert!(
+            !String::from_utf8_lossy(&answer.body).contains("forged"),
+            "{key}"
+        );
+    }
+    // The one whose fingerprint changed no longer matches this request:
+    // a key reused for another request, not a replay of the altered record.
+    assert_eq!(
+        pay(&gw, "fingerprint").await.status,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    let untouched = pay(&gw, "model").await;
+    assert_eq!(untouched.header("idempotent-replayed"), Some("true"));
+    for key in ["status", "headers", "fingerprint", "model", "planted"] {
+        assert!(up.executions(key) <= 1, "{key} ran again");
+    }
+}

@@ -41,6 +41,16 @@ pub fn listed_keys(binary: &str, store: &str, state: &str) -> Vec<String> {
         .collect()
 }
 
+/// The environment variable `idem serve` reads its hash secret from.
+pub const HASH_SECRET_ENV: &str = "IDEM_HASH_SECRET";
+
+/// The hash secret the test gateways on a shared store share.
+pub const TEST_HASH_SECRET: &str =
+    "7465737420736563726574206f6620746865206964656d2074657374206b6974";
+
+/// The `Authorization` a test caller sends when it names none.
+pub const TEST_CREDENTIAL: &str = "Bearer sk_test_caller";
+
 /// A running `idem serve` (killed when dropped).
 #[derive(Debug)]
 pub struct GatewayProcess {
@@ -110,7 +120,14 @@ impl GatewayProcess {
     ) -> Self {
         let path = dir.join("idem.toml");
         std::fs::write(&path, config).expect("write config");
-        let mut child = Command::new(binary)
+        // A shared store needs the secret its gateways share (the
+        // embedded one keeps its own beside the database).
+        let shared = !(store.starts_with("sqlite:") || store.starts_with("memory:"));
+        let mut command = Command::new(binary);
+        if shared && !env.iter().any(|(k, _)| *k == HASH_SECRET_ENV) {
+            command.env(HASH_SECRET_ENV, TEST_HASH_SECRET);
+        }
+        let mut child = command
             .args(["--log", log, "serve", "--listen", "127.0.0.1:0"])
             .args(["--admin-listen", "127.0.0.1:0"])
             .arg("--config")
@@ -147,9 +164,18 @@ impl GatewayProcess {
         }
     }
 
-    /// `POST path` to the gateway.
+    /// `POST path` to the gateway, as a caller with a credential: with
+    /// [`TEST_CREDENTIAL`] as its `Authorization` unless `headers` name
+    /// one (the tenant comes from it).
     pub async fn post(&self, path: &str, headers: &[(&str, &str)], body: &str) -> Answer {
-        send(self.addr, Method::POST, path, headers, body.to_owned()).await
+        let mut all = headers.to_vec();
+        if !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("authorization"))
+        {
+            all.push(("authorization", TEST_CREDENTIAL));
+        }
+        send(self.addr, Method::POST, path, &all, body.to_owned()).await
     }
 
     /// A request to the admin listener.

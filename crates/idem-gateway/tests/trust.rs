@@ -1,0 +1,258 @@
+//! Tenant identity and "one key, one request", tried as an attacker would,
+//! against the real gateway binary on loopback: a caller without
+//! credentials can neither read another's answer nor claim its key, an
+//! identity header counts only from a trusted proxy, a key cannot move to
+//! another resource, no spelling of a path skips its policy, and a shared
+//! store without the hash secret its gateways share is refused at start.
+
+use std::path::Path;
+
+use http::StatusCode;
+use idem_testkit::gateway::{GatewayProcess as Gateway, TEST_CREDENTIAL, sqlite_store};
+use idem_testkit::upstream::CountingUpstream;
+
+const IDEM: &str = env!("CARGO_BIN_EXE_idem");
+
+const CONFIG: &str = r#"
+[[route]]
+method = "POST"
+path = "/v1/payments"
+require_key = true
+
+[[route]]
+method = "POST"
+path = "/v1/orders/{id}/capture"
+require_key = true
+
+[[route]]
+method = "POST"
+path = "/v1/public"
+on_missing_tenant = "pass"
+"#;
+
+async fn start(dir: &Path, config: &str, up: &CountingUpstream) -> Gateway {
+    Gateway::start(
+        IDEM,
+        dir,
+        config,
+        &up.url(),
+        &sqlite_store(dir),
+        "error",
+        &[],
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_without_credentials_gets_no_one_s_answer_and_claims_no_key() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = start(dir.path(), CONFIG, &up).await;
+    let key = ("idempotency-key", "pay-1");
+    let owner = gw.post("/v1/payments", &[key], "{}").await;
+    assert_eq!(owner.status, StatusCode::CREATED);
+    // The owner's key and body, no Authorization: refused, not replayed.
+    let anonymous = idem_testkit::client::send(
+        gw.addr,
+        http::Method::POST,
+        "/v1/payments",
+        &[key],
+        "{}".to_owned(),
+    )
+    .await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(anonymous.problem_type(), "tenant-missing");
+    assert_ne!(anonymous.body, owner.body);
+    // Claiming a key first with a bad credential fixes nothing: the
+    // upstream's 401 is not recorded, and the owner's payment runs.
+    let claim = [
+        ("idempotency-key", "pay-2"),
+        ("authorization", "Bearer forged"),
+        ("x-status", "401"),
+    ];
+    assert_eq!(
+        gw.post("/v1/payments", &claim, "{}").await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    let denied = [("idempotency-key", "pay-2"), ("x-status", "401")];
+    assert_eq!(
+        gw.post("/v1/payments", &denied, "{}").await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    let real = gw
+        .post("/v1/payments", &[("idempotency-key", "pay-2")], "{}")
+        .await;
+    assert_eq!(real.status, StatusCode::CREATED);
+    assert!(real.header("idempotent-replayed").is_none());
+    assert_eq!(up.executions("pay-1"), 1);
+    // A route that passes credential-less requests says they are unprotected.
+    let public = idem_testkit::client::send(
+        gw.addr,
+        http::Method::POST,
+        "/v1/public",
+        &[("idempotency-key", "pub-1")],
+        "{}".to_owned(),
+    )
+    .await;
+    assert_eq!(public.status, StatusCode::CREATED);
+    assert_eq!(public.header("idempotency-status"), Some("unprotected"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_cannot_move_to_another_resource_nor_a_path_skip_its_policy() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = start(dir.path(), CONFIG, &up).await;
+    let key = [("idempotency-key", "capture-1")];
+    let a = gw.post("/v1/orders/ord_A/capture", &key, "{}").await;
+    assert_eq!(a.status, StatusCode::CREATED);
+    let b = gw.post("/v1/orders/ord_B/capture", &key, "{}").await;
+    assert_eq!(
+        b.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "B is not told A's capture"
+    );
+    assert_eq!(b.problem_type(), "idempotency-key-reused");
+    assert_eq!(up.executions("capture-1"), 1);
+    for path in [
+        "/v1/payments/",
+        "//v1/payments",
+        "/v1/x/../payments",
+        "/v1/%70ayments",
+    ] {
+        let keyless = gw.post(path, &[], "{}").await;
+        assert_eq!(keyless.status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(keyless.problem_type(), "idempotency-key-missing", "{path}");
+    }
+    // Case is exact unless the config says otherwise.
+    assert_eq!(
+        gw.post("/V1/Payments", &[], "{}").await.status,
+        StatusCode::CREATED
+    );
+    let dir2 = tempfile::tempdir().expect("temp dir");
+    let ci = start(
+        dir2.path(),
+        &format!("ignore_path_case = true\n{CONFIG}"),
+        &up,
+    )
+    .await;
+    assert_eq!(
+        ci.post("/V1/Payments", &[], "{}").await.status,
+        StatusCode::BAD_REQUEST
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identity_header_counts_only_from_a_trusted_proxy() {
+    let up = CountingUpstream::start().await;
+    let trusted = |nets: &str| {
+        format!(
+            "[tenant]\nfrom = \"trusted_header\"\nname = \"X-User\"\ntrusted_proxies = [{nets}]\n{CONFIG}"
+        )
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let gw = start(dir.path(), &trusted("\"127.0.0.0/8\""), &up).await;
+    let alice = [("idempotency-key", "t-1"), ("x-user", "alice")];
+    assert_eq!(
+        gw.post("/v1/payments", &alice, "{}").await.status,
+        StatusCode::CREATED
+    );
+    let bob = [("idempotency-key", "t-1"), ("x-user", "bob")];
+    let b = gw.post("/v1/payments", &bob, "{}").await;
+    assert!(
+        b.header("idempotent-replayed").is_none(),
+        "bob is another tenant"
+    );
+    let records = idem_testkit::gateway::listed_keys(IDEM, &sqlite_store(dir.path()), "completed");
+    assert_eq!(records.len(), 2, "{records:?}");
+    let dir2 = tempfile::tempdir().expect("temp dir");
+    let elsewhere = start(dir2.path(), &trusted("\"10.0.0.0/8\""), &up).await;
+    let spoofed = elsewhere.post("/v1/payments", &alice, "{}").await;
+    assert_eq!(spoofed.status, StatusCode::FORBIDDEN);
+    assert_eq!(spoofed.problem_type(), "tenant-untrusted");
+    assert_eq!(up.executions("t-1"), 2);
+}
+
+#[test]
+fn a_shared_store_without_the_hash_secret_is_refused_at_start() {
+    for store in ["postgres://127.0.0.1:1/test", "redis://127.0.0.1:1"] {
+        let out = std::process::Command::new(IDEM)
+            .args([
+                "serve",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--store",
+                store,
+            ])
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .env_remove("IDEM_HASH_SECRET")
+            .output()
+            .expect("run idem");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{store}: {stderr}");
+        assert!(stderr.contains("IDEM_HASH_SECRET"), "{store}: {stderr}");
+        assert!(stderr.contains("accept_v1_until"), "{store}: {stderr}");
+        let short = std::process::Command::new(IDEM)
+            .args([
+                "serve",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--store",
+                store,
+            ])
+            .env("IDEM_HASH_SECRET", "abcd")
+            .output()
+            .expect("run idem");
+        let stderr = String::from_utf8_lossy(&short.stderr);
+        assert!(!short.status.success());
+        assert!(stderr.contains("at least 32 bytes"), "{stderr}");
+        assert!(!stderr.contains("abcd"), "never echoed: {stderr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_store_keeps_its_own_secret_beside_its_database() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = start(dir.path(), CONFIG, &up).await;
+    let key = [("idempotency-key", "kept")];
+    let first = gw.post("/v1/payments", &key, "{}").await;
+    let secret = dir.path().join("idem.db.secret");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&secret)
+            .expect("secret file")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    }
+    let text = std::fs::read_to_string(&secret).expect("read");
+    assert!(
+        !text.contains("accept_v1_until"),
+        "a new database holds no earlier records: {text}"
+    );
+    drop(gw);
+    // Restarted: the same secret, so the retry finds its record.
+    let again = start(dir.path(), CONFIG, &up).await;
+    let retry = again.post("/v1/payments", &key, "{}").await;
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(retry.body, first.body);
+    assert_eq!(std::fs::read_to_string(&secret).expect("read"), text);
+    // The tenant in the records is keyed: not the credential's SHA-256.
+    let unkeyed = idem::fingerprint::unkeyed_tenant(TEST_CREDENTIAL.as_bytes());
+    let listed = std::process::Command::new(IDEM)
+        .args([
+            "records",
+            "list",
+            "--store",
+            &sqlite_store(dir.path()),
+            "--json",
+        ])
+        .output()
+        .expect("list");
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.contains("\"tenant\""), "{listed}");
+    assert!(!listed.contains(&unkeyed), "{listed}");
+    assert!(listed.contains("v2:"), "{listed}");
+}
