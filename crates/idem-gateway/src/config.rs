@@ -87,6 +87,7 @@ struct LimitsConfig {
     header_read_timeout: Option<Spanned<String>>,
     body_read_timeout: Option<Spanned<String>>,
     body_total_timeout: Option<Spanned<String>>,
+    idle_timeout: Option<Spanned<String>>,
     max_headers: Option<Spanned<i64>>,
     max_header_bytes: Option<Spanned<String>>,
 }
@@ -801,6 +802,9 @@ fn limits(src: &Source<'_>, cfg: Option<&LimitsConfig>) -> Result<LimitsSettings
     }
     if let Some(v) = &cfg.body_total_timeout {
         out.body_total_timeout = duration(src, "limits.body_total_timeout", v)?;
+    }
+    if let Some(v) = &cfg.idle_timeout {
+        out.idle_timeout = duration(src, "limits.idle_timeout", v)?;
     }
     if let Some(v) = &cfg.max_header_bytes {
         let n =
@@ -1743,6 +1747,7 @@ on_store_error = "open"
                 header_read_timeout: Duration::from_secs(2),
                 body_read_timeout: Duration::from_secs(3),
                 body_total_timeout: Duration::ZERO,
+                idle_timeout: Duration::from_secs(60),
                 max_headers: 20,
                 max_header_bytes: 16 << 10,
             }

@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
@@ -66,6 +67,10 @@ pub struct LimitsSettings {
     /// that a client dribbling a byte now and then cannot hold an
     /// in-flight slot for ever; zero: no limit.
     pub body_total_timeout: Duration,
+    /// How long a connection may stay open with no request in flight
+    /// (mostly for HTTP/2, whose pings keep a silent connection alive);
+    /// zero: no limit.
+    pub idle_timeout: Duration,
     /// Header fields allowed in a request head.
     pub max_headers: usize,
     /// Bytes allowed in a request head (start line and headers).
@@ -83,6 +88,7 @@ impl Default for LimitsSettings {
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(10),
             body_total_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(60),
             max_headers: 100,
             max_header_bytes: 64 << 10,
         }
@@ -383,30 +389,146 @@ mod tests {
     }
 }
 
-/// A client connection that must send its first bytes within a deadline:
-/// before hyper knows the protocol (HTTP/1 or the HTTP/2 preface) no
-/// header time-out of its own runs, so a socket that sends nothing would
-/// hold its place under `max_connections` for ever. Once the first bytes
-/// came, it is the plain stream.
+/// A client connection's read deadlines.
+///
+/// * Its first bytes: before hyper knows the protocol (HTTP/1 or the
+///   HTTP/2 preface) no header time-out of its own runs, so a socket that
+///   sends nothing would hold its place under `max_connections` for ever.
+/// * Idleness ([`with_idle`](Self::with_idle)): a connection with no
+///   request in flight for `idle_timeout` is closed. HTTP/1 keep-alive
+///   connections are closed sooner by `header_read_timeout`; an HTTP/2
+///   connection answering the gateway's pings, but sending nothing else,
+///   would otherwise stay open for ever.
 #[derive(Debug)]
-pub struct FirstBytes<S> {
+pub struct Deadlines<S> {
     inner: S,
     /// Until the first bytes arrive.
     deadline: Option<Pin<Box<Sleep>>>,
+    idle: Option<Idle>,
 }
 
-impl<S> FirstBytes<S> {
+#[derive(Debug)]
+struct Idle {
+    activity: Arc<Activity>,
+    after: Duration,
+    timer: Pin<Box<Sleep>>,
+}
+
+/// What a connection is doing: requests in flight (until their answer's
+/// body is done), and when the last one ended.
+#[derive(Debug)]
+pub struct Activity {
+    in_flight: AtomicUsize,
+    last_end: Mutex<tokio::time::Instant>,
+}
+
+impl Activity {
+    /// A connection with nothing in flight since now.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            in_flight: AtomicUsize::new(0),
+            last_end: Mutex::new(tokio::time::Instant::now()),
+        })
+    }
+
+    /// A request starts; it is in flight until the guard is dropped (put
+    /// it in the answer's body).
+    pub fn start(self: &Arc<Self>) -> Busy {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        Busy(Arc::clone(self))
+    }
+
+    /// When the connection counts as idle from, or `None` while busy.
+    fn idle_since(&self) -> Option<tokio::time::Instant> {
+        let last = *self.last_end.lock().unwrap_or_else(|e| e.into_inner());
+        (self.in_flight.load(Ordering::SeqCst) == 0).then_some(last)
+    }
+}
+
+/// One request in flight on a connection (see [`Activity::start`]).
+#[derive(Debug)]
+pub struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        *self.0.last_end.lock().unwrap_or_else(|e| e.into_inner()) = tokio::time::Instant::now();
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// An answer's body that keeps its request [`Busy`] until it is done.
+#[derive(Debug)]
+pub struct Tracked<B> {
+    inner: B,
+    _busy: Option<Busy>,
+}
+
+impl<B> Tracked<B> {
+    /// `inner`, busy until dropped.
+    pub fn new(inner: B, busy: Option<Busy>) -> Self {
+        Self { inner, _busy: busy }
+    }
+}
+
+impl<B: Body + Unpin> Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<S> Deadlines<S> {
     /// `inner`, closed with a time-out error if nothing is read from it
     /// within `within` (`None`: no deadline).
     pub fn new(inner: S, within: Option<Duration>) -> Self {
         Self {
             inner,
             deadline: within.map(|d| Box::pin(tokio::time::sleep(d))),
+            idle: None,
         }
+    }
+
+    /// Also closed once `activity` has had nothing in flight for `after`.
+    pub fn with_idle(mut self, activity: Arc<Activity>, after: Duration) -> Self {
+        self.idle = Some(Idle {
+            activity,
+            after,
+            timer: Box::pin(tokio::time::sleep(after)),
+        });
+        self
     }
 }
 
-impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for FirstBytes<S> {
+impl Idle {
+    /// Whether the connection has been idle for long enough; otherwise
+    /// arms the timer for when it could be, so that the task is woken.
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        while self.timer.as_mut().poll(cx).is_ready() {
+            let now = tokio::time::Instant::now();
+            match self.activity.idle_since() {
+                Some(since) if now >= since + self.after => return true,
+                Some(since) => self.timer.as_mut().reset(since + self.after),
+                None => self.timer.as_mut().reset(now + self.after),
+            }
+        }
+        false
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Deadlines<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -425,20 +547,25 @@ impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for FirstBytes<S> {
                     .as_mut()
                     .is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready());
                 if expired {
-                    Poll::Ready(Err(std::io::Error::new(
+                    return Poll::Ready(Err(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
                         "the client sent nothing within header_read_timeout",
-                    )))
-                } else {
-                    Poll::Pending
+                    )));
                 }
+                if this.idle.as_mut().is_some_and(|idle| idle.expired(cx)) {
+                    return Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no request on the connection within idle_timeout",
+                    )));
+                }
+                Poll::Pending
             }
             other => other,
         }
     }
 }
 
-impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for FirstBytes<S> {
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Deadlines<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::Request;
+use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -22,8 +22,8 @@ use tower::{Layer, ServiceExt};
 use crate::admin::AdminState;
 use crate::config::Settings;
 use crate::limits::{
-    Admission, CONNECTIONS_REFUSED_TOTAL, ClientBody, ConnectionPlace, FirstBytes, LimitsSettings,
-    PerPeer,
+    Activity, Admission, CONNECTIONS_REFUSED_TOTAL, ClientBody, ConnectionPlace, Deadlines,
+    LimitsSettings, PerPeer, Tracked,
 };
 use crate::proxy::{Proxy, ProxyBody};
 use crate::store::{GatewayStore, StoreUrl};
@@ -210,7 +210,7 @@ impl Server {
                 } => {
                     let (Ok((stream, _)), Ok(place)) = (accepted, place) else { continue };
                     let svc = TowerToHyperService::new(admin_router.clone());
-                    let stream = FirstBytes::new(stream, first_bytes);
+                    let stream = Deadlines::new(stream, first_bytes);
                     let conn = builder.serve_connection(TokioIo::new(stream), svc);
                     let conn = admin_graceful.watch(conn.into_owned());
                     tokio::spawn(async move {
@@ -252,23 +252,33 @@ fn client_connections(
     let body_timeout = Some(limits.body_read_timeout).filter(|t| !t.is_zero());
     let first_bytes = Some(limits.header_read_timeout).filter(|t| !t.is_zero());
     let body_total = Some(limits.body_total_timeout).filter(|t| !t.is_zero());
+    let idle = Some(limits.idle_timeout).filter(|t| !t.is_zero());
     Arc::new(move |stream, peer, graceful| {
         let gateway = gateway.clone();
         let admission = admission.clone();
+        let activity = idle.map(|_| Activity::new());
+        let stream = Deadlines::new(stream, first_bytes);
+        let stream = match (&activity, idle) {
+            (Some(activity), Some(after)) => stream.with_idle(Arc::clone(activity), after),
+            _ => stream,
+        };
         let svc = service_fn(move |req: Request<Incoming>| {
             let gateway = gateway.clone();
             let admission = admission.clone();
+            // In flight until the answer's body is done.
+            let busy = activity.as_ref().map(Activity::start);
             async move {
+                let track = |resp: Response<_>| resp.map(|b| Tracked::new(b, busy));
                 if let Some(problem) = host_problem(&req) {
                     tracing::debug!(reason = "host_invalid", %peer, detail = problem.detail());
-                    return Ok(ResponseBody::problem(&problem));
+                    return Ok(track(ResponseBody::problem(&problem)));
                 }
                 let Some(slot) = admission.admit(peer.ip()).await else {
                     // Counted in idem_requests_shed_total; a warning per
                     // shed request would add work exactly when there is
                     // too much.
                     tracing::debug!(reason = "overloaded", %peer, "request shed: every in-flight slot is taken");
-                    return Ok(crate::limits::overloaded());
+                    return Ok(track(crate::limits::overloaded()));
                 };
                 let mut req = req.map(|b| match (body_timeout, body_total) {
                     (None, None) => ProxyBody::Incoming(b),
@@ -278,10 +288,9 @@ fn client_connections(
                 req.extensions_mut().insert(slot.clone());
                 let answer = gateway.oneshot(req).await;
                 drop(slot);
-                answer
+                answer.map(track)
             }
         });
-        let stream = FirstBytes::new(stream, first_bytes);
         let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
         let conn = graceful.watch(conn.into_owned());
         Box::pin(async move {

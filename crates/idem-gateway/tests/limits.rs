@@ -546,3 +546,55 @@ async fn one_peer_cannot_take_every_connection_or_slot() {
     assert!(metric(gw.admin, "idem_connections_refused_total", "").await >= 1.0);
     drop(held);
 }
+
+/// An HTTP/2 connection that sends no request but answers the gateway's
+/// pings (hyper's client does) is closed after `idle_timeout`; one whose
+/// request takes longer than that is not cut while it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_http2_connections_are_closed_busy_ones_are_not() {
+    use http_body_util::{BodyExt, Full};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = start(dir.path(), "idle_timeout = \"1s\"\n", &up).await;
+    let connect = async || {
+        let stream = TcpStream::connect(gw.addr).await.expect("connect");
+        let (h2, conn) =
+            hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .timer(hyper_util::rt::TokioTimer::new())
+                .handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .expect("HTTP/2 handshake");
+        (h2, tokio::spawn(conn))
+    };
+    let get = |delay: &str| {
+        http::Request::get(format!("http://{}/v1/things", gw.addr))
+            .header("x-delay-ms", delay)
+            .body(Full::new(bytes::Bytes::new()))
+            .expect("request")
+    };
+    // Busy for 2.5 s, twice the idle time: answered.
+    let (mut busy, _busy_conn) = connect().await;
+    let slow = busy
+        .send_request(get("2500"))
+        .await
+        .expect("answered while busy");
+    assert_eq!(slow.status(), StatusCode::CREATED);
+    slow.into_body().collect().await.expect("body");
+    // Idle: one quick request, then silence. Closed by the gateway.
+    let (mut idle, idle_conn) = connect().await;
+    let quick = idle.send_request(get("0")).await.expect("answered");
+    assert_eq!(quick.status(), StatusCode::CREATED);
+    quick.into_body().collect().await.expect("body");
+    let ended = tokio::time::timeout(Duration::from_secs(10), idle_conn).await;
+    assert!(
+        ended.is_ok(),
+        "the idle connection was closed by the gateway"
+    );
+    let started = Instant::now();
+    let again = tokio::time::timeout(Duration::from_secs(5), idle.send_request(get("0"))).await;
+    assert!(
+        matches!(again, Ok(Err(_))),
+        "a closed connection carries no request"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
