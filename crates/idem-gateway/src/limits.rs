@@ -17,12 +17,11 @@
 //!   idle keep-alive one); the body may pause at most `body_read_timeout`
 //!   between chunks (`408`, nothing recorded or forwarded).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -105,19 +104,50 @@ pub struct Admission {
 }
 
 /// Places held per peer address, for a per-peer cap.
+///
+/// A fixed table of counters (no lock, no allocation per request, bounded
+/// whatever the number of addresses: an IPv6 client owns billions), each
+/// address counted in the slot its keyed hash picks. Two addresses that
+/// share a slot share its cap; with 65,536 slots and a per-process random
+/// key, an address cannot aim at another's slot, and a given pair shares
+/// one with a chance of 1 in 65,536.
 #[derive(Debug)]
 pub struct PerPeer {
-    max: usize,
-    held: Mutex<HashMap<IpAddr, usize>>,
+    max: u32,
+    key: u64,
+    held: Box<[AtomicU32]>,
 }
+
+const PEER_SLOTS: usize = 1 << 16;
 
 impl PerPeer {
     /// At most `max` places per address (0: no cap).
     pub fn new(max: usize) -> Arc<Self> {
+        let slots = if max == 0 { 0 } else { PEER_SLOTS };
         Arc::new(Self {
-            max,
-            held: Mutex::new(HashMap::new()),
+            max: u32::try_from(max).unwrap_or(u32::MAX),
+            // std's per-process random hash keys, as a seed.
+            key: {
+                use std::hash::{BuildHasher, Hasher};
+                std::collections::hash_map::RandomState::new()
+                    .build_hasher()
+                    .finish()
+            },
+            held: (0..slots).map(|_| AtomicU32::new(0)).collect(),
         })
+    }
+
+    fn slot(&self, ip: IpAddr) -> &AtomicU32 {
+        let bits: u128 = match ip {
+            IpAddr::V4(v4) => u128::from(u32::from(v4)),
+            // A client owns its whole /64: count the prefix.
+            IpAddr::V6(v6) => u128::from(v6) >> 64,
+        };
+        // One multiply-xorshift round per half under the process's key.
+        let mut h = self.key ^ (bits as u64) ^ ((bits >> 64) as u64).rotate_left(29);
+        h = (h ^ (h >> 31)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^= h >> 29;
+        &self.held[(h as usize) & (PEER_SLOTS - 1)]
     }
 
     /// A place for `ip`, or `None` when it holds its share already.
@@ -125,19 +155,20 @@ impl PerPeer {
         if self.max == 0 {
             return Some(PeerPlace(None));
         }
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        let n = held.entry(ip).or_insert(0);
-        if *n >= self.max {
-            return None;
-        }
-        *n += 1;
+        let slot = self.slot(ip);
+        slot.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < self.max).then_some(n + 1)
+        })
+        .ok()?;
         Some(PeerPlace(Some((Arc::clone(self), ip))))
     }
 
-    /// Places `ip` holds now.
+    /// Places `ip` holds now (with any address sharing its slot).
     pub fn held(&self, ip: IpAddr) -> usize {
-        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        held.get(&ip).copied().unwrap_or(0)
+        if self.max == 0 {
+            return 0;
+        }
+        self.slot(ip).load(Ordering::Acquire) as usize
     }
 }
 
@@ -155,13 +186,7 @@ impl PeerPlace {
 impl Drop for PeerPlace {
     fn drop(&mut self) {
         if let Some((of, ip)) = self.0.take() {
-            let mut held = of.held.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(n) = held.get_mut(&ip) {
-                *n -= 1;
-                if *n == 0 {
-                    held.remove(&ip);
-                }
-            }
+            of.slot(ip).fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
@@ -375,9 +400,17 @@ mod tests {
         assert!(adm.admit(LOCAL).await.is_some());
         drop((b, c));
         assert_eq!(adm.per_peer.held(other), 0);
-        assert!(
-            adm.per_peer.held.lock().expect("lock").is_empty() || adm.per_peer.held(LOCAL) == 0
-        );
+        assert_eq!(adm.per_peer.held(LOCAL), 0);
+        // An IPv6 client owns its /64: its addresses share one share.
+        let peers = PerPeer::new(1);
+        let one: IpAddr = "2001:db8:1:2::1".parse().expect("ip");
+        let same_net: IpAddr = "2001:db8:1:2:ffff::9".parse().expect("ip");
+        let _held = peers.take(one).expect("first");
+        assert!(peers.take(same_net).is_none(), "the same /64");
+        let elsewhere: IpAddr = "2001:db8:1:3::1".parse().expect("ip");
+        assert!(peers.take(elsewhere).is_some(), "another /64");
+        // No cap: nothing counted.
+        assert!(PerPeer::new(0).take(one).is_some());
     }
 
     #[test]
@@ -412,6 +445,11 @@ struct Idle {
     activity: Arc<Activity>,
     after: Duration,
     timer: Pin<Box<Sleep>>,
+    /// Whether the timer holds the connection task's waker: then it is
+    /// polled again only once it has fired (polling it on every read
+    /// would re-register the waker each time: measurable on
+    /// pass-through).
+    armed: bool,
 }
 
 /// What a connection is doing: requests in flight (until their answer's
@@ -419,7 +457,9 @@ struct Idle {
 #[derive(Debug)]
 pub struct Activity {
     in_flight: AtomicUsize,
-    last_end: Mutex<tokio::time::Instant>,
+    /// When the last request ended, in milliseconds since `opened`.
+    last_end: AtomicU64,
+    opened: tokio::time::Instant,
 }
 
 impl Activity {
@@ -427,21 +467,22 @@ impl Activity {
     pub fn new() -> Arc<Self> {
         Arc::new(Self {
             in_flight: AtomicUsize::new(0),
-            last_end: Mutex::new(tokio::time::Instant::now()),
+            last_end: AtomicU64::new(0),
+            opened: tokio::time::Instant::now(),
         })
     }
 
     /// A request starts; it is in flight until the guard is dropped (put
     /// it in the answer's body).
     pub fn start(self: &Arc<Self>) -> Busy {
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
         Busy(Arc::clone(self))
     }
 
     /// When the connection counts as idle from, or `None` while busy.
     fn idle_since(&self) -> Option<tokio::time::Instant> {
-        let last = *self.last_end.lock().unwrap_or_else(|e| e.into_inner());
-        (self.in_flight.load(Ordering::SeqCst) == 0).then_some(last)
+        let last = self.opened + Duration::from_millis(self.last_end.load(Ordering::Acquire));
+        (self.in_flight.load(Ordering::Acquire) == 0).then_some(last)
     }
 }
 
@@ -451,8 +492,11 @@ pub struct Busy(Arc<Activity>);
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        *self.0.last_end.lock().unwrap_or_else(|e| e.into_inner()) = tokio::time::Instant::now();
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        let since = self.0.opened.elapsed().as_millis();
+        self.0
+            .last_end
+            .store(u64::try_from(since).unwrap_or(u64::MAX), Ordering::Release);
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -507,6 +551,7 @@ impl<S> Deadlines<S> {
             activity,
             after,
             timer: Box::pin(tokio::time::sleep(after)),
+            armed: false,
         });
         self
     }
@@ -516,6 +561,12 @@ impl Idle {
     /// Whether the connection has been idle for long enough; otherwise
     /// arms the timer for when it could be, so that the task is woken.
     fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.armed && !self.timer.is_elapsed() {
+            return false;
+        }
+        // The connection stays in the task that first polled it, so the
+        // waker registered then is the one to wake.
+        self.armed = true;
         while self.timer.as_mut().poll(cx).is_ready() {
             let now = tokio::time::Instant::now();
             match self.activity.idle_since() {

@@ -18,6 +18,7 @@
 //! the work again). The answer is stored as the route's policy says and
 //! returned; duplicates get it back with `Idempotent-Replayed: true`.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -430,12 +431,20 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
             this.start_reconciliation();
         }
         // Matched and fingerprinted in one spelling; forwarded as sent.
-        let path: Box<str> = normalize_path(req.uri().path()).into();
-        let route = this.routes.matching(req.method(), &path);
+        // Kept only when it differs from the path sent (rare): no
+        // allocation on the common path.
+        let normalized = match normalize_path(req.uri().path()) {
+            Cow::Borrowed(_) => None,
+            Cow::Owned(path) => Some(path.into_boxed_str()),
+        };
+        let route = this.routes.matching(
+            req.method(),
+            normalized.as_deref().unwrap_or(req.uri().path()),
+        );
         // Labels index: configured routes, then the defaults, then "none".
         let index = route.as_ref().map_or(this.engines.len(), |r| r.index);
         let answer = match route {
-            Some(route) => Self::protect(this, inner, req, &path, route).await,
+            Some(route) => Self::protect(this, inner, req, normalized, route).await,
             None => pass_through(inner, req, Decision::PassThrough).await,
         };
         if let Ok(resp) = &answer {
@@ -454,7 +463,7 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         this: &Arc<Self>,
         inner: I,
         req: Request<ReqBody>,
-        path: &str,
+        normalized: Option<Box<str>>,
         route: RouteMatch<'_>,
     ) -> Answer<ResBody, I::Error>
     where
@@ -538,6 +547,7 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                 ));
             }
         };
+        let path = normalized.as_deref().unwrap_or(parts.uri.path());
         let (fp, earlier_fp) = match fingerprints(
             &this.hashing,
             &parts,
@@ -583,7 +593,7 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
             key,
             fp,
             earlier,
-            path.into(),
+            normalized,
             policy,
         )));
         match task.await {
@@ -617,7 +627,7 @@ async fn decide<I, S, T, ReqBody, ResBody>(
     key: idem::IdempotencyKey,
     fp: idem::Fingerprint,
     earlier: Option<Earlier>,
-    path: Box<str>,
+    normalized: Option<Box<str>>,
     policy: Arc<RoutePolicy>,
 ) -> Answer<ResBody, I::Error>
 where
@@ -640,7 +650,8 @@ where
             if let Some(rerun) = guard.rerun() {
                 shared.metrics.rerun(&shared.routes, route, rerun.reason);
             }
-            let handoff = shared.handoff(route, &parts, &path, &scope);
+            let path = normalized.as_deref().unwrap_or(parts.uri.path());
+            let handoff = shared.handoff(route, &parts, path, &scope);
             let req = Request::from_parts(parts, ReqBody::from(bytes));
             execute(inner, req, guard, policy, handoff).await
         }
@@ -654,7 +665,8 @@ where
         }) => {
             tracing::info!(reason = "idempotency_in_progress", tenant = scope.tenant(), operation = scope.operation(), %key, outcome_unknown);
             let answer = if outcome_unknown {
-                let handoff = shared.handoff(route, &parts, &path, &scope);
+                let path = normalized.as_deref().unwrap_or(parts.uri.path());
+                let handoff = shared.handoff(route, &parts, path, &scope);
                 held(handoff, &policy, &scope, &key, retry_after)
             } else {
                 // The attempt renews its lease while it runs, so the lease
