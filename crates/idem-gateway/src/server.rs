@@ -339,6 +339,10 @@ fn connection_builder(limits: &LimitsSettings) -> auto::Builder<TokioExecutor> {
     builder
         .http1()
         .timer(TokioTimer::new())
+        // A client may shut its write side once its request is sent: it
+        // still gets its answer (by default hyper closed the connection on
+        // that EOF, unanswered, whenever the answer was not ready yet).
+        .half_close(true)
         .header_read_timeout(Some(limits.header_read_timeout).filter(|t| !t.is_zero()))
         .max_headers(limits.max_headers)
         .max_buf_size(limits.max_header_bytes);

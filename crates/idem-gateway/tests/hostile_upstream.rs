@@ -168,11 +168,12 @@ fn count(hay: &[u8], needle: &[u8]) -> usize {
     hay.windows(needle.len()).filter(|w| *w == needle).count()
 }
 
-/// Writes `request` (which asks to close) raw on a fresh connection, and
-/// returns what the gateway answered before closing.
+/// Writes `request` raw on a fresh connection, shuts the write side (as
+/// scripts and some clients do), and returns what the gateway answered.
 async fn exchange(addr: std::net::SocketAddr, request: &str) -> String {
     let mut conn = TcpStream::connect(addr).await.expect("connect");
     conn.write_all(request.as_bytes()).await.expect("write");
+    conn.shutdown().await.expect("half-close");
     let mut out = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut out)).await;
     String::from_utf8_lossy(&out).into_owned()

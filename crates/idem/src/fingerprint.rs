@@ -768,6 +768,15 @@ mod tests {
             a.tenant(b"c")
         );
         assert_ne!(a.tenant(b"c"), unkeyed_tenant(b"c"));
+        // The tenant's form is a contract: operators compute it with
+        // `printf 'idem.tenant.v2\0%s' "$CREDENTIAL" | openssl dgst -sha256
+        // -mac HMAC -macopt hexkey:$SECRET` (docs/OPERATIONS.md).
+        assert_eq!(
+            HashSecret::from_hex(&hex)
+                .expect("secret")
+                .tenant(b"Bearer sk_test_caller"),
+            "44bed7c9cc5fd92c431c75ccbbe0186217ed144718fdf9f04e88cd38dd2247ed"
+        );
     }
 
     #[test]
