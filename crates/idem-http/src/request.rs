@@ -362,9 +362,11 @@ pub fn is_json(headers: &HeaderMap) -> bool {
 /// how long records written before it are still looked for.
 ///
 /// Without a secret ([`Hashing::unkeyed`], the library's default) tenants
-/// and fingerprints are the unkeyed `v1` forms of earlier versions, which
-/// leave out the concrete path: set a secret on any deployment whose
-/// routes have path parameters, or whose store others can read.
+/// are the unkeyed SHA-256 of the credential and fingerprints unkeyed
+/// (`v1:`) over the same request parts (the path included): someone who
+/// reads the store can then test guesses of a credential or a small body
+/// against them. Set a secret on any deployment whose store others can
+/// read, or whose logs leave the machine.
 #[derive(Debug, Clone, Default)]
 pub struct Hashing {
     secret: Option<Arc<HashSecret>>,
@@ -372,7 +374,7 @@ pub struct Hashing {
 }
 
 impl Hashing {
-    /// The unkeyed `v1` forms.
+    /// Unkeyed: SHA-256 (`v1:` fingerprints).
     pub fn unkeyed() -> Self {
         Self::default()
     }
@@ -385,11 +387,13 @@ impl Hashing {
         }
     }
 
-    /// Until `until`, also finds records written before the secret was
-    /// set, under their unkeyed tenant and `v1` fingerprint
-    /// ([`idem::Engine::begin_with_earlier`]), at the cost of one store
-    /// read per fresh reservation. Set it to when the last such record
-    /// expires: the upgrade plus the longest retention.
+    /// Until `until`, also finds records written by versions before this
+    /// one (before keyed hashing, and before the path was part of the
+    /// fingerprint), under their unkeyed tenant and their fingerprint of
+    /// method, operation, sorted query, headers and body
+    /// ([`idem::Engine::begin_with_earlier`]), at the cost of one store read
+    /// per fresh reservation. Set it to when the last such record expires:
+    /// the upgrade plus the longest retention.
     pub fn with_earlier_until(mut self, until: SystemTime) -> Self {
         self.earlier_until = Some(until);
         self
@@ -400,9 +404,9 @@ impl Hashing {
         self.secret.is_some()
     }
 
-    /// Whether records written before keyed hashing are looked for now.
+    /// Whether records written by earlier versions are looked for now.
     pub fn finds_earlier(&self) -> bool {
-        self.secret.is_some() && self.earlier_until.is_some_and(|u| SystemTime::now() < u)
+        self.earlier_until.is_some_and(|u| SystemTime::now() < u)
     }
 
     /// The tenant string of `tenant`.
@@ -429,14 +433,15 @@ impl Hashing {
 }
 
 /// A request's fingerprint, and (while [`Hashing::finds_earlier`]) the
-/// `v1:` one earlier versions gave it.
+/// one earlier versions gave it.
 ///
-/// Keyed (`v2:`): method, operation, the concrete [normalised](crate::normalize_path)
+/// Over method, operation, the concrete [normalised](crate::normalize_path)
 /// `path` (so one key on another resource is a different request), the
 /// query with repeated parameters in the order sent, the chosen headers
 /// (all values, in order), and the body: canonical JSON when the content
-/// type is JSON, bytes otherwise. Unkeyed (`v1:`): the same without the
-/// path, the query's parameters sorted.
+/// type is JSON, bytes otherwise; keyed (`v2:`) with a secret, SHA-256
+/// (`v1:`) without. The earlier form: the same without the path, the
+/// query's parameters sorted, unkeyed.
 ///
 /// A JSON body that is not UTF-8 is refused (JSON text is UTF-8 by
 /// definition), and so is one two readers could read as different
@@ -462,7 +467,8 @@ pub fn fingerprints(
         }
         fp.body_digest(body.0, body.1).finish()
     };
-    let v1 = || {
+    // The form of versions before this one.
+    let earlier = || {
         let mut sorted: Vec<&str> = params().collect();
         sorted.sort_unstable();
         rest(
@@ -472,10 +478,11 @@ pub fn fingerprints(
                 .part("query", sorted.join("&").as_bytes()),
         )
     };
-    let Some(secret) = &hashing.secret else {
-        return Ok((v1(), None));
+    let fp = match &hashing.secret {
+        Some(secret) => idem::FingerprintBuilder::keyed(secret),
+        None => Fingerprint::builder(),
     };
-    let mut fp = idem::FingerprintBuilder::keyed(secret)
+    let mut fp = fp
         .part("method", parts.method.as_str().as_bytes())
         .part("operation", operation.as_bytes())
         .part("path", path.as_bytes());
@@ -485,7 +492,7 @@ pub fn fingerprints(
         fp = fp.part("query", param.as_bytes());
     }
     let current = rest(fp);
-    Ok((current, hashing.finds_earlier().then(v1)))
+    Ok((current, hashing.finds_earlier().then(earlier)))
 }
 
 /// The body's kind and digest, as the fingerprint takes it.
@@ -551,18 +558,19 @@ mod tests {
             .part("query", b"a=1&b=2")
             .json_body(br#"{"n":9007199254740992,"f":1.5,"s":"x"}"#)
             .finish();
-        assert_eq!(
-            Hashing::unkeyed()
-                .fingerprint(
-                    &p,
-                    "/v1/payments",
-                    "POST /v1/payments",
-                    &[],
-                    br#"{"n":9007199254740992,"f":1.5,"s":"x"}"#
-                )
-                .expect("fp"),
-            via_builder
-        );
+        // The earlier form is the one versions before this one wrote.
+        let upgrading = Hashing::unkeyed()
+            .with_earlier_until(SystemTime::now() + std::time::Duration::from_secs(60));
+        let (_, earlier) = fingerprints(
+            &upgrading,
+            &p,
+            "/v1/payments",
+            "POST /v1/payments",
+            &[],
+            br#"{"n":9007199254740992,"f":1.5,"s":"x"}"#,
+        )
+        .expect("fp");
+        assert_eq!(earlier, Some(via_builder));
         // Not JSON at all: its bytes, as before.
         assert!(json("{not json").is_ok());
     }
@@ -846,7 +854,8 @@ mod tests {
         };
         assert_ne!(with_query("a=1&a=2"), with_query("a=2&a=1"));
         assert_ne!(with_query("a=1&b=2"), with_query("a=1%26b=2"));
-        // Another secret, another fingerprint; unkeyed is v1, path-blind.
+        // Another secret, another fingerprint; unkeyed is v1, and it too
+        // tells one resource from another.
         let other = secret(2).fingerprint(
             &parts(json),
             "/v1/payments",
@@ -867,7 +876,14 @@ mod tests {
                 .expect("fp")
         };
         assert!(v1("/a").to_string().starts_with("v1:"));
-        assert_eq!(v1("/a"), v1("/b"));
+        assert_ne!(v1("/a"), v1("/b"));
+        let legacy = Fingerprint::builder()
+            .part("method", b"POST")
+            .part("operation", b"POST /v1/payments")
+            .part("query", b"a=1&b=2")
+            .part("content-type", b"application/json; charset=utf-8")
+            .json_body(b"{}")
+            .finish();
         // While earlier records are looked for, both come out, the v1 one
         // as earlier versions made it.
         let upgrading =
@@ -893,7 +909,7 @@ mod tests {
                 )
                 .expect("fp")
         );
-        assert_eq!(earlier, Some(v1("/a")));
+        assert_eq!(earlier, Some(legacy));
         assert_eq!(
             fingerprints(
                 &secret(1),

@@ -1039,30 +1039,62 @@ async fn a_retry_across_the_keyed_hash_upgrade_gets_its_original_answer() {
     let store = Arc::new(MemoryStore::new());
     let body = r#"{"amount":100}"#;
     let h = [JSON, AUTH, ("idempotency-key", "before-upgrade")];
-    // Before: unkeyed tenants and v1 fingerprints.
-    let before = serve(app(Arc::clone(&store), routes(), counter.clone())).await;
-    let first = send(before, Method::POST, "/v1/payments", &h, body).await;
-    assert_eq!(first.status, StatusCode::CREATED);
-    // After: keyed, still looking for records from before.
-    let upgrading =
-        keyed(9).with_earlier_until(std::time::SystemTime::now() + Duration::from_secs(3600));
-    let after = serve(app_with(
-        Arc::clone(&store),
-        routes(),
-        counter.clone(),
-        upgrading,
-    ))
-    .await;
-    let retry = send(after, Method::POST, "/v1/payments", &h, body).await;
-    assert_eq!(retry.status, StatusCode::CREATED);
-    assert_eq!(retry.body, first.body, "the original answer");
-    assert_eq!(retry.headers["idempotent-replayed"], "true");
-    let other = send(after, Method::POST, "/v1/payments", &h, r#"{"amount":200}"#).await;
-    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
-    // A new key after the upgrade runs, and its retry replays as usual.
-    let fresh = [JSON, AUTH, ("idempotency-key", "after-upgrade")];
-    let new = send(after, Method::POST, "/v1/payments", &fresh, body).await;
-    let new_retry = send(after, Method::POST, "/v1/payments", &fresh, body).await;
-    assert_eq!(new_retry.body, new.body);
-    assert_eq!(counter.get(), 2, "charged once per key");
+    // Before: the record as versions before this one wrote it (unkeyed
+    // tenant; fingerprint of method, operation, sorted query, headers and
+    // body, without the path).
+    let scope = idem::Scope::new(
+        &idem::fingerprint::unkeyed_tenant(AUTH.1.as_bytes()),
+        "POST /v1/payments",
+    )
+    .expect("scope");
+    let earlier_fp = idem::Fingerprint::builder()
+        .part("method", b"POST")
+        .part("operation", b"POST /v1/payments")
+        .part("query", b"")
+        .part("content-type", JSON.1.as_bytes())
+        .json_body(body.as_bytes())
+        .finish();
+    let key: idem::IdempotencyKey = "before-upgrade".parse().expect("key");
+    let engine = idem::Engine::from_arc(Arc::clone(&store));
+    let idem::Begin::Execute(guard) = engine.begin(&scope, &key, earlier_fp).await.expect("begin")
+    else {
+        panic!("executes");
+    };
+    guard
+        .complete(idem::StoredResponse::new(201, r#"{"charge":"before"}"#))
+        .await
+        .expect("recorded");
+    let until = std::time::SystemTime::now() + Duration::from_secs(3600);
+    // After, keyed (the gateway) or not (a library user without a
+    // secret), still looking for records from before: the original answer.
+    for (i, hashing) in [keyed(9), Hashing::unkeyed()].into_iter().enumerate() {
+        let after = serve(app_with(
+            Arc::clone(&store),
+            routes(),
+            counter.clone(),
+            hashing.with_earlier_until(until),
+        ))
+        .await;
+        let retry = send(after, Method::POST, "/v1/payments", &h, body).await;
+        assert_eq!(retry.status, StatusCode::CREATED, "{i}");
+        assert_eq!(
+            &retry.body[..],
+            br#"{"charge":"before"}"#,
+            "the original answer ({i})"
+        );
+        assert_eq!(retry.headers["idempotent-replayed"], "true");
+        let other = send(after, Method::POST, "/v1/payments", &h, r#"{"amount":200}"#).await;
+        assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY, "{i}");
+        // A new key after the upgrade runs, and its retry replays as usual.
+        let k = format!("after-upgrade-{i}");
+        let fresh = [JSON, AUTH, ("idempotency-key", k.as_str())];
+        let new = send(after, Method::POST, "/v1/payments", &fresh, body).await;
+        let new_retry = send(after, Method::POST, "/v1/payments", &fresh, body).await;
+        assert_eq!(new_retry.body, new.body);
+    }
+    assert_eq!(
+        counter.get(),
+        2,
+        "charged once per new key, never for the old one"
+    );
 }
