@@ -11,7 +11,6 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use idem_http::{
     Idempotency, IdempotencyLayer, PeerAddr, Problem, ProblemKind, ResponseBody, TenantSource,
 };
@@ -170,6 +169,7 @@ impl Server {
         let admin_graceful = GracefulShutdown::new();
         let admin_connections = Arc::new(Semaphore::new(ADMIN_MAX_CONNECTIONS));
         let first_bytes = Some(limits.header_read_timeout).filter(|t| !t.is_zero());
+        let idle = Some(limits.idle_timeout).filter(|t| !t.is_zero());
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             tokio::select! {
@@ -209,8 +209,23 @@ impl Server {
                     (admin.accept().await, place)
                 } => {
                     let (Ok((stream, _)), Ok(place)) = (accepted, place) else { continue };
-                    let svc = TowerToHyperService::new(admin_router.clone());
                     let stream = Deadlines::new(stream, first_bytes);
+                    let activity = idle.map(|_| Activity::new());
+                    let stream = match (&activity, idle) {
+                        (Some(activity), Some(after)) => stream.with_idle(Arc::clone(activity), after),
+                        _ => stream,
+                    };
+                    let router = admin_router.clone();
+                    let svc = service_fn(move |req: Request<Incoming>| {
+                        // In flight until the answer's body is done (the
+                        // dashboard's event stream keeps it busy).
+                        let busy = activity.as_ref().map(Activity::start);
+                        let router = router.clone();
+                        async move {
+                            let resp = router.oneshot(req).await?;
+                            Ok::<_, std::convert::Infallible>(resp.map(|b| Tracked::new(b, busy)))
+                        }
+                    });
                     let conn = builder.serve_connection(TokioIo::new(stream), svc);
                     let conn = admin_graceful.watch(conn.into_owned());
                     tokio::spawn(async move {

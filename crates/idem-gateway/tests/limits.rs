@@ -597,4 +597,21 @@ async fn idle_http2_connections_are_closed_busy_ones_are_not() {
         "a closed connection carries no request"
     );
     assert!(started.elapsed() < Duration::from_secs(5));
+    // The admin listener too.
+    let stream = TcpStream::connect(gw.admin).await.expect("connect admin");
+    let (mut admin, admin_conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .timer(hyper_util::rt::TokioTimer::new())
+            .handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("HTTP/2 handshake");
+    let admin_conn = tokio::spawn(admin_conn);
+    let health = http::Request::get(format!("http://{}/healthz", gw.admin))
+        .body(Full::new(bytes::Bytes::new()))
+        .expect("request");
+    let health = admin.send_request(health).await.expect("answered");
+    assert_eq!(health.status(), StatusCode::OK);
+    health.into_body().collect().await.expect("body");
+    let ended = tokio::time::timeout(Duration::from_secs(10), admin_conn).await;
+    assert!(ended.is_ok(), "the idle admin connection was closed too");
 }
