@@ -587,11 +587,7 @@ fn admin_token(
         (Some(t), _, _) => (t.to_owned(), "--admin-token / IDEM_ADMIN_TOKEN".to_owned()),
         (None, Some(t), _) => (t.get_ref().clone(), "admin_token".to_owned()),
         (None, None, Some(path)) => {
-            let text = std::fs::read_to_string(path.get_ref())
-                .map_err(|e| src.error("admin_token_file", path, format!("cannot read it: {e}")))?;
-            if let Some(why) = exposed(Path::new(path.get_ref())) {
-                tracing::warn!(reason = "secret_file_exposed", file = %path.get_ref(), "the admin token file {why}: chmod 600 it");
-            }
+            let text = read_secret_file(src, "admin_token_file", path, "the admin token file")?;
             (
                 text.lines().next().unwrap_or("").trim().to_owned(),
                 format!("admin_token_file {}", path.get_ref()),
@@ -662,11 +658,7 @@ fn hash_secret(
             .map(|s| (Some(Arc::new(s)), None))
             .map_err(|e| ConfigError(format!("{HASH_SECRET_ENV}: {e}"))),
         (None, Some(path)) => {
-            let text = std::fs::read_to_string(path.get_ref())
-                .map_err(|e| src.error("hash_secret_file", path, format!("cannot read it: {e}")))?;
-            if let Some(why) = exposed(Path::new(path.get_ref())) {
-                tracing::warn!(reason = "secret_file_exposed", file = %path.get_ref(), "the hash secret file {why}: chmod 600 it");
-            }
+            let text = read_secret_file(src, "hash_secret_file", path, "the hash secret file")?;
             parse_secret_file(&text)
                 .map(|(s, until)| (Some(Arc::new(s)), until))
                 .map_err(|e| src.error("hash_secret_file", path, e))
@@ -711,18 +703,31 @@ fn seal_keys(
     match (env, file) {
         (Some(spec), _) => env_keys(spec).map(Some),
         (None, Some(path)) => {
-            let text = std::fs::read_to_string(path.get_ref()).map_err(|e| {
-                src.error("encryption_keys_file", path, format!("cannot read it: {e}"))
-            })?;
-            if let Some(why) = exposed(Path::new(path.get_ref())) {
-                tracing::warn!(reason = "secret_file_exposed", file = %path.get_ref(), "the sealing keys file {why}: chmod 600 it");
-            }
+            let text =
+                read_secret_file(src, "encryption_keys_file", path, "the sealing keys file")?;
             SealKeys::parse(&text)
                 .map(|keys| Some(Arc::new(keys)))
                 .map_err(|e| src.error("encryption_keys_file", path, e))
         }
         (None, None) => Ok(None),
     }
+}
+
+/// The text of the secret file `path` (config key `key`), with a warning
+/// when other local users may read it; errors name the key and the file,
+/// never the content.
+fn read_secret_file(
+    src: &Source<'_>,
+    key: &str,
+    path: &Spanned<String>,
+    what: &str,
+) -> Result<String, ConfigError> {
+    let text = std::fs::read_to_string(path.get_ref())
+        .map_err(|e| src.error(key, path, format!("cannot read it: {e}")))?;
+    if let Some(why) = exposed(Path::new(path.get_ref())) {
+        tracing::warn!(reason = "secret_file_exposed", file = %path.get_ref(), "{what} {why}: chmod 600 it");
+    }
+    Ok(text)
 }
 
 /// Why a file holding a secret is exposed to other local users (its

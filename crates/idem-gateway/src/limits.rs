@@ -137,7 +137,7 @@ impl PerPeer {
         })
     }
 
-    fn slot(&self, ip: IpAddr) -> &AtomicU32 {
+    fn slot_of(&self, ip: IpAddr) -> usize {
         let bits: u128 = match ip {
             IpAddr::V4(v4) => u128::from(u32::from(v4)),
             // A client owns its whole /64: count the prefix.
@@ -147,7 +147,7 @@ impl PerPeer {
         let mut h = self.key ^ (bits as u64) ^ ((bits >> 64) as u64).rotate_left(29);
         h = (h ^ (h >> 31)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         h ^= h >> 29;
-        &self.held[(h as usize) & (PEER_SLOTS - 1)]
+        (h as usize) & (PEER_SLOTS - 1)
     }
 
     /// A place for `ip`, or `None` when it holds its share already.
@@ -155,12 +155,13 @@ impl PerPeer {
         if self.max == 0 {
             return Some(PeerPlace(None));
         }
-        let slot = self.slot(ip);
-        slot.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (n < self.max).then_some(n + 1)
-        })
-        .ok()?;
-        Some(PeerPlace(Some((Arc::clone(self), ip))))
+        let slot = self.slot_of(ip);
+        self.held[slot]
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .ok()?;
+        Some(PeerPlace(Some((Arc::clone(self), slot))))
     }
 
     /// Places `ip` holds now (with any address sharing its slot).
@@ -168,13 +169,13 @@ impl PerPeer {
         if self.max == 0 {
             return 0;
         }
-        self.slot(ip).load(Ordering::Acquire) as usize
+        self.held[self.slot_of(ip)].load(Ordering::Acquire) as usize
     }
 }
 
 /// One place of a peer, given back when dropped.
 #[derive(Debug)]
-pub struct PeerPlace(Option<(Arc<PerPeer>, IpAddr)>);
+pub struct PeerPlace(Option<(Arc<PerPeer>, usize)>);
 
 impl PeerPlace {
     /// A place under no cap.
@@ -185,8 +186,8 @@ impl PeerPlace {
 
 impl Drop for PeerPlace {
     fn drop(&mut self) {
-        if let Some((of, ip)) = self.0.take() {
-            of.slot(ip).fetch_sub(1, Ordering::AcqRel);
+        if let Some((of, slot)) = self.0.take() {
+            of.held[slot].fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
@@ -542,6 +543,27 @@ impl<S> Deadlines<S> {
             inner,
             deadline: within.map(|d| Box::pin(tokio::time::sleep(d))),
             idle: None,
+        }
+    }
+
+    /// A client connection's deadlines: its first bytes within
+    /// `first_bytes`, and, with `idle`, closed once nothing has been in
+    /// flight that long; with it, the [`Activity`] to mark its requests on.
+    pub fn for_connection(
+        inner: S,
+        first_bytes: Option<Duration>,
+        idle: Option<Duration>,
+    ) -> (Self, Option<Arc<Activity>>) {
+        let stream = Self::new(inner, first_bytes);
+        match idle {
+            Some(after) => {
+                let activity = Activity::new();
+                (
+                    stream.with_idle(Arc::clone(&activity), after),
+                    Some(activity),
+                )
+            }
+            None => (stream, None),
         }
     }
 

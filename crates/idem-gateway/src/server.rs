@@ -209,12 +209,7 @@ impl Server {
                     (admin.accept().await, place)
                 } => {
                     let (Ok((stream, _)), Ok(place)) = (accepted, place) else { continue };
-                    let stream = Deadlines::new(stream, first_bytes);
-                    let activity = idle.map(|_| Activity::new());
-                    let stream = match (&activity, idle) {
-                        (Some(activity), Some(after)) => stream.with_idle(Arc::clone(activity), after),
-                        _ => stream,
-                    };
+                    let (stream, activity) = Deadlines::for_connection(stream, first_bytes, idle);
                     let router = admin_router.clone();
                     let svc = service_fn(move |req: Request<Incoming>| {
                         // In flight until the answer's body is done (the
@@ -271,12 +266,7 @@ fn client_connections(
     Arc::new(move |stream, peer, graceful| {
         let gateway = gateway.clone();
         let admission = admission.clone();
-        let activity = idle.map(|_| Activity::new());
-        let stream = Deadlines::new(stream, first_bytes);
-        let stream = match (&activity, idle) {
-            (Some(activity), Some(after)) => stream.with_idle(Arc::clone(activity), after),
-            _ => stream,
-        };
+        let (stream, activity) = Deadlines::for_connection(stream, first_bytes, idle);
         let svc = service_fn(move |req: Request<Incoming>| {
             let gateway = gateway.clone();
             let admission = admission.clone();

@@ -437,7 +437,7 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
             Cow::Borrowed(_) => None,
             Cow::Owned(path) => Some(path.into_boxed_str()),
         };
-        let route = this.routes.matching(
+        let route = this.routes.matching_normalized(
             req.method(),
             normalized.as_deref().unwrap_or(req.uri().path()),
         );

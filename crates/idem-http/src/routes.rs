@@ -464,8 +464,16 @@ impl Routes {
     /// The route protecting this request, if any, matched on the
     /// [normalised](normalize_path) `path`.
     pub fn matching(&self, method: &Method, path: &str) -> Option<RouteMatch<'_>> {
-        let path = normalize_path(path);
-        let path = path.as_ref();
+        self.matching_normalized(method, &normalize_path(path))
+    }
+
+    /// [`matching`](Self::matching) for a path already normalised (the
+    /// layer normalises once, and fingerprints the same form).
+    pub(crate) fn matching_normalized(
+        &self,
+        method: &Method,
+        path: &str,
+    ) -> Option<RouteMatch<'_>> {
         if let Some((index, route)) = self
             .routes
             .iter()

@@ -347,12 +347,8 @@ impl<S: Store> Store for Sealed<S> {
         lease: &Lease,
         outcome: &FinalOutcome,
     ) -> Result<(), StoreError> {
-        if outcome.response.body.starts_with(MAGIC) {
-            return Err(StoreError::Backend(
-                "a response body that starts like a sealed one cannot be stored".into(),
-            ));
-        }
-        if outcome.response.body.starts_with(MAGIC2) {
+        let body = &outcome.response.body;
+        if body.starts_with(MAGIC) || body.starts_with(MAGIC2) {
             return Err(StoreError::Backend(
                 "a response body that starts like a sealed one cannot be stored".into(),
             ));
