@@ -37,28 +37,14 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::body::{BoxError, Kept, RequestBodyError, ResponseBody, keep_response, read_request};
-use crate::lookup::{HttpLookup, LookupRequest, Sender};
+use crate::decision::Decision;
+use crate::headers::{IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED, NOT_RETAINED, storable_headers};
 use crate::metrics::RequestMetrics;
+use crate::pattern::normalize_path;
+use crate::problem::{Problem, ProblemKind, retry_after_secs};
+use crate::reconcile::{HttpLookup, LookupRequest, Sender};
 use crate::request::{Hashing, TenantExtractor, TenantSource, fingerprints, idempotency_key};
-use crate::{MissingTenant, Problem, ProblemKind, RouteMatch, RoutePolicy, Routes, normalize_path};
-
-/// Response header marking a replayed answer.
-pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-/// Response header marking a request forwarded without protection
-/// (store down under a fail-open policy).
-pub const IDEMPOTENCY_STATUS: HeaderName = HeaderName::from_static("idempotency-status");
-/// Stored header marking a tombstone: the body was not retained. Internal:
-/// an upstream's own copy is stripped from its answer.
-const NOT_RETAINED: HeaderName = HeaderName::from_static("x-idem-body-not-retained");
-
-/// Response headers never stored, whatever a route's `unstored_headers`
-/// add: a cookie is one caller's, replayed it would hand that caller's
-/// session to another; the length and the replay mark are the replay's own.
-const NEVER_STORED: [HeaderName; 3] = [
-    header::SET_COOKIE,
-    header::CONTENT_LENGTH,
-    IDEMPOTENT_REPLAYED,
-];
+use crate::routes::{MissingTenant, RouteMatch, RoutePolicy, Routes};
 
 /// Set by an inner service (the gateway's proxy) on responses it made
 /// itself because the upstream failed, so the layer knows what happened to
@@ -94,68 +80,6 @@ pub struct Reserved {
 /// The longest `Retry-After` for a request whose first attempt is still
 /// running.
 pub const IN_PROGRESS_RETRY_AFTER: Duration = Duration::from_secs(1);
-
-/// What the layer decided, left in the response's extensions for metrics
-/// and logs. Names follow the `idem_requests_total{outcome}` label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    /// Not a protected request, or no key where none is required.
-    PassThrough,
-    /// Ran here for the first time.
-    Executed,
-    /// Answered from the store.
-    Replayed,
-    /// Key reused with another request.
-    Mismatch,
-    /// First request still running.
-    InProgress,
-    /// Required key absent.
-    MissingKey,
-    /// Malformed key (or several).
-    InvalidKey,
-    /// Refused before the engine: body too large or unreadable, bad tenant.
-    BadRequest,
-    /// Forwarded unprotected (fail-open).
-    Unprotected,
-    /// Store failed, request refused (fail-closed).
-    StoreError,
-    /// Sent upstream, outcome unknown (timeout after send).
-    OutcomeUnknown,
-}
-
-impl Decision {
-    /// Every decision, in declaration order (`d as usize` indexes it).
-    pub const ALL: [Decision; 11] = [
-        Self::PassThrough,
-        Self::Executed,
-        Self::Replayed,
-        Self::Mismatch,
-        Self::InProgress,
-        Self::MissingKey,
-        Self::InvalidKey,
-        Self::BadRequest,
-        Self::Unprotected,
-        Self::StoreError,
-        Self::OutcomeUnknown,
-    ];
-
-    /// The metric label.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::PassThrough => "pass_through",
-            Self::Executed => "executed",
-            Self::Replayed => "replayed",
-            Self::Mismatch => "mismatch",
-            Self::InProgress => "in_progress",
-            Self::MissingKey => "missing_key",
-            Self::InvalidKey => "invalid_key",
-            Self::BadRequest => "bad_request",
-            Self::Unprotected => "unprotected",
-            Self::StoreError => "store_error",
-            Self::OutcomeUnknown => "outcome_unknown",
-        }
-    }
-}
 
 /// Adds idempotency to a service; see the [module docs](self).
 pub struct IdempotencyLayer<S, T = TenantSource> {
@@ -815,7 +739,7 @@ where
                 if let Some(after) = first_lookup {
                     parts.headers.insert(
                         header::RETRY_AFTER,
-                        HeaderValue::from(crate::retry_after_secs(after)),
+                        HeaderValue::from(retry_after_secs(after)),
                     );
                 }
                 return Ok(with_decision(
@@ -1043,54 +967,6 @@ fn is_streamed(headers: &HeaderMap) -> bool {
                 .to_ascii_lowercase()
                 .starts_with("text/event-stream")
         })
-}
-
-/// Connection-level headers: never forwarded by a proxy, never stored.
-pub const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-
-/// The connection-level headers of one message: the fixed [`HOP_BY_HOP`]
-/// set plus whatever its `Connection` header names. A proxy never forwards
-/// them and the layer never stores them.
-pub fn hop_by_hop_names(headers: &HeaderMap) -> Vec<HeaderName> {
-    headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .chain(HOP_BY_HOP.iter().map(|n| HeaderName::from_static(n)))
-        .collect()
-}
-
-pub(crate) fn storable_headers(
-    headers: &HeaderMap,
-    unstored: &[HeaderName],
-) -> Vec<(String, Bytes)> {
-    let hop_by_hop = hop_by_hop_names(headers);
-    headers
-        .iter()
-        .filter(|(name, _)| {
-            !hop_by_hop.contains(name)
-                && !NEVER_STORED.contains(*name)
-                && **name != NOT_RETAINED
-                && !unstored.contains(name)
-        })
-        .map(|(name, value)| {
-            (
-                name.as_str().to_owned(),
-                Bytes::copy_from_slice(value.as_bytes()),
-            )
-        })
-        .collect()
 }
 
 /// Rebuilds the original answer from the store.

@@ -38,25 +38,26 @@
 //! ```
 
 mod body;
+mod decision;
+mod headers;
 pub mod layer;
 pub mod lookup;
 pub mod metrics;
+mod pattern;
 mod problem;
+mod reconcile;
 pub mod request;
 pub mod routes;
 
 pub use body::{BoxError, ResponseBody};
-pub use layer::{
-    Decision, HOP_BY_HOP, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer,
-    Reserved, UpstreamOutcome, hop_by_hop_names,
-};
+pub use decision::Decision;
+pub use headers::{HOP_BY_HOP, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED, hop_by_hop_names};
+pub use layer::{Idempotency, IdempotencyLayer, Reserved, UpstreamOutcome};
 pub use lookup::Lookup;
+pub use pattern::{PathPattern, PatternError, normalize_path};
 pub use problem::{PROBLEM_BASE, PROBLEM_JSON, Problem, ProblemKind, retry_after_secs};
 pub use request::{
     Hashing, IDEMPOTENCY_KEY, PeerAddr, Tenant, TenantExtractor, TenantSource, fingerprints,
     idempotency_key, is_json,
 };
-pub use routes::{
-    MissingTenant, NO_ROUTE, PathPattern, PatternError, RouteMatch, RoutePolicy, Routes,
-    UNMATCHED_ROUTE, normalize_path,
-};
+pub use routes::{MissingTenant, NO_ROUTE, RouteMatch, RoutePolicy, Routes, UNMATCHED_ROUTE};

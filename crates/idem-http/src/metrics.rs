@@ -25,7 +25,7 @@ use idem::RerunReason;
 use idem::reconcile::Settled;
 use metrics::{Counter, Histogram};
 
-use crate::layer::Decision;
+use crate::decision::Decision;
 use crate::routes::Routes;
 
 /// Counter of requests by route and outcome.

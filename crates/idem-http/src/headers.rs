@@ -1,0 +1,74 @@
+//! Which headers the layer adds, forwards and stores: the replay mark, the
+//! unprotected mark, the connection-level headers a proxy never forwards,
+//! and the headers never kept in a record.
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, header};
+
+/// Response header marking a replayed answer.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// Response header marking a request forwarded without protection
+/// (store down under a fail-open policy).
+pub const IDEMPOTENCY_STATUS: HeaderName = HeaderName::from_static("idempotency-status");
+
+/// Stored header marking a tombstone: the body was not retained. Internal:
+/// an upstream's own copy is stripped from its answer.
+pub(crate) const NOT_RETAINED: HeaderName = HeaderName::from_static("x-idem-body-not-retained");
+
+/// Response headers never stored, whatever a route's `unstored_headers`
+/// add: a cookie is one caller's, replayed it would hand that caller's
+/// session to another; the length and the replay mark are the replay's own.
+pub(crate) const NEVER_STORED: [HeaderName; 3] = [
+    header::SET_COOKIE,
+    header::CONTENT_LENGTH,
+    IDEMPOTENT_REPLAYED,
+];
+
+/// Connection-level headers: never forwarded by a proxy, never stored.
+pub const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// The connection-level headers of one message: the fixed [`HOP_BY_HOP`]
+/// set plus whatever its `Connection` header names. A proxy never forwards
+/// them and the layer never stores them.
+pub fn hop_by_hop_names(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .chain(HOP_BY_HOP.iter().map(|n| HeaderName::from_static(n)))
+        .collect()
+}
+
+pub(crate) fn storable_headers(
+    headers: &HeaderMap,
+    unstored: &[HeaderName],
+) -> Vec<(String, Bytes)> {
+    let hop_by_hop = hop_by_hop_names(headers);
+    headers
+        .iter()
+        .filter(|(name, _)| {
+            !hop_by_hop.contains(name)
+                && !NEVER_STORED.contains(*name)
+                && **name != NOT_RETAINED
+                && !unstored.contains(name)
+        })
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                Bytes::copy_from_slice(value.as_bytes()),
+            )
+        })
+        .collect()
+}

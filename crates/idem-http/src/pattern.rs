@@ -1,0 +1,207 @@
+//! Path patterns (`/v1/orders/{id}/capture`) and the normalised form of a
+//! request path that routes match and fingerprints cover.
+
+use std::borrow::Cow;
+
+/// A path pattern that is not well-formed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PatternError {
+    pub(crate) pattern: String,
+    pub(crate) reason: &'static str,
+}
+
+impl std::fmt::Display for PatternError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "invalid path pattern {:?}: {}",
+            self.pattern, self.reason
+        )
+    }
+}
+
+impl std::error::Error for PatternError {}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    Literal(String),
+    Param(String),
+}
+
+/// A path pattern: literal segments and `{name}` segments that match any
+/// one non-empty segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathPattern {
+    text: String,
+    segments: Vec<Segment>,
+}
+
+impl PathPattern {
+    /// Parses `/a/{id}/b`.
+    pub fn parse(pattern: &str) -> Result<Self, PatternError> {
+        let err = |reason| PatternError {
+            pattern: pattern.to_owned(),
+            reason,
+        };
+        let rest = pattern
+            .strip_prefix('/')
+            .ok_or_else(|| err("must start with '/'"))?;
+        let segments = if rest.is_empty() {
+            Vec::new()
+        } else {
+            rest.split('/')
+                .map(|s| {
+                    if s.is_empty() {
+                        Err(err("empty segment ('//' or a trailing '/')"))
+                    } else if let Some(name) = s.strip_prefix('{').and_then(|s| s.strip_suffix('}'))
+                    {
+                        if name.is_empty() || name.contains(['{', '}']) {
+                            Err(err("a parameter is written {name}"))
+                        } else {
+                            Ok(Segment::Param(name.to_owned()))
+                        }
+                    } else if s.contains(['{', '}']) {
+                        Err(err(
+                            "braces only around a whole segment, as in /orders/{id}",
+                        ))
+                    } else {
+                        Ok(Segment::Literal(s.to_owned()))
+                    }
+                })
+                .collect::<Result<_, _>>()?
+        };
+        Ok(Self {
+            text: pattern.to_owned(),
+            segments,
+        })
+    }
+
+    /// Whether `path` (without query, [normalised](normalize_path))
+    /// matches, literal segments compared exactly.
+    pub fn matches(&self, path: &str) -> bool {
+        self.matches_with(path, false)
+    }
+
+    /// [`matches`](Self::matches), literal segments compared regardless of
+    /// ASCII case when `ignore_case`.
+    pub fn matches_with(&self, path: &str, ignore_case: bool) -> bool {
+        let Some(rest) = path.strip_prefix('/') else {
+            return false;
+        };
+        let mut parts = if rest.is_empty() {
+            None
+        } else {
+            Some(rest.split('/'))
+        }
+        .into_iter()
+        .flatten();
+        for seg in &self.segments {
+            match (seg, parts.next()) {
+                (Segment::Literal(l), Some(p))
+                    if l == p || (ignore_case && l.eq_ignore_ascii_case(p)) => {}
+                (Segment::Param(_), Some(p)) if !p.is_empty() => {}
+                _ => return false,
+            }
+        }
+        parts.next().is_none()
+    }
+
+    /// The pattern as written.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The names of its `{name}` segments, in order.
+    pub fn param_names(&self) -> impl Iterator<Item = &str> {
+        self.segments.iter().filter_map(|s| match s {
+            Segment::Param(name) => Some(name.as_str()),
+            Segment::Literal(_) => None,
+        })
+    }
+
+    /// The value of parameter `name` in `path`, a path this pattern
+    /// [`matches`](Self::matches).
+    pub fn param<'p>(&self, name: &str, path: &'p str) -> Option<&'p str> {
+        let mut parts = path.strip_prefix('/')?.split('/');
+        self.segments
+            .iter()
+            .map(|seg| (seg, parts.next()))
+            .find_map(|(seg, part)| match seg {
+                Segment::Param(n) if n == name => part,
+                _ => None,
+            })
+    }
+}
+
+/// A request path in the one form routes are matched and fingerprinted
+/// on, so that no spelling of a path slips past its route's policy:
+/// percent-encoded unreserved characters decoded (`%41` is `A`, `%2e` is
+/// `.`; other escapes kept, their hex digits upper-cased), repeated
+/// slashes merged, `.` and `..` segments removed (RFC 3986 §5.2.4) and a
+/// trailing slash dropped. Borrowed when the path is already in that form.
+///
+/// ```
+/// use idem_http::normalize_path;
+/// assert_eq!(normalize_path("/v1//payments/"), "/v1/payments");
+/// assert_eq!(normalize_path("/v1/x/../%70ayments"), "/v1/payments");
+/// assert_eq!(normalize_path("/v1/a%2fb"), "/v1/a%2Fb");
+/// assert_eq!(normalize_path("/"), "/");
+/// ```
+pub fn normalize_path(path: &str) -> Cow<'_, str> {
+    let b = path.as_bytes();
+    let clean = b.first() == Some(&b'/')
+        && !b.contains(&b'%')
+        && !path.contains("//")
+        && !path.contains("/./")
+        && !path.contains("/../")
+        && !path.ends_with("/.")
+        && !path.ends_with("/..")
+        && (b.len() == 1 || b.last() != Some(&b'/'));
+    if clean {
+        return Cow::Borrowed(path);
+    }
+    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut decoded = String::with_capacity(path.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && let (Some(hi), Some(lo)) = (
+                b.get(i + 1).copied().and_then(hex),
+                b.get(i + 2).copied().and_then(hex),
+            )
+        {
+            let c = hi << 4 | lo;
+            if c.is_ascii_alphanumeric() || b"-._~".contains(&c) {
+                decoded.push(c as char);
+            } else {
+                decoded.push('%');
+                decoded.push_str(&format!("{c:02X}"));
+            }
+            i += 3;
+            continue;
+        }
+        // Non-ASCII arrives percent-encoded in a URI; a raw byte is kept.
+        let ch = path[i..].chars().next().expect("in bounds");
+        decoded.push(ch);
+        i += ch.len_utf8();
+    }
+    let mut segments: Vec<&str> = Vec::new();
+    for seg in decoded.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    let mut out = String::with_capacity(decoded.len());
+    for seg in &segments {
+        out.push('/');
+        out.push_str(seg);
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    Cow::Owned(out)
+}
