@@ -28,43 +28,35 @@ pub mod upstream;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idem::{
-    FinalOutcome, IdempotencyKey, Lease, ListFilter, ListRecords, Page, Purge, Record, Reservation,
-    ReserveRequest, Scope, Store, StoreError, Timestamp,
-};
+use std::future::Future;
 
-/// Which operation a fault applies to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
-    /// [`Store::reserve`].
-    Reserve,
-    /// [`Store::resolve`].
-    Resolve,
-    /// [`Store::mark_unknown`].
-    MarkUnknown,
-    /// [`Store::release`].
-    Release,
-    /// [`Store::renew`].
-    Renew,
-    /// [`Store::get`].
-    Get,
-}
+use idem::store::{Around, Hook};
+use idem::{Store, StoreError};
 
-const OPS: usize = 6;
+pub use idem::store::Op;
 
 /// A store that fails the next N calls of chosen operations with
 /// [`StoreError::Unavailable`] (before or after they took effect), and
-/// otherwise delegates to a real store.
-#[derive(Debug)]
-pub struct FaultyStore<S> {
-    inner: S,
-    failures: [AtomicU32; OPS],
-    lost_answers: [AtomicU32; OPS],
-    calls: [AtomicU32; OPS],
-    delays_ms: [AtomicU32; OPS],
+/// otherwise delegates to a real store: [`Faults`] around it. Make one
+/// with [`faulty`]; set its faults through [`Around::hook`].
+pub type FaultyStore<S> = Around<Faults<S>>;
+
+/// `inner` with no faults until [`Faults::fail_next`] and the like.
+pub fn faulty<S: Store>(inner: S) -> FaultyStore<S> {
+    Around::new(Faults::new(inner))
 }
 
-impl<S> FaultyStore<S> {
+/// The faults a [`FaultyStore`] injects, per operation.
+#[derive(Debug)]
+pub struct Faults<S> {
+    inner: S,
+    failures: [AtomicU32; Op::COUNT],
+    lost_answers: [AtomicU32; Op::COUNT],
+    calls: [AtomicU32; Op::COUNT],
+    delays_ms: [AtomicU32; Op::COUNT],
+}
+
+impl<S> Faults<S> {
     /// Wraps `inner`; no faults until [`fail_next`](Self::fail_next).
     pub fn new(inner: S) -> Self {
         Self {
@@ -138,79 +130,20 @@ fn take_one(left: &AtomicU32, op: Op, what: &str) -> Result<(), StoreError> {
     }
 }
 
-impl<S: Store> Store for FaultyStore<S> {
-    async fn reserve(&self, req: ReserveRequest<'_>) -> Result<Reservation, StoreError> {
-        self.check(Op::Reserve)?;
-        let result = self.inner.reserve(req).await;
-        self.answer(Op::Reserve, result).await
-    }
+impl<S: Store> Hook for Faults<S> {
+    type Inner = S;
 
-    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
-        self.check(Op::Get)?;
-        let result = self.inner.get(scope, key).await;
-        self.answer(Op::Get, result).await
-    }
-
-    async fn resolve(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        lease: &Lease,
-        outcome: &FinalOutcome,
-    ) -> Result<(), StoreError> {
-        self.check(Op::Resolve)?;
-        let result = self.inner.resolve(scope, key, lease, outcome).await;
-        self.answer(Op::Resolve, result).await
-    }
-
-    async fn release(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        lease: &Lease,
-    ) -> Result<(), StoreError> {
-        self.check(Op::Release)?;
-        let result = self.inner.release(scope, key, lease).await;
-        self.answer(Op::Release, result).await
-    }
-
-    async fn mark_unknown(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        lease: &Lease,
-        reason: &str,
-    ) -> Result<(), StoreError> {
-        self.check(Op::MarkUnknown)?;
-        let result = self.inner.mark_unknown(scope, key, lease, reason).await;
-        self.answer(Op::MarkUnknown, result).await
-    }
-
-    async fn renew(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        lease: &Lease,
-        duration: Duration,
-    ) -> Result<Timestamp, StoreError> {
-        self.check(Op::Renew)?;
-        let result = self.inner.renew(scope, key, lease, duration).await;
-        self.answer(Op::Renew, result).await
-    }
-}
-
-impl<S: ListRecords> ListRecords for FaultyStore<S> {
-    async fn list(&self, filter: &ListFilter) -> Result<Page, StoreError> {
-        self.inner.list(filter).await
-    }
-}
-
-impl<S: Purge> Purge for FaultyStore<S> {
-    async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
-        self.inner.purge_expired(batch).await
-    }
-
-    async fn delete(&self, scope: &Scope, key: &IdempotencyKey) -> Result<bool, StoreError> {
-        self.inner.delete(scope, key).await
+    async fn around<'a, T, Fut>(
+        &'a self,
+        op: Op,
+        call: impl FnOnce(&'a S) -> Fut + Send + 'a,
+    ) -> Result<T, StoreError>
+    where
+        T: Send + 'a,
+        Fut: Future<Output = Result<T, StoreError>> + Send + 'a,
+    {
+        self.check(op)?;
+        let result = call(&self.inner).await;
+        self.answer(op, result).await
     }
 }

@@ -38,8 +38,10 @@
 pub mod dyn_store;
 pub mod engine;
 pub mod fingerprint;
+pub mod inbox;
 pub mod key;
 pub mod memory;
+pub mod metrics;
 pub mod operator;
 pub mod policy;
 pub mod reconcile;
@@ -57,6 +59,7 @@ pub use fingerprint::{
     BodyKind, Fingerprint, FingerprintBuilder, FingerprintParseError, HashSecret, HashSecretError,
     JsonRefusal, canonical_json, canonical_json_strict,
 };
+pub use inbox::InboxOutcome;
 pub use key::{
     IdempotencyKey, KeyError, MAX_KEY_LEN, MAX_SCOPE_LEN, Scope, ScopeError, ScopeField,
 };

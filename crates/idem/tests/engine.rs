@@ -11,29 +11,29 @@ use idem::{
     RecordState, Run, Store, StoredResponse, Tiered,
 };
 use idem_testkit::conformance::{fp, key, unique_scope};
-use idem_testkit::{FaultyStore, Op};
+use idem_testkit::{Op, faulty};
 
 #[tokio::test]
 async fn transient_record_failures_are_retried_within_the_bound() {
-    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let store = Arc::new(faulty(MemoryStore::new()));
     let engine = Engine::from_arc(Arc::clone(&store));
     let (scope, k) = (unique_scope("retry-record"), key("k"));
     let Begin::Execute(guard) = engine.begin(&scope, &k, fp("a")).await.expect("begin") else {
         panic!("executes");
     };
-    store.fail_next(Op::Resolve, 2);
+    store.hook().fail_next(Op::Resolve, 2);
     guard
         .complete(StoredResponse::new(201, "ok"))
         .await
         .expect("third try records");
-    assert_eq!(store.calls(Op::Resolve), 3);
+    assert_eq!(store.hook().calls(Op::Resolve), 3);
     let rec = store.get(&scope, &k).await.expect("get").expect("exists");
     assert_eq!(rec.state, RecordState::Completed);
 }
 
 #[tokio::test]
 async fn an_answer_is_recorded_through_a_store_outage_shorter_than_half_the_lease() {
-    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let store = Arc::new(faulty(MemoryStore::new()));
     let engine = Engine::from_arc(Arc::clone(&store))
         .with_policy(Policy::default().with_lease(Duration::from_secs(6)));
     let (scope, k) = (unique_scope("outage-record"), key("k"));
@@ -42,19 +42,19 @@ async fn an_answer_is_recorded_through_a_store_outage_shorter_than_half_the_leas
     };
     // Eight failures in a row: some 1.6 s of a store that is down, more
     // than the four quick tries cover, well within half the 6 s lease.
-    store.fail_next(Op::Resolve, 8);
+    store.hook().fail_next(Op::Resolve, 8);
     guard
         .complete(StoredResponse::new(201, "ok"))
         .await
         .expect("recorded once the store is back");
-    assert_eq!(store.calls(Op::Resolve), 9);
+    assert_eq!(store.hook().calls(Op::Resolve), 9);
     let rec = store.get(&scope, &k).await.expect("get").expect("exists");
     assert_eq!(rec.state, RecordState::Completed);
 }
 
 #[tokio::test]
 async fn work_done_but_not_recordable_is_marked_outcome_unknown() {
-    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let store = Arc::new(faulty(MemoryStore::new()));
     // A short lease: recording is given up after the tries and half the
     // lease, whichever ends later.
     let engine = Engine::from_arc(Arc::clone(&store)).with_policy(
@@ -63,7 +63,7 @@ async fn work_done_but_not_recordable_is_marked_outcome_unknown() {
             .with_lease(Duration::from_millis(100)),
     );
     let (scope, k) = (unique_scope("unknown-record"), key("k"));
-    store.fail_next(Op::Resolve, 100);
+    store.hook().fail_next(Op::Resolve, 100);
     let executions = AtomicU32::new(0);
     let run = engine
         .run(&scope, &k, fp("a"), || async {
@@ -77,7 +77,7 @@ async fn work_done_but_not_recordable_is_marked_outcome_unknown() {
         panic!("expected Executed, got {run:?}")
     };
     assert_eq!(&resp.body[..], b"charged");
-    assert_eq!(store.calls(Op::Resolve), 3, "bounded retries");
+    assert_eq!(store.hook().calls(Op::Resolve), 3, "bounded retries");
     // ...and the record says the outcome is unknown, so no retry runs it again.
     let rec = store.get(&scope, &k).await.expect("get").expect("exists");
     assert!(rec.is_outcome_unknown(), "{rec:?}");
@@ -103,7 +103,7 @@ async fn work_done_but_not_recordable_is_marked_outcome_unknown() {
 
 #[tokio::test]
 async fn a_guard_reports_not_recorded_when_even_marking_fails() {
-    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let store = Arc::new(faulty(MemoryStore::new()));
     let engine = Engine::from_arc(Arc::clone(&store)).with_policy(
         Policy::default()
             .with_record_attempts(2)
@@ -113,8 +113,8 @@ async fn a_guard_reports_not_recorded_when_even_marking_fails() {
     let Begin::Execute(guard) = engine.begin(&scope, &k, fp("a")).await.expect("begin") else {
         panic!("executes");
     };
-    store.fail_next(Op::Resolve, 100);
-    store.fail_next(Op::MarkUnknown, 100);
+    store.hook().fail_next(Op::Resolve, 100);
+    store.hook().fail_next(Op::MarkUnknown, 100);
     match guard.complete(StoredResponse::new(200, "x")).await {
         Err(RecordError::NotRecorded {
             marked_unknown,
@@ -129,10 +129,10 @@ async fn a_guard_reports_not_recorded_when_even_marking_fails() {
 
 #[tokio::test]
 async fn fail_closed_refuses_and_fail_open_runs_unprotected() {
-    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let store = Arc::new(faulty(MemoryStore::new()));
     let (scope, k) = (unique_scope("fail-mode"), key("k"));
     let closed = Engine::from_arc(Arc::clone(&store));
-    store.fail_next(Op::Reserve, 1);
+    store.hook().fail_next(Op::Reserve, 1);
     let executions = AtomicU32::new(0);
     let result = closed
         .run(&scope, &k, fp("a"), || async {
@@ -153,7 +153,7 @@ async fn fail_closed_refuses_and_fail_open_runs_unprotected() {
     let open = closed
         .clone()
         .with_policy(Policy::default().with_fail_mode(FailMode::Open));
-    store.fail_next(Op::Reserve, 1);
+    store.hook().fail_next(Op::Reserve, 1);
     let result = open
         .run(&scope, &k, fp("a"), || async {
             executions.fetch_add(1, Ordering::SeqCst);
@@ -211,7 +211,7 @@ async fn wait_policy_gives_up_after_its_bound() {
 /// decides; past the cap, the rest are answered at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiting_duplicates_do_not_poll_the_store() {
-    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let store = Arc::new(faulty(MemoryStore::new()));
     let engine = Engine::from_arc(Arc::clone(&store))
         .with_policy(Policy::default().with_on_in_flight(InFlight::Wait(Duration::from_secs(10))));
     let (scope, k) = (unique_scope("wait-no-poll"), key("k"));
@@ -225,7 +225,7 @@ async fn waiting_duplicates_do_not_poll_the_store() {
     }
     // Long enough that polling would have asked dozens of times each.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let before = store.calls(Op::Reserve);
+    let before = store.hook().calls(Op::Reserve);
     first
         .complete(StoredResponse::new(201, "once"))
         .await
@@ -241,7 +241,7 @@ async fn waiting_duplicates_do_not_poll_the_store() {
             other => panic!("{other:?}"),
         }
     }
-    let total = store.calls(Op::Reserve);
+    let total = store.hook().calls(Op::Reserve);
     eprintln!("101 callers on one key: {before} reservations in 1.5 s of waiting, {total} in all");
     assert_eq!(
         (replays, refused),
@@ -267,7 +267,7 @@ async fn waiting_duplicates_do_not_poll_the_store() {
 /// one's waiters: they see its answer at one of their few looks.
 #[tokio::test]
 async fn a_waiter_for_another_process_sees_its_answer_in_a_few_looks() {
-    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let store = Arc::new(faulty(MemoryStore::new()));
     let policy = Policy::default().with_on_in_flight(InFlight::Wait(Duration::from_secs(30)));
     let here = Engine::from_arc(Arc::clone(&store)).with_policy(policy.clone());
     let there = Engine::from_arc(Arc::clone(&store)).with_policy(policy);
@@ -284,12 +284,12 @@ async fn a_waiter_for_another_process_sees_its_answer_in_a_few_looks() {
         .complete(StoredResponse::new(201, "there"))
         .await
         .expect("complete");
-    let started = store.calls(Op::Reserve);
+    let started = store.hook().calls(Op::Reserve);
     match waiter.await.expect("task").expect("begin") {
         Begin::Replay(r) => assert_eq!(&r.response.body[..], b"there"),
         other => panic!("expected the replay, got {other:?}"),
     }
-    let looks = store.calls(Op::Reserve) - 1;
+    let looks = store.hook().calls(Op::Reserve) - 1;
     assert!(
         looks <= idem::engine::MAX_LOOKS,
         "{looks} looks ({started} reservations when the answer was recorded)"
@@ -476,20 +476,20 @@ async fn first_decision<S: Store>(
 
 #[tokio::test]
 async fn a_reservation_whose_answer_was_lost_is_released_once_the_store_answers() {
-    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let store = Arc::new(faulty(MemoryStore::new()));
     // The default 30 s lease: without the check the retry below would be
     // told "in progress" for all of it.
     let engine = Engine::from_arc(Arc::clone(&store));
     let (scope, k) = (unique_scope("lost-ack"), key("k"));
-    store.lose_answer_next(Op::Reserve, 1);
+    store.hook().lose_answer_next(Op::Reserve, 1);
     // The store stays unreachable for the first checks too.
-    store.fail_next(Op::Get, 3);
+    store.hook().fail_next(Op::Get, 3);
     let refused = engine.begin(&scope, &k, fp("a")).await;
     assert!(
         matches!(refused, Err(EngineError::Store(ref e)) if e.is_transient()),
         "{refused:?}"
     );
-    let rec = store.inner().get(&scope, &k).await.expect("get");
+    let rec = store.hook().inner().get(&scope, &k).await.expect("get");
     assert_eq!(
         rec.map(|r| r.state),
         Some(RecordState::Processing),
@@ -502,7 +502,10 @@ async fn a_reservation_whose_answer_was_lost_is_released_once_the_store_answers(
         panic!("the retry should own the key well before the 30 s lease lapses");
     };
     assert_eq!(guard.attempt(), 1, "a fresh record, not a takeover");
-    assert!(store.calls(Op::Get) >= 4, "checked through the outage");
+    assert!(
+        store.hook().calls(Op::Get) >= 4,
+        "checked through the outage"
+    );
     guard
         .complete(StoredResponse::new(201, "once"))
         .await
@@ -511,7 +514,7 @@ async fn a_reservation_whose_answer_was_lost_is_released_once_the_store_answers(
 
 #[tokio::test]
 async fn a_live_reservation_of_another_owner_is_never_released_by_the_check() {
-    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let store = Arc::new(faulty(MemoryStore::new()));
     let engine = Engine::from_arc(Arc::clone(&store));
     let (scope, k) = (unique_scope("lost-ack-other"), key("k"));
     let Begin::Execute(first) = engine.begin(&scope, &k, fp("a")).await.expect("begin") else {
@@ -519,10 +522,10 @@ async fn a_live_reservation_of_another_owner_is_never_released_by_the_check() {
     };
     // A duplicate's reservation attempt fails after reaching the store:
     // the record it finds is the first owner's, which must stay.
-    store.lose_answer_next(Op::Reserve, 1);
+    store.hook().lose_answer_next(Op::Reserve, 1);
     assert!(engine.begin(&scope, &k, fp("a")).await.is_err());
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(store.calls(Op::Get) >= 1, "the check ran");
+    assert!(store.hook().calls(Op::Get) >= 1, "the check ran");
     first
         .complete(StoredResponse::new(201, "first"))
         .await
@@ -531,11 +534,11 @@ async fn a_live_reservation_of_another_owner_is_never_released_by_the_check() {
 
 #[tokio::test]
 async fn fail_open_keeps_a_reservation_whose_answer_was_lost() {
-    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let store = Arc::new(faulty(MemoryStore::new()));
     let engine = Engine::from_arc(Arc::clone(&store))
         .with_policy(Policy::default().with_fail_mode(FailMode::Open));
     let (scope, k) = (unique_scope("lost-ack-open"), key("k"));
-    store.lose_answer_next(Op::Reserve, 1);
+    store.hook().lose_answer_next(Op::Reserve, 1);
     let ran = engine
         .run(&scope, &k, fp("a"), || async {
             StoredResponse::new(200, "x")

@@ -18,6 +18,14 @@
 //! The shared conformance suite (crate `idem-testkit`) checks all of this
 //! against every backend.
 
+pub mod around;
+pub mod backend;
+pub mod op;
+
+pub use around::{Around, Hook};
+pub use backend::{ExistingDecision, decide_existing, redact_url};
+pub use op::Op;
+
 use std::error::Error as StdError;
 use std::future::Future;
 use std::sync::Arc;
@@ -369,144 +377,5 @@ impl<S: Purge> Purge for Arc<S> {
         key: &IdempotencyKey,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         (**self).delete(scope, key)
-    }
-}
-
-/// The decision every store makes when `reserve` finds an existing record,
-/// written once so that all backends agree. Backends that decide inside the
-/// database (SQL, Lua) mirror these rules; the conformance suite checks them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExistingDecision {
-    /// The record is logically gone (a final record past its retention):
-    /// replace it with a fresh attempt 1.
-    Replace,
-    /// Take over the lapsed lease as attempt + 1.
-    TakeOver,
-    /// Replay the final record.
-    Replay,
-    /// Someone else holds it, or (under [`LeaseExpiry::Hold`]) it is held
-    /// for reconciliation.
-    InProgress {
-        /// When asking again is worthwhile.
-        retry_after: Duration,
-        /// Whether the earlier attempt may have taken effect with nobody
-        /// running it now: the record is marked outcome-unknown, or its
-        /// lease lapsed and the policy holds it.
-        outcome_unknown: bool,
-    },
-    /// Different request under the same key.
-    Mismatch,
-}
-
-/// Applies the reservation rules to an existing record at the store's `now`.
-pub fn decide_existing(
-    existing: &Record,
-    req: &ReserveRequest<'_>,
-    now: Timestamp,
-) -> ExistingDecision {
-    if existing.is_expired(now) {
-        return ExistingDecision::Replace;
-    }
-    if existing.fingerprint != req.fingerprint {
-        return ExistingDecision::Mismatch;
-    }
-    if existing.state.is_final() {
-        return ExistingDecision::Replay;
-    }
-    if existing.lease_live(now) {
-        return ExistingDecision::InProgress {
-            retry_after: existing.lease.locked_until.since(now),
-            outcome_unknown: existing.is_outcome_unknown(),
-        };
-    }
-    match req.on_lease_expiry {
-        LeaseExpiry::Retry => ExistingDecision::TakeOver,
-        // Its owner stopped renewing: whatever it did is unknown.
-        LeaseExpiry::Hold => ExistingDecision::InProgress {
-            retry_after: req.lease,
-            outcome_unknown: true,
-        },
-    }
-}
-
-/// A store URL fit for messages and logs: any password replaced by `***`,
-/// both in the user-info part (`postgres://user:secret@host/db`) and in a
-/// `password=` query option. Every backend and the gateway use this one.
-pub fn redact_url(url: &str) -> String {
-    let (scheme, rest) = match url.split_once("://") {
-        Some((scheme, rest)) => (Some(scheme), rest),
-        None => (None, url),
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let authority = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{user}:***@{host}"),
-            None => format!("{userinfo}@{host}"),
-        },
-        None => authority.to_owned(),
-    };
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            let query: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((name, _)) if name.eq_ignore_ascii_case("password") => {
-                        format!("{name}=***")
-                    }
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            format!("{path}?{}", query.join("&"))
-        }
-        None => tail.to_owned(),
-    };
-    match scheme {
-        Some(scheme) => format!("{scheme}://{authority}{tail}"),
-        None => format!("{authority}{tail}"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_are_redacted() {
-        for (url, want) in [
-            (
-                "postgres://app:s3cret@db:5432/idem",
-                "postgres://app:***@db:5432/idem",
-            ),
-            (
-                "postgresql://app:p@ss@word@db/idem?sslmode=require",
-                "postgresql://app:***@db/idem?sslmode=require",
-            ),
-            (
-                "postgres://db/idem?user=app&password=s3cret",
-                "postgres://db/idem?user=app&password=***",
-            ),
-            ("postgres://app@db/idem", "postgres://app@db/idem"),
-            ("postgres://db", "postgres://db"),
-        ] {
-            assert_eq!(redact_url(url), want, "{url}");
-            assert!(!redact_url(url).contains("s3cret"));
-        }
-    }
-
-    #[test]
-    fn other_schemes_and_plain_urls() {
-        assert_eq!(
-            redact_url("redis://:pw@127.0.0.1"),
-            "redis://:***@127.0.0.1"
-        );
-        assert_eq!(redact_url("rediss://u:s3cret@h"), "rediss://u:***@h");
-        assert_eq!(redact_url("sqlite://idem.db"), "sqlite://idem.db");
-        assert_eq!(redact_url("redis://u@h"), "redis://u@h");
-        assert_eq!(redact_url("redis://h:6379"), "redis://h:6379");
-        assert_eq!(
-            redact_url("redis://:s3cret@h:6379/2"),
-            "redis://:***@h:6379/2"
-        );
     }
 }
