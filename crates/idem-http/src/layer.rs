@@ -427,7 +427,7 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         }) {
             Ok(scope) => scope,
             Err(p)
-                if p.kind() == ProblemKind::TenantMissing
+                if p.kind() == Some(ProblemKind::TenantMissing)
                     && policy.on_missing_tenant == MissingTenant::Pass =>
             {
                 tracing::warn!(reason = "idempotency_unprotected", %operation, %key, detail = p.detail(), "no tenant credential: forwarded unprotected (on_missing_tenant = pass)");
@@ -438,7 +438,7 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                 return Ok(resp);
             }
             Err(p) => {
-                tracing::info!(reason = "idempotency_bad_tenant", %operation, kind = p.kind().slug(), detail = p.detail());
+                tracing::info!(reason = "idempotency_bad_tenant", %operation, kind = p.slug(), detail = p.detail());
                 return Ok(problem(p, Decision::BadRequest));
             }
         };

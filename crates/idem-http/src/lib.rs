@@ -55,7 +55,9 @@ pub use headers::{HOP_BY_HOP, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED, hop_by_ho
 pub use layer::{Idempotency, IdempotencyLayer, Reserved, UpstreamOutcome};
 pub use lookup::Lookup;
 pub use pattern::{PathPattern, PatternError, normalize_path};
-pub use problem::{PROBLEM_BASE, PROBLEM_JSON, Problem, ProblemKind, retry_after_secs};
+pub use problem::{
+    PROBLEM_BASE, PROBLEM_JSON, Problem, ProblemKind, ProblemType, retry_after_secs,
+};
 pub use request::{
     Hashing, IDEMPOTENCY_KEY, PeerAddr, Tenant, TenantExtractor, TenantSource, fingerprints,
     idempotency_key, is_json,

@@ -28,14 +28,7 @@ use metrics::{Counter, Histogram};
 use crate::decision::Decision;
 use crate::routes::Routes;
 
-/// Counter of requests by route and outcome.
-pub const REQUESTS_TOTAL: &str = "idem_requests_total";
-/// Histogram of request latency in seconds by route and outcome.
-pub const REQUEST_DURATION: &str = "idem_request_duration_seconds";
-/// Counter of re-runs (lease takeovers) by route and reason.
-pub const RERUNS_TOTAL: &str = "idem_reruns_total";
-/// Counter of held records settled by a lookup, by route and result.
-pub const RECONCILED_TOTAL: &str = "idem_reconciled_total";
+pub use idem::metrics::{RECONCILED_TOTAL, REQUEST_DURATION, REQUESTS_TOTAL, RERUNS_TOTAL};
 
 /// Pre-registered handles, one pair per route and outcome, so recording a
 /// request is two atomic updates with no label hashing.
@@ -69,8 +62,8 @@ impl RequestMetrics {
                                 ("outcome", d.as_str().to_owned()),
                             ];
                             (
-                                metrics::counter!(REQUESTS_TOTAL, &labels),
-                                metrics::histogram!(REQUEST_DURATION, &labels),
+                                metrics::counter!(REQUESTS_TOTAL.name, &labels),
+                                metrics::histogram!(REQUEST_DURATION.name, &labels),
                             )
                         })
                         .collect()
@@ -94,7 +87,7 @@ impl RequestMetrics {
                 .labels()
                 .map(|label| {
                     [RerunReason::OutcomeUnknown, RerunReason::LeaseLapsed].map(|reason| {
-                        metrics::counter!(RERUNS_TOTAL, "route" => label.to_owned(), "reason" => reason.as_str())
+                        metrics::counter!(RERUNS_TOTAL.name, "route" => label.to_owned(), "reason" => reason.as_str())
                     })
                 })
                 .collect()
@@ -129,7 +122,7 @@ impl ReconcileMetrics {
             by_route: labels
                 .map(|label| {
                     let counters = SETTLED.map(|how| {
-                        metrics::counter!(RECONCILED_TOTAL, "route" => label.to_owned(), "result" => how.as_str())
+                        metrics::counter!(RECONCILED_TOTAL.name, "route" => label.to_owned(), "result" => how.as_str())
                     });
                     (label.to_owned(), counters)
                 })

@@ -4,7 +4,7 @@
 //! use idem_http::{Problem, ProblemKind};
 //! let p = Problem::new(ProblemKind::KeyReused, "the key was used for another request");
 //! assert_eq!(p.status().as_u16(), 422);
-//! assert_eq!(p.kind().type_uri(), "https://idem.dev/problems/idempotency-key-reused");
+//! assert_eq!(p.type_uri(), "https://idem.dev/problems/idempotency-key-reused");
 //! ```
 
 use std::fmt;
@@ -74,19 +74,6 @@ pub enum ProblemKind {
     UpstreamBroken,
     /// A replay of a response whose body was too large or streamed to keep.
     ResponseNotRetained,
-    /// Admin API: no or a wrong bearer token (401).
-    AdminUnauthorized,
-    /// Admin API: a cross-site or non-loopback request to an admin listener
-    /// without a token (403).
-    AdminForbidden,
-    /// Admin API: no such record (404).
-    RecordNotFound,
-    /// Admin API: the record's state forbids the action (409).
-    RecordConflict,
-    /// Admin API: a malformed query or path parameter (400).
-    InvalidParameter,
-    /// Admin API: no such route (404).
-    NotFound,
 }
 
 impl ProblemKind {
@@ -115,12 +102,6 @@ impl ProblemKind {
             Self::UpstreamTimeout => "upstream-timeout",
             Self::UpstreamBroken => "upstream-response-broken",
             Self::ResponseNotRetained => "idempotency-response-not-retained",
-            Self::AdminUnauthorized => "admin-unauthorized",
-            Self::AdminForbidden => "admin-forbidden",
-            Self::RecordNotFound => "record-not-found",
-            Self::RecordConflict => "record-state-conflict",
-            Self::InvalidParameter => "invalid-parameter",
-            Self::NotFound => "not-found",
         }
     }
 
@@ -158,12 +139,6 @@ impl ProblemKind {
             Self::UpstreamTimeout => "Upstream timed out",
             Self::UpstreamBroken => "Upstream response broke off",
             Self::ResponseNotRetained => "Original response body not retained",
-            Self::AdminUnauthorized => "Admin token required",
-            Self::AdminForbidden => "Admin request refused",
-            Self::RecordNotFound => "No such idempotency record",
-            Self::RecordConflict => "The record's state does not allow this action",
-            Self::InvalidParameter => "Invalid parameter",
-            Self::NotFound => "Not found",
         }
     }
 
@@ -177,12 +152,9 @@ impl ProblemKind {
             | Self::BodyEncoding
             | Self::BodyAmbiguous
             | Self::TenantInvalid
-            | Self::HostInvalid
-            | Self::InvalidParameter => StatusCode::BAD_REQUEST,
-            Self::AdminUnauthorized | Self::TenantMissing => StatusCode::UNAUTHORIZED,
-            Self::AdminForbidden | Self::TenantUntrusted => StatusCode::FORBIDDEN,
-            Self::RecordNotFound | Self::NotFound => StatusCode::NOT_FOUND,
-            Self::RecordConflict => StatusCode::CONFLICT,
+            | Self::HostInvalid => StatusCode::BAD_REQUEST,
+            Self::TenantMissing => StatusCode::UNAUTHORIZED,
+            Self::TenantUntrusted => StatusCode::FORBIDDEN,
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::InProgress | Self::OutcomeReconciling | Self::OutcomeHeld => StatusCode::CONFLICT,
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -195,10 +167,38 @@ impl ProblemKind {
     }
 }
 
-/// One problem response: kind, status, human detail, optional retry hint.
+/// A problem `type` of a service built on this crate (the gateway's admin
+/// API, say): its slug, title and status, answered in the same
+/// problem+json form as the [`ProblemKind`]s of the idempotency contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ProblemType {
+    slug: &'static str,
+    title: &'static str,
+    status: StatusCode,
+}
+
+impl ProblemType {
+    /// A type whose URI is [`PROBLEM_BASE`] + `slug`.
+    pub const fn new(slug: &'static str, title: &'static str, status: StatusCode) -> Self {
+        Self {
+            slug,
+            title,
+            status,
+        }
+    }
+}
+
+impl From<ProblemKind> for ProblemType {
+    fn from(kind: ProblemKind) -> Self {
+        Self::new(kind.slug(), kind.title(), kind.default_status())
+    }
+}
+
+/// One problem response: type, status, human detail, optional retry hint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
-    kind: ProblemKind,
+    kind: Option<ProblemKind>,
+    ty: ProblemType,
     status: StatusCode,
     detail: String,
     retry_after: Option<Duration>,
@@ -208,8 +208,17 @@ impl Problem {
     /// A problem with the kind's default status.
     pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Self {
         Self {
-            kind,
-            status: kind.default_status(),
+            kind: Some(kind),
+            ..Self::of_type(kind.into(), detail)
+        }
+    }
+
+    /// A problem of a type of its own (not one of the contract's kinds).
+    pub fn of_type(ty: ProblemType, detail: impl Into<String>) -> Self {
+        Self {
+            kind: None,
+            ty,
+            status: ty.status,
             detail: detail.into(),
             retry_after: None,
         }
@@ -227,9 +236,19 @@ impl Problem {
         self
     }
 
-    /// The kind.
-    pub fn kind(&self) -> ProblemKind {
+    /// The kind, when it is one of the idempotency contract's.
+    pub fn kind(&self) -> Option<ProblemKind> {
         self.kind
+    }
+
+    /// The slug: the last part of the `type` URI.
+    pub fn slug(&self) -> &'static str {
+        self.ty.slug
+    }
+
+    /// The `type` URI.
+    pub fn type_uri(&self) -> String {
+        format!("{PROBLEM_BASE}{}", self.ty.slug)
     }
 
     /// The status.
@@ -245,8 +264,8 @@ impl Problem {
     /// The JSON document.
     pub fn to_json(&self) -> Vec<u8> {
         let doc = serde_json::json!({
-            "type": self.kind.type_uri(),
-            "title": self.kind.title(),
+            "type": self.type_uri(),
+            "title": self.ty.title,
             "status": self.status.as_u16(),
             "detail": self.detail,
         });
@@ -277,13 +296,7 @@ pub fn retry_after_secs(after: Duration) -> u64 {
 
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} ({}): {}",
-            self.kind.title(),
-            self.status,
-            self.detail
-        )
+        write!(f, "{} ({}): {}", self.ty.title, self.status, self.detail)
     }
 }
 
@@ -341,12 +354,6 @@ mod tests {
             UpstreamTimeout,
             UpstreamBroken,
             ResponseNotRetained,
-            AdminUnauthorized,
-            AdminForbidden,
-            RecordNotFound,
-            RecordConflict,
-            InvalidParameter,
-            NotFound,
         ];
         let slugs: std::collections::HashSet<_> = all.iter().map(|k| k.slug()).collect();
         assert_eq!(slugs.len(), all.len());

@@ -17,7 +17,7 @@ use hyper_util::rt::TokioExecutor;
 use idem::{FailMode, InFlight, MemoryStore, Policy};
 use idem_http::{Hashing, IdempotencyLayer, MissingTenant, RoutePolicy, Routes, TenantSource};
 use idem_testkit::client::send;
-use idem_testkit::{FaultyStore, Op};
+use idem_testkit::{Op, faulty};
 
 #[derive(Clone, Default)]
 struct Counter(Arc<AtomicU64>);
@@ -466,14 +466,14 @@ async fn a_client_that_disconnects_does_not_cancel_the_work_or_its_record() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_down_fails_closed_or_open_by_policy() {
     let counter = Counter::default();
-    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let store = Arc::new(faulty(MemoryStore::new()));
     let open = RoutePolicy::default().with_engine(Policy::default().with_fail_mode(FailMode::Open));
     let routes = Routes::default()
         .route(Method::POST, "/v1/payments", RoutePolicy::default())
         .and_then(|r| r.route(Method::POST, "/v1/orders/{id}/capture", open))
         .expect("routes");
     let addr = serve(app(Arc::clone(&store), routes, counter.clone())).await;
-    store.fail_next(Op::Reserve, 1);
+    store.hook().fail_next(Op::Reserve, 1);
     let closed = send(
         addr,
         Method::POST,
@@ -486,7 +486,7 @@ async fn store_down_fails_closed_or_open_by_policy() {
     assert!(closed.headers.contains_key("retry-after"));
     assert_eq!(closed.problem_type(), "idempotency-store-unavailable");
     assert_eq!(counter.get(), 0, "fail-closed forwards nothing");
-    store.fail_next(Op::Reserve, 1);
+    store.hook().fail_next(Op::Reserve, 1);
     let opened = send(
         addr,
         Method::POST,
@@ -560,15 +560,15 @@ async fn the_axum_example_runs_and_dedupes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_gone_while_its_key_is_being_reserved_leaves_no_stuck_key() {
     let counter = Counter::default();
-    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let store = Arc::new(faulty(MemoryStore::new()));
     // The reservation takes effect at once but is acknowledged late, as
     // with a slow durable commit; the client gives up in between.
-    store.delay(Op::Reserve, Duration::from_millis(200));
+    store.hook().delay(Op::Reserve, Duration::from_millis(200));
     let addr = serve(app(Arc::clone(&store), routes(), counter.clone())).await;
     let h = [JSON, AUTH, ("idempotency-key", "slow-store")];
     hang_up_after(addr, "/v1/payments", &h, Duration::from_millis(50)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    store.delay(Op::Reserve, Duration::ZERO);
+    store.hook().delay(Op::Reserve, Duration::ZERO);
     let retry = send(addr, Method::POST, "/v1/payments", &h, "{}").await;
     assert_eq!(
         retry.status,
