@@ -43,7 +43,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let schema = format!("idem_bench_{tag}");
     let sep = if pg.contains('?') { '&' } else { '?' };
     let opts = PgOptions::from_url(&format!("{pg}{sep}schema={schema}&max_connections=16"))?;
-    let lock_options = opts.connect.clone();
+    let lock_options = opts.connect_options().clone();
     let store = PgStore::connect_with(opts).await?;
     let pool = store.pool().clone();
     let (stream, prefix) = (format!("IDEMBENCH_{tag}"), format!("idembench{tag}"));

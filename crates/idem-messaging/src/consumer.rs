@@ -33,12 +33,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use idem::InboxOutcome;
+use idem::store::BoxError;
 use idem_postgres::MessagingError;
 use idem_postgres::guard::{Order, OrderingGuard};
-use idem_postgres::inbox::{Inbox, InboxOutcome};
+use idem_postgres::inbox::Inbox;
 use idem_postgres::sqlx::{self, PgPool, Postgres, Transaction};
 use tokio::task::JoinSet;
 
+use crate::cause::caused;
 use crate::headers;
 
 /// A message as the handler sees it, whatever the broker.
@@ -71,7 +74,7 @@ impl Message {
     /// shape) is a [`HandlerError::Permanent`]: it will never parse.
     pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, HandlerError> {
         serde_json::from_slice(&self.payload)
-            .map_err(|e| HandlerError::permanent(format!("payload is not the expected JSON: {e}")))
+            .map_err(|e| HandlerError::permanent_with("payload is not the expected JSON", e))
     }
 
     /// The relay's ordering headers: aggregate type, aggregate id and its
@@ -103,41 +106,63 @@ impl Message {
 }
 
 /// Why a handler did not apply a message.
+///
+/// Each kind holds what went wrong: a message, an error (a driver's, a
+/// client's), or a message and the error behind it (the `*_with`
+/// constructors), whose cause stays reachable as the error's
+/// [`source`](std::error::Error::source); `HandlerError::Retry(err.into())`
+/// wraps an error as it is (same text, same source). Its text (`why`, or
+/// `why: cause`) is what the runner logs and gives as the reason when it
+/// parks the message.
 #[derive(Debug, thiserror::Error)]
 pub enum HandlerError {
     /// Something that may pass later (a lock timeout, a service down):
     /// the message is redelivered after a backoff.
-    #[error("{0}")]
-    Retry(String),
+    #[error(transparent)]
+    Retry(BoxError),
     /// The message can never be applied (malformed, refers to nothing):
     /// it is parked at once.
-    #[error("{0}")]
-    Permanent(String),
+    #[error(transparent)]
+    Permanent(BoxError),
 }
 
 impl HandlerError {
     /// A failure worth retrying.
     pub fn retry(why: impl Into<String>) -> Self {
-        Self::Retry(why.into())
+        Self::Retry(why.into().into())
     }
 
     /// A failure no retry will fix.
     pub fn permanent(why: impl Into<String>) -> Self {
-        Self::Permanent(why.into())
+        Self::Permanent(why.into().into())
+    }
+
+    /// A failure worth retrying, because of `source`: shows as
+    /// `why: source`.
+    pub fn retry_with(why: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Retry(caused(why, source))
+    }
+
+    /// A failure no retry will fix, because of `source`: shows as
+    /// `why: source`.
+    pub fn permanent_with(why: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Permanent(caused(why, source))
     }
 }
 
+/// A database failure: retried (`database: …`).
 impl From<sqlx::Error> for HandlerError {
     fn from(err: sqlx::Error) -> Self {
-        Self::Retry(format!("database: {err}"))
+        Self::retry_with("database", err)
     }
 }
 
+/// A refused id or message is permanent; a database failure is retried.
 impl From<MessagingError> for HandlerError {
     fn from(err: MessagingError) -> Self {
         match err {
-            MessagingError::InvalidMessage { .. } => Self::Permanent(err.to_string()),
-            _ => Self::Retry(err.to_string()),
+            MessagingError::InvalidMessage { .. } => Self::Permanent(Box::new(err)),
+            _ => Self::Retry(Box::new(err)),
         }
     }
 }
@@ -155,10 +180,33 @@ pub trait Handler: Send + Sync + 'static {
 }
 
 /// Why settling a delivery with the broker failed (the broker will
-/// redeliver the message after its acknowledgement timeout).
+/// redeliver the message after its acknowledgement timeout), or why a
+/// [`Source`] could not deliver. It shows as `message` or
+/// `message: cause`; the broker client's error stays its
+/// [`source`](std::error::Error::source).
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct SettleError(pub String);
+#[error(transparent)]
+pub struct SettleError(BoxError);
+
+impl SettleError {
+    /// A failure described by `message`.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self(message.into().into())
+    }
+
+    /// A failure described by `message`, because of `source` (the broker
+    /// client's error): shows as `message: source`.
+    pub fn with_source(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self(caused(message, source))
+    }
+
+    /// `err` as it is (same text, same source), e.g. a failed publish to
+    /// a retry or dead-letter queue.
+    #[cfg_attr(not(feature = "rabbitmq"), allow(dead_code))]
+    pub(crate) fn from_error(err: impl Into<BoxError>) -> Self {
+        Self(err.into())
+    }
+}
 
 /// One delivery, and how to settle it with its broker.
 pub trait Delivery: Send + 'static {
@@ -177,8 +225,8 @@ pub trait Delivery: Send + 'static {
 }
 
 /// Where deliveries come from: a JetStream pull consumer
-/// ([`crate::nats::JetStreamSource`]), a RabbitMQ queue
-/// ([`crate::rabbitmq::RabbitSource`]).
+/// (`JetStreamSource`, feature `nats`), a RabbitMQ queue (`RabbitSource`,
+/// feature `rabbitmq`), or your own.
 pub trait Source: Send + 'static {
     /// The source's deliveries.
     type Delivery: Delivery;
@@ -274,7 +322,7 @@ impl Outcome {
         Self::Parked,
     ];
 
-    /// Its label in `idem_consumer_messages_total{outcome}`.
+    /// Its `outcome` label in `idem_inbox_messages_total{consumer,outcome}`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Applied => "applied",
@@ -371,7 +419,7 @@ impl<H: Handler> Consumer<H> {
                 biased;
                 () = &mut stop => break,
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => {
-                    record(&mut stats, done);
+                    record(&mut stats, &self.options.consumer, done);
                     continue;
                 }
                 permit = Arc::clone(&limit).acquire_owned() => permit,
@@ -406,7 +454,7 @@ impl<H: Handler> Consumer<H> {
         }
         // Finish what is in hand.
         while let Some(done) = tasks.join_next().await {
-            record(&mut stats, done);
+            record(&mut stats, &self.options.consumer, done);
         }
         source.close().await;
         if let Some(task) = retention {
@@ -436,15 +484,25 @@ async fn purge_inbox(pool: PgPool, consumer: String, keep: Duration) {
     }
 }
 
-fn record(stats: &mut ConsumerStats, done: Result<(Outcome, bool), tokio::task::JoinError>) {
+/// Counts one delivery's outcome in `stats` and in
+/// `idem_inbox_messages_total{consumer,outcome}`.
+fn record(
+    stats: &mut ConsumerStats,
+    consumer: &str,
+    done: Result<(Outcome, bool), tokio::task::JoinError>,
+) {
     match done {
         Ok((outcome, settled)) => {
             stats.count(outcome);
             if !settled {
                 stats.settle_failures += 1;
             }
-            metrics::counter!("idem_consumer_messages_total", "outcome" => outcome.as_str())
-                .increment(1);
+            metrics::counter!(
+                idem::metrics::INBOX_MESSAGES_TOTAL.name,
+                "consumer" => consumer.to_owned(),
+                "outcome" => outcome.as_str()
+            )
+            .increment(1);
         }
         Err(err) => tracing::error!(reason = "consumer_task_failed", %err),
     }
@@ -472,6 +530,7 @@ async fn handle_one<H: Handler, D: Delivery>(
             Ok(Verdict::Ack(outcome)) => (outcome, delivery.ack().await),
             Ok(Verdict::Gap) => (Outcome::Gap, delivery.retry(options.gap_delay).await),
             Err(HandlerError::Permanent(why)) => {
+                let why = why.to_string();
                 tracing::error!(reason = "consumer_message_parked", consumer, %id, %subject, deliveries, %why, "parking a message that cannot be applied");
                 (Outcome::Parked, delivery.park(&why).await)
             }
@@ -574,6 +633,133 @@ mod tests {
     }
 
     #[test]
+    fn errors_read_as_before_and_keep_their_cause() {
+        use std::error::Error as _;
+
+        let err = HandlerError::retry("the ledger is down");
+        assert!(matches!(err, HandlerError::Retry(_)));
+        assert_eq!(err.to_string(), "the ledger is down");
+        assert!(err.source().is_none());
+
+        let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out");
+        let err = HandlerError::permanent_with("ledger refused", io);
+        assert!(matches!(err, HandlerError::Permanent(_)));
+        assert_eq!(err.to_string(), "ledger refused: timed out");
+        assert!(
+            err.source()
+                .and_then(|e| e.downcast_ref::<std::io::Error>())
+                .is_some()
+        );
+        let err = HandlerError::retry_with("ledger", "busy");
+        assert_eq!(err.to_string(), "ledger: busy");
+
+        // Driver errors are retried, with the driver's error as the cause.
+        let err = HandlerError::from(sqlx::Error::PoolTimedOut);
+        assert!(matches!(err, HandlerError::Retry(_)));
+        assert_eq!(
+            err.to_string(),
+            format!("database: {}", sqlx::Error::PoolTimedOut)
+        );
+        assert!(
+            err.source()
+                .and_then(|e| e.downcast_ref::<sqlx::Error>())
+                .is_some()
+        );
+        // A refused message is permanent and reads as the store's error.
+        let refused = MessagingError::InvalidMessage {
+            field: "message_id",
+            reason: "must not be empty".into(),
+        };
+        let text = refused.to_string();
+        let err = HandlerError::from(refused);
+        assert!(matches!(&err, HandlerError::Permanent(e) if e.is::<MessagingError>()));
+        assert_eq!(err.to_string(), text);
+        let err = HandlerError::from(MessagingError::Database(sqlx::Error::PoolTimedOut));
+        assert!(matches!(err, HandlerError::Retry(_)));
+
+        let err = SettleError::with_source("acknowledge", "connection closed");
+        assert_eq!(err.to_string(), "acknowledge: connection closed");
+        assert!(err.source().is_some());
+        let err = SettleError::new("RabbitMQ closed the consumer");
+        assert_eq!(err.to_string(), "RabbitMQ closed the consumer");
+        assert!(err.source().is_none());
+    }
+
+    /// The runner counts every delivery in
+    /// `idem_inbox_messages_total{consumer,outcome}` (DESIGN §7).
+    #[test]
+    fn outcomes_are_counted_per_consumer_in_the_inbox_metric() {
+        use std::sync::Mutex;
+
+        use metrics::{
+            Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString,
+            Unit,
+        };
+
+        /// A counter: its name, its labels, its value.
+        type Counted = (String, Vec<(String, String)>, u64);
+        /// Every counter registered, in order.
+        #[derive(Default)]
+        struct Counters(Arc<Mutex<Vec<Counted>>>);
+        struct One(Arc<Mutex<Vec<Counted>>>, usize);
+        impl CounterFn for One {
+            fn increment(&self, value: u64) {
+                self.0.lock().expect("counters")[self.1].2 += value;
+            }
+            fn absolute(&self, value: u64) {
+                self.0.lock().expect("counters")[self.1].2 = value;
+            }
+        }
+        impl Recorder for Counters {
+            fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+            fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+            fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+            fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+                let mut all = self.0.lock().expect("counters");
+                let labels = key
+                    .labels()
+                    .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                    .collect();
+                all.push((key.name().to_owned(), labels, 0));
+                Counter::from_arc(Arc::new(One(Arc::clone(&self.0), all.len() - 1)))
+            }
+            fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+                Gauge::noop()
+            }
+            fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+                Histogram::noop()
+            }
+        }
+
+        let recorder = Counters::default();
+        let mut stats = ConsumerStats::default();
+        metrics::with_local_recorder(&recorder, || {
+            record(&mut stats, "orders", Ok((Outcome::Applied, true)));
+            record(&mut stats, "orders", Ok((Outcome::Duplicate, false)));
+        });
+        assert_eq!(stats.applied, 1);
+        assert_eq!(stats.duplicates, 1);
+        assert_eq!(stats.settle_failures, 1);
+        let counted = recorder.0.lock().expect("counters").clone();
+        let label = |k: &str, v: &str| (k.to_owned(), v.to_owned());
+        assert_eq!(
+            counted,
+            vec![
+                (
+                    "idem_inbox_messages_total".to_owned(),
+                    vec![label("consumer", "orders"), label("outcome", "applied")],
+                    1
+                ),
+                (
+                    "idem_inbox_messages_total".to_owned(),
+                    vec![label("consumer", "orders"), label("outcome", "duplicate")],
+                    1
+                ),
+            ]
+        );
+    }
+
+    #[test]
     fn payloads_that_do_not_parse_are_permanent() {
         #[derive(serde::Deserialize)]
         struct Paid {
@@ -583,9 +769,17 @@ mod tests {
         assert_eq!(ok.order_id, "o1");
         let mut bad = message(&[]);
         bad.payload = Bytes::from_static(b"not json");
-        assert!(matches!(
-            bad.json::<Paid>(),
-            Err(HandlerError::Permanent(_))
-        ));
+        let err = bad.json::<Paid>().err().expect("not JSON");
+        assert!(matches!(err, HandlerError::Permanent(_)));
+        assert!(
+            err.to_string()
+                .starts_with("payload is not the expected JSON: "),
+            "{err}"
+        );
+        assert!(
+            std::error::Error::source(&err)
+                .and_then(|e| e.downcast_ref::<serde_json::Error>())
+                .is_some()
+        );
     }
 }

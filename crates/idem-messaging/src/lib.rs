@@ -2,19 +2,30 @@
 //!
 //! Events written with `idem_postgres::outbox::Outbox::enqueue` in the
 //! same transaction as the change they announce are published by a
-//! [`Relay`] to a broker that acknowledges each message
-//! ([`NatsPublisher`] for NATS JetStream, [`RabbitPublisher`] for
-//! RabbitMQ): in order per aggregate, with several relays running at once.
-//! See [`relay`] for how.
+//! [`Relay`] to a broker that acknowledges each message (a [`Publisher`]:
+//! `NatsPublisher` for NATS JetStream, `RabbitPublisher` for RabbitMQ): in
+//! order per aggregate, with several relays running at once. See [`relay`]
+//! for how; the relay schedules and publishes, and every statement it runs
+//! on the outbox is `idem_postgres::outbox`'s.
 //!
 //! On the receiving side, a [`Consumer`] takes deliveries from a
-//! [`JetStreamSource`] or a [`RabbitSource`] and handles each one once:
-//! inbox check, ordering guard and handler in one PostgreSQL transaction,
-//! acknowledged after the commit. See [`consumer`].
+//! [`Source`] (`JetStreamSource`, `RabbitSource`) and handles each one
+//! once: inbox check, ordering guard and handler in one PostgreSQL
+//! transaction, acknowledged after the commit. See [`consumer`].
+//!
+//! ## Features
+//!
+//! The broker adapters are opt-in; none is on by default:
+//!
+//! * `nats`: NATS JetStream (`NatsPublisher`, `JetStreamSource`);
+//! * `rabbitmq`: RabbitMQ (`RabbitPublisher`, `RabbitSource`).
 
+mod cause;
 pub mod consumer;
+#[cfg(feature = "nats")]
 pub mod nats;
 pub mod publisher;
+#[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 pub mod relay;
 
@@ -22,8 +33,10 @@ pub use consumer::{
     Consumer, ConsumerOptions, ConsumerStats, Delivery, Handler, HandlerError, Message, Outcome,
     SettleError, Source,
 };
+#[cfg(feature = "nats")]
 pub use nats::{JetStreamDelivery, JetStreamSource, JetStreamSourceOptions, NatsPublisher};
 pub use publisher::{Outgoing, PublishError, Published, Publisher};
+#[cfg(feature = "rabbitmq")]
 pub use rabbitmq::{RabbitDelivery, RabbitPublisher, RabbitSource, RabbitSourceOptions};
 pub use relay::{OnDead, Relay, RelayError, RelayOptions, RelayStats};
 

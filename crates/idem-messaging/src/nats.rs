@@ -31,7 +31,7 @@ impl NatsPublisher {
             .connect(url)
             .await
             .map_err(|e| {
-                PublishError::broker_down(format!("cannot connect to NATS at {url}: {e}"))
+                PublishError::broker_down_with(format!("cannot connect to NATS at {url}"), e)
             })?;
         let jetstream = async_nats::jetstream::new(client.clone());
         Ok(Self {
@@ -58,7 +58,7 @@ impl NatsPublisher {
             })
             .await
             .map_err(|e| {
-                PublishError::refused(format!("cannot create stream {}: {e}", self.stream))
+                PublishError::refused_with(format!("cannot create stream {}", self.stream), e)
             })?;
         Ok(())
     }
@@ -83,7 +83,9 @@ impl Publisher for NatsPublisher {
             .jetstream
             .publish_with_headers(msg.subject.clone(), headers, msg.payload.clone())
             .await
-            .map_err(|e| PublishError::broker_down(format!("publish to {}: {e}", msg.subject)))?;
+            .map_err(|e| {
+                PublishError::broker_down_with(format!("publish to {}", msg.subject), e)
+            })?;
         let ack = tokio::time::timeout(self.ack_timeout, ack)
             .await
             .map_err(|_| {
@@ -94,12 +96,12 @@ impl Publisher for NatsPublisher {
             })?
             .map_err(|e| {
                 use async_nats::jetstream::context::PublishErrorKind;
-                let message = format!("publish to {}: {e}", msg.subject);
+                let message = format!("publish to {}", msg.subject);
                 match e.kind() {
                     PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => {
-                        PublishError::broker_down(message)
+                        PublishError::broker_down_with(message, e)
                     }
-                    _ => PublishError::refused(message),
+                    _ => PublishError::refused_with(message, e),
                 }
             })?;
         Ok(Published {
@@ -112,11 +114,11 @@ impl Publisher for NatsPublisher {
             .jetstream
             .get_stream(&self.stream)
             .await
-            .map_err(|e| PublishError::refused(format!("stream {}: {e}", self.stream)))?;
+            .map_err(|e| PublishError::refused_with(format!("stream {}", self.stream), e))?;
         let info = stream
             .info()
             .await
-            .map_err(|e| PublishError::refused(format!("stream {}: {e}", self.stream)))?;
+            .map_err(|e| PublishError::refused_with(format!("stream {}", self.stream), e))?;
         Ok(Some(info.config.duplicate_window))
     }
 
@@ -198,7 +200,7 @@ impl JetStreamSource {
         let stream = jetstream
             .get_stream(&options.stream)
             .await
-            .map_err(|e| SettleError(format!("stream {}: {e}", options.stream)))?;
+            .map_err(|e| SettleError::with_source(format!("stream {}", options.stream), e))?;
         let consumer: async_nats::jetstream::consumer::Consumer<pull::Config> = stream
             .get_or_create_consumer(
                 &options.durable,
@@ -224,11 +226,11 @@ impl JetStreamSource {
                 },
             )
             .await
-            .map_err(|e| SettleError(format!("consumer {}: {e}", options.durable)))?;
+            .map_err(|e| SettleError::with_source(format!("consumer {}", options.durable), e))?;
         let messages = consumer
             .messages()
             .await
-            .map_err(|e| SettleError(format!("consumer {}: {e}", options.durable)))?;
+            .map_err(|e| SettleError::with_source(format!("consumer {}", options.durable), e))?;
         Ok(Self {
             jetstream,
             consumer,
@@ -246,19 +248,19 @@ impl Source for JetStreamSource {
             Some(messages) => messages,
             None => match self.consumer.messages().await {
                 Ok(messages) => self.messages.insert(messages),
-                Err(e) => return Some(Err(SettleError(format!("JetStream: {e}")))),
+                Err(e) => return Some(Err(SettleError::with_source("JetStream", e))),
             },
         };
         let Some(next) = messages.next().await else {
             // The stream ended (the connection or the consumer went away):
             // open a new one on the next call, after the runner's pause.
             self.messages = None;
-            return Some(Err(SettleError(
-                "JetStream: the message stream ended; reopening".to_owned(),
+            return Some(Err(SettleError::new(
+                "JetStream: the message stream ended; reopening",
             )));
         };
         Some(
-            next.map_err(|e| SettleError(format!("JetStream: {e}")))
+            next.map_err(|e| SettleError::with_source("JetStream", e))
                 .map(|raw| {
                     let deliveries = raw
                         .info()
@@ -309,7 +311,7 @@ impl JetStreamDelivery {
         self.raw
             .ack_with(kind)
             .await
-            .map_err(|e| SettleError(format!("acknowledge: {e}")))
+            .map_err(|e| SettleError::with_source("acknowledge", e))
     }
 }
 
@@ -343,9 +345,9 @@ impl Delivery for JetStreamDelivery {
             .jetstream
             .publish_with_headers(self.dead_letter.clone(), map, self.message.payload.clone())
             .await
-            .map_err(|e| SettleError(format!("park to {}: {e}", self.dead_letter)))?;
+            .map_err(|e| SettleError::with_source(format!("park to {}", self.dead_letter), e))?;
         ack.await
-            .map_err(|e| SettleError(format!("park to {}: {e}", self.dead_letter)))?;
+            .map_err(|e| SettleError::with_source(format!("park to {}", self.dead_letter), e))?;
         self.settle(AckKind::Term).await
     }
 }

@@ -5,13 +5,16 @@ use std::future::Future;
 use std::time::Duration;
 
 use bytes::Bytes;
+use idem::store::BoxError;
+
+use crate::cause::caused;
 
 /// One message on its way to the broker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outgoing {
     /// `<prefix>.<aggregate_type>.<message_type>`.
     pub subject: String,
-    /// The de-duplication id (the outbox row id).
+    /// The de-duplication id (the outbox row's event id).
     pub id: String,
     /// The JSON payload.
     pub payload: Bytes,
@@ -27,33 +30,53 @@ pub struct Published {
 }
 
 /// Why a publish failed. Every failure leaves the row pending.
+///
+/// Each kind holds what went wrong: a message, or a message and the
+/// broker client's error behind it (made with the `*_with` constructors),
+/// which stays reachable as the error's [`source`](std::error::Error::source).
+/// It shows as `message` or `message: cause`; the relay stores that text
+/// as the row's `last_error`.
 #[derive(Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct PublishError {
-    /// What happened, in one line.
-    pub message: String,
+pub enum PublishError {
     /// The broker could not be reached or did not answer: nothing is wrong
     /// with the message, so the attempt does not count towards `dead`;
     /// the relay waits for the broker.
-    pub broker_down: bool,
+    #[error(transparent)]
+    BrokerDown(BoxError),
+    /// The broker answered and refused this message (no stream for its
+    /// subject, too large…): the attempt counts.
+    #[error(transparent)]
+    Refused(BoxError),
 }
 
 impl PublishError {
     /// The broker is unreachable or did not answer in time.
     pub fn broker_down(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-            broker_down: true,
-        }
+        Self::BrokerDown(message.into().into())
     }
 
     /// The broker answered and refused this message (no stream for its
     /// subject, too large…): the attempt counts.
     pub fn refused(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-            broker_down: false,
-        }
+        Self::Refused(message.into().into())
+    }
+
+    /// [`broker_down`](Self::broker_down) because of `source` (the client's
+    /// error): shows as `message: source`.
+    pub fn broker_down_with(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::BrokerDown(caused(message, source))
+    }
+
+    /// [`refused`](Self::refused) because of `source` (the broker's
+    /// answer): shows as `message: source`.
+    pub fn refused_with(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Refused(caused(message, source))
+    }
+
+    /// Whether the broker was unreachable (rather than refusing the
+    /// message).
+    pub fn is_broker_down(&self) -> bool {
+        matches!(self, Self::BrokerDown(_))
     }
 }
 
@@ -91,5 +114,40 @@ impl<P: Publisher> Publisher for std::sync::Arc<P> {
 
     fn is_connected(&self) -> bool {
         (**self).is_connected()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn errors_read_as_one_line_and_keep_their_cause() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let err = PublishError::broker_down_with("cannot connect to NATS at nats://h:4222", io);
+        assert!(err.is_broker_down());
+        assert_eq!(
+            err.to_string(),
+            "cannot connect to NATS at nats://h:4222: refused"
+        );
+        let cause = err.source().expect("the cause is kept");
+        assert!(
+            cause.downcast_ref::<std::io::Error>().is_some(),
+            "{cause:?}"
+        );
+
+        let err = PublishError::refused_with("stream IDEM", "no such stream");
+        assert!(!err.is_broker_down());
+        assert_eq!(err.to_string(), "stream IDEM: no such stream");
+
+        let err = PublishError::broker_down("NATS is not connected");
+        assert!(matches!(err, PublishError::BrokerDown(_)));
+        assert_eq!(err.to_string(), "NATS is not connected");
+        assert!(err.source().is_none());
+        let err = PublishError::refused("no queue is bound");
+        assert!(matches!(err, PublishError::Refused(_)));
+        assert_eq!(err.to_string(), "no queue is bound");
     }
 }

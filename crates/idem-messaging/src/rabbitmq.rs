@@ -46,20 +46,26 @@ impl std::fmt::Debug for Link {
 }
 
 /// Opens a connection and a channel with publisher confirms, and declares
-/// the durable topic exchange `exchange`.
-async fn open(url: &str, exchange: &str) -> Result<Link, String> {
+/// the durable topic exchange `exchange`. Every failure is the broker's
+/// ([`PublishError::BrokerDown`]).
+async fn open(url: &str, exchange: &str) -> Result<Link, PublishError> {
     let step = async {
         let connection = Connection::connect(url, ConnectionProperties::default())
             .await
-            .map_err(|e| format!("cannot connect to RabbitMQ at {}: {e}", redact_url(url)))?;
+            .map_err(|e| {
+                PublishError::broker_down_with(
+                    format!("cannot connect to RabbitMQ at {}", redact_url(url)),
+                    e,
+                )
+            })?;
         let channel = connection
             .create_channel()
             .await
-            .map_err(|e| format!("cannot open a channel: {e}"))?;
+            .map_err(|e| PublishError::broker_down_with("cannot open a channel", e))?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await
-            .map_err(|e| format!("cannot enable publisher confirms: {e}"))?;
+            .map_err(|e| PublishError::broker_down_with("cannot enable publisher confirms", e))?;
         channel
             .exchange_declare(
                 exchange.into(),
@@ -71,29 +77,31 @@ async fn open(url: &str, exchange: &str) -> Result<Link, String> {
                 FieldTable::default(),
             )
             .await
-            .map_err(|e| format!("cannot declare exchange {exchange}: {e}"))?;
+            .map_err(|e| {
+                PublishError::broker_down_with(format!("cannot declare exchange {exchange}"), e)
+            })?;
         Ok(Link {
             connection,
             channel,
         })
     };
     tokio::time::timeout(TIMEOUT, step).await.map_err(|_| {
-        format!(
+        PublishError::broker_down(format!(
             "RabbitMQ at {} did not answer within {TIMEOUT:?}",
             redact_url(url)
-        )
+        ))
     })?
 }
 
 /// Publishes `payload` with `properties` and waits for the broker's
-/// confirm. `Err((message, broker_down))`.
+/// confirm.
 async fn publish_confirmed(
     channel: &Channel,
     exchange: &str,
     routing_key: &str,
     payload: &[u8],
     properties: BasicProperties,
-) -> Result<(), (String, bool)> {
+) -> Result<(), PublishError> {
     let step = async {
         let confirm = channel
             .basic_publish(
@@ -107,30 +115,23 @@ async fn publish_confirmed(
                 properties,
             )
             .await
-            .map_err(|e| (format!("publish to {routing_key}: {e}"), true))?;
+            .map_err(|e| PublishError::broker_down_with(format!("publish to {routing_key}"), e))?;
         match confirm
             .await
-            .map_err(|e| (format!("publish to {routing_key}: {e}"), true))?
+            .map_err(|e| PublishError::broker_down_with(format!("publish to {routing_key}"), e))?
         {
             Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
-            Confirmation::Ack(Some(returned)) => Err((
-                format!(
-                    "no queue is bound to routing key {routing_key} on exchange {exchange:?} ({})",
-                    returned.reply_text
-                ),
-                false,
-            )),
-            Confirmation::Nack(_) => Err((
-                format!("the broker could not take the message for {routing_key}"),
-                true,
-            )),
+            Confirmation::Ack(Some(returned)) => Err(PublishError::refused(format!(
+                "no queue is bound to routing key {routing_key} on exchange {exchange:?} ({})",
+                returned.reply_text
+            ))),
+            Confirmation::Nack(_) => Err(PublishError::broker_down(format!(
+                "the broker could not take the message for {routing_key}"
+            ))),
         }
     };
     tokio::time::timeout(TIMEOUT, step).await.map_err(|_| {
-        (
-            format!("no confirm for {routing_key} within {TIMEOUT:?}"),
-            true,
-        )
+        PublishError::broker_down(format!("no confirm for {routing_key} within {TIMEOUT:?}"))
     })?
 }
 
@@ -156,9 +157,7 @@ impl RabbitPublisher {
     /// Connects to `url` (`amqp://user:password@host:port/vhost`) and
     /// declares the durable topic exchange `exchange`.
     pub async fn connect(url: &str, exchange: &str) -> Result<Self, PublishError> {
-        let link = open(url, exchange)
-            .await
-            .map_err(PublishError::broker_down)?;
+        let link = open(url, exchange).await?;
         Ok(Self {
             url: url.to_owned(),
             exchange: exchange.to_owned(),
@@ -183,9 +182,7 @@ impl RabbitPublisher {
         if let Some(channel) = self.current() {
             return Ok(channel);
         }
-        let link = open(&self.url, &self.exchange)
-            .await
-            .map_err(PublishError::broker_down)?;
+        let link = open(&self.url, &self.exchange).await?;
         let channel = link.channel.clone();
         *self.link.write().unwrap_or_else(|p| p.into_inner()) = Some(link);
         Ok(channel)
@@ -211,14 +208,7 @@ impl Publisher for RabbitPublisher {
             &msg.payload,
             properties,
         )
-        .await
-        .map_err(|(message, down)| {
-            if down {
-                PublishError::broker_down(message)
-            } else {
-                PublishError::refused(message)
-            }
-        })?;
+        .await?;
         Ok(Published { duplicate: false })
     }
 
@@ -303,7 +293,9 @@ impl RabbitSource {
 
     async fn connect(&mut self) -> Result<(), SettleError> {
         let o = &self.options;
-        let link = open(&self.url, &o.exchange).await.map_err(SettleError)?;
+        let link = open(&self.url, &o.exchange)
+            .await
+            .map_err(SettleError::from_error)?;
         let ch = &link.channel;
         let durable = QueueDeclareOptions {
             durable: true,
@@ -314,7 +306,9 @@ impl RabbitSource {
             async move {
                 ch.queue_declare(name.as_str().into(), durable, args)
                     .await
-                    .map_err(|e| SettleError(format!("cannot declare queue {name}: {e}")))
+                    .map_err(|e| {
+                        SettleError::with_source(format!("cannot declare queue {name}"), e)
+                    })
             }
         };
         declare(o.queue.clone(), FieldTable::default()).await?;
@@ -332,11 +326,13 @@ impl RabbitSource {
                 FieldTable::default(),
             )
             .await
-            .map_err(|e| SettleError(format!("cannot bind {} to {key}: {e}", o.queue)))?;
+            .map_err(|e| {
+                SettleError::with_source(format!("cannot bind {} to {key}", o.queue), e)
+            })?;
         }
         ch.basic_qos(o.prefetch, BasicQosOptions::default())
             .await
-            .map_err(|e| SettleError(format!("cannot set the prefetch: {e}")))?;
+            .map_err(|e| SettleError::with_source("cannot set the prefetch", e))?;
         let consumer = ch
             .basic_consume(
                 o.queue.as_str().into(),
@@ -345,7 +341,7 @@ impl RabbitSource {
                 FieldTable::default(),
             )
             .await
-            .map_err(|e| SettleError(format!("cannot consume {}: {e}", o.queue)))?;
+            .map_err(|e| SettleError::with_source(format!("cannot consume {}", o.queue), e))?;
         self.link = Some((link, consumer));
         Ok(())
     }
@@ -381,11 +377,11 @@ impl Source for RabbitSource {
             ))),
             Some(Err(err)) => {
                 self.link = None;
-                Some(Err(SettleError(format!("RabbitMQ consumer: {err}"))))
+                Some(Err(SettleError::with_source("RabbitMQ consumer", err)))
             }
             None => {
                 self.link = None;
-                Some(Err(SettleError("RabbitMQ closed the consumer".to_owned())))
+                Some(Err(SettleError::new("RabbitMQ closed the consumer")))
             }
         }
     }
@@ -495,7 +491,7 @@ impl RabbitDelivery {
     async fn move_to(&self, queue: &str, properties: BasicProperties) -> Result<(), SettleError> {
         publish_confirmed(&self.channel, "", queue, &self.delivery.data, properties)
             .await
-            .map_err(|(message, _)| SettleError(message))?;
+            .map_err(SettleError::from_error)?;
         self.ack_original().await
     }
 
@@ -504,7 +500,7 @@ impl RabbitDelivery {
             .ack(BasicAckOptions::default())
             .await
             .map(|_| ())
-            .map_err(|e| SettleError(format!("acknowledge: {e}")))
+            .map_err(|e| SettleError::with_source("acknowledge", e))
     }
 }
 

@@ -7,9 +7,11 @@
 //!   `partitions`; a relay publishes only the partitions it holds a
 //!   PostgreSQL session advisory lock on. A relay that dies (even by
 //!   SIGKILL) loses its session and so its locks; another takes the
-//!   partitions over at its next rebalance. Plain `FOR UPDATE SKIP LOCKED`
-//!   would let two relays publish one aggregate's consecutive rows at the
-//!   same time, and the broker could receive them in either order.
+//!   partitions over at its next rebalance (the locks are
+//!   `idem_postgres::outbox::PartitionLocks`). Plain row locks skipped by
+//!   other relays (`SKIP LOCKED`) would let two relays publish one
+//!   aggregate's consecutive rows at the same time, and the broker could
+//!   receive them in either order.
 //! * **Only the head of each aggregate.** Outbox rows carry a per-aggregate
 //!   sequence given out in commit order (see `idem_postgres::outbox`). A
 //!   round takes, per aggregate, the pending rows from the lowest sequence
@@ -43,8 +45,13 @@
 //! index. Rounds overlap: while a round publishes, the next one is read
 //! (starting after the rows in flight; an aggregate that fails in the
 //! current round is dropped from it), and acknowledged rows are marked
-//! published by a background task in one `UPDATE` per batch. Until marked,
-//! an aggregate's acknowledged rows count as gone for reads.
+//! published by a background task, one statement for whatever piled up.
+//! Until marked, an aggregate's acknowledged rows count as gone for reads.
+//!
+//! The relay holds no SQL: reading a round (`Outbox::claim_heads`),
+//! marking rows published or failed, retention, the backlog gauges,
+//! wake-up registrations and partition locks are `idem_postgres::outbox`'s
+//! typed operations; this module schedules them and publishes.
 //!
 //! ## Waking up
 //!
@@ -63,8 +70,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use idem_postgres::MessagingError;
+use idem_postgres::outbox::{AggregateKey, HeadsQuery, Outbox, PartitionLocks, PendingRow};
 use idem_postgres::sqlx::postgres::{PgConnectOptions, PgListener};
-use idem_postgres::sqlx::{self, ConnectOptions, Connection, PgConnection, PgPool, Row};
+use idem_postgres::sqlx::{self, ConnectOptions, Connection, PgConnection, PgPool};
 use tokio::task::JoinSet;
 
 use crate::headers;
@@ -73,17 +82,6 @@ use crate::publisher::{Outgoing, Publisher};
 /// The `application_name` prefix of a relay's lock session (relays of one
 /// outbox count each other by it to share the partitions).
 pub const RELAY_APPLICATION: &str = "idem-relay";
-
-/// The first key of the advisory locks of the relays of the outbox in
-/// `namespace` (its schema): a stable hash, so relays of other outboxes in
-/// the same database never contend; the second key is the partition.
-fn lock_class(namespace: &str) -> i32 {
-    // FNV-1a, 32 bits.
-    let hash = namespace.bytes().fold(0x811c_9dc5_u32, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    });
-    i32::from_ne_bytes(hash.to_ne_bytes())
-}
 
 /// What a `dead` row does to the rows after it in its aggregate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -194,30 +192,11 @@ pub struct RelayStats {
     pub dead: u64,
 }
 
-/// One pending row.
-#[derive(Debug, Clone)]
-struct Row_ {
-    id: i64,
-    /// The random id given at enqueue (`None` for rows written before
-    /// schema version 5).
-    event_id: Option<String>,
-    aggregate_type: String,
-    aggregate_id: String,
-    sequence: i64,
-    message_type: String,
-    payload: String,
-    headers: String,
-    attempts: i32,
-}
-
 /// One round: per aggregate, its rows in sequence order.
-type Batch = Vec<Vec<Row_>>;
+type Batch = Vec<Vec<PendingRow>>;
 
-/// An aggregate: its type and id.
-type AggregateKey = (String, String);
-
-/// Marks acknowledged rows published in the background, one `UPDATE` for
-/// whatever piled up meanwhile, so publishing never waits for it. Until
+/// Marks acknowledged rows published in the background, one statement
+/// ([`Outbox::mark_published`]) for whatever piled up meanwhile, so publishing never waits for it. Until
 /// they are marked, an aggregate's acknowledged rows (always the first of
 /// its pending rows) count as gone: reads start after the highest
 /// acknowledged sequence of each aggregate.
@@ -241,15 +220,7 @@ impl Marker {
                 let mut tries = 0;
                 loop {
                     tries += 1;
-                    let marked = sqlx::query(
-                        "UPDATE idem_outbox SET state = 'published', published_at = clock_timestamp(), \
-                         attempts = attempts + 1, last_error = NULL \
-                         WHERE id = ANY($1) AND state = 'pending'",
-                    )
-                    .bind(&ids)
-                    .execute(&pool)
-                    .await;
-                    match marked {
+                    match Outbox::mark_published(&pool, &ids).await {
                         Ok(_) => break,
                         Err(err) if tries >= 3 => {
                             // Left pending: read again and re-published
@@ -316,12 +287,7 @@ struct Wake {
 impl Wake {
     async fn new(pool: &PgPool, options: &RelayOptions) -> Self {
         let listener = if options.listen {
-            let listening = async {
-                let mut listener = PgListener::connect_with(pool).await?;
-                listener.listen(NOTIFY_CHANNEL).await?;
-                Ok::<_, sqlx::Error>(listener)
-            };
-            match listening.await {
+            match Outbox::listener(pool).await {
                 Ok(listener) => Some(listener),
                 Err(err) => {
                     tracing::warn!(reason = "relay_listen_failed", %err, "cannot LISTEN; polling instead");
@@ -343,10 +309,7 @@ impl Wake {
     /// Work was found: inserts need not notify for this relay any more.
     async fn busy(&mut self, pool: &PgPool) {
         if self.registered.take().is_some() {
-            let _ = sqlx::query("DELETE FROM idem_outbox_listeners WHERE relay = $1")
-                .bind(&self.id)
-                .execute(pool)
-                .await;
+            let _ = Outbox::unregister_listener(pool, &self.id).await;
         }
     }
 
@@ -365,17 +328,9 @@ impl Wake {
         if let Some(listener) = self.listener.as_mut() {
             if self.registered.is_none_or(|t| t.elapsed() >= self.fallback) {
                 let first = self.registered.is_none();
-                let registered = sqlx::query(
-                    "INSERT INTO idem_outbox_listeners (relay, until) \
-                     VALUES ($1, clock_timestamp() + $2::bigint * interval '1 millisecond') \
-                     ON CONFLICT (relay) DO UPDATE SET until = EXCLUDED.until",
-                )
-                .bind(&self.id)
-                .bind(
-                    i64::try_from(self.fallback.as_millis().saturating_mul(3)).unwrap_or(i64::MAX),
-                )
-                .execute(pool)
-                .await;
+                let registered =
+                    Outbox::register_listener(pool, &self.id, self.fallback.saturating_mul(3))
+                        .await;
                 if registered.is_ok() {
                     self.registered = Some(Instant::now());
                     if first {
@@ -411,14 +366,14 @@ impl Wake {
 }
 
 /// The channel inserting statements notify while a relay waits.
-pub const NOTIFY_CHANNEL: &str = "idem_outbox";
+pub use idem_postgres::outbox::NOTIFY_CHANNEL;
 
 /// The relay; see the [module docs](self).
 #[derive(Debug)]
 pub struct Relay<P> {
     pool: PgPool,
     lock_options: PgConnectOptions,
-    lock_class: i32,
+    locks: PartitionLocks,
     application: String,
     publisher: Arc<P>,
     options: RelayOptions,
@@ -454,7 +409,7 @@ impl<P: Publisher> Relay<P> {
         Self {
             pool,
             lock_options: lock_options.application_name(&application),
-            lock_class: lock_class(namespace),
+            locks: PartitionLocks::new(namespace),
             application,
             publisher: Arc::new(publisher),
             options,
@@ -598,7 +553,7 @@ impl<P: Publisher> Relay<P> {
 
     /// Takes free partitions up to a fair share (partitions ÷ live relays)
     /// and gives back any above it.
-    async fn rebalance(&mut self) -> Result<(), sqlx::Error> {
+    async fn rebalance(&mut self) -> Result<(), MessagingError> {
         if self.lock.is_none() {
             self.lock = Some(self.lock_options.connect().await?);
             self.owned.clear();
@@ -606,22 +561,13 @@ impl<P: Publisher> Relay<P> {
         let Some(conn) = self.lock.as_mut() else {
             return Ok(());
         };
-        let relays: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()",
-        )
-        .bind(&self.application)
-        .fetch_one(&mut *conn)
-        .await?;
+        let relays = PartitionLocks::live_relays(&mut *conn, &self.application).await?;
         let partitions = i32::from(self.options.partitions);
         let share = usize::try_from((i64::from(partitions) + relays.max(1) - 1) / relays.max(1))
             .unwrap_or(usize::MAX);
         while self.owned.len() > share {
             if let Some(p) = self.owned.pop() {
-                sqlx::query("SELECT pg_advisory_unlock($1, $2)")
-                    .bind(self.lock_class)
-                    .bind(p)
-                    .execute(&mut *conn)
-                    .await?;
+                self.locks.unlock(conn, p).await?;
             }
         }
         // Start at a different partition per relay so they do not all
@@ -635,12 +581,7 @@ impl<P: Publisher> Relay<P> {
             if self.owned.contains(&p) {
                 continue;
             }
-            let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2)")
-                .bind(self.lock_class)
-                .bind(p)
-                .fetch_one(&mut *conn)
-                .await?;
-            if got {
+            if self.locks.try_lock(conn, p).await? {
                 self.owned.push(p);
             }
         }
@@ -658,38 +599,7 @@ impl<P: Publisher> Relay<P> {
     /// pending rows are walked on the pending index (one probe each, at
     /// most `batch` aggregates, continuing from the last round's position
     /// so none starves), and each one's first rows are read by index.
-    async fn read(&self, after: &HashMap<AggregateKey, i64>) -> Result<Batch, sqlx::Error> {
-        const SQL: &str = "WITH RECURSIVE aggs(aggregate_type, aggregate_id, n) AS ( \
-               (SELECT aggregate_type, aggregate_id, 1 FROM idem_outbox \
-                WHERE state = 'pending' \
-                  AND (aggregate_type, aggregate_id) > ($8::text, $9::text) \
-                ORDER BY aggregate_type, aggregate_id LIMIT 1) \
-               UNION ALL \
-               SELECT nxt.aggregate_type, nxt.aggregate_id, a.n + 1 FROM aggs a CROSS JOIN LATERAL ( \
-                 SELECT o.aggregate_type, o.aggregate_id FROM idem_outbox o \
-                 WHERE o.state = 'pending' \
-                   AND (o.aggregate_type, o.aggregate_id) > (a.aggregate_type, a.aggregate_id) \
-                 ORDER BY o.aggregate_type, o.aggregate_id LIMIT 1) nxt \
-               WHERE a.n < $4 \
-             ) \
-             SELECT a.aggregate_type, a.aggregate_id, a.n, r.id, r.event_id, r.sequence, r.message_type, \
-                    r.payload, r.headers, r.attempts, r.later \
-             FROM aggs a \
-             LEFT JOIN unnest($5::text[], $6::text[], $7::bigint[]) AS f(t, id, s) \
-               ON f.t = a.aggregate_type AND f.id = a.aggregate_id \
-             LEFT JOIN LATERAL ( \
-               SELECT o.id, o.event_id, o.sequence, o.message_type, o.payload::text AS payload, \
-                      o.headers::text AS headers, o.attempts, o.available_at > clock_timestamp() AS later, \
-                      row_number() OVER (ORDER BY o.sequence) AS rn \
-               FROM idem_outbox o \
-               WHERE o.state = 'pending' \
-                 AND o.aggregate_type = a.aggregate_type AND o.aggregate_id = a.aggregate_id \
-                 AND o.sequence > COALESCE(f.s, 0) \
-                 AND ((hashtext(a.aggregate_type || '/' || a.aggregate_id) & 2147483647) % $1) = ANY($2) \
-                 AND NOT ($10 AND EXISTS (SELECT 1 FROM idem_outbox d WHERE d.state = 'dead' \
-                      AND d.aggregate_type = a.aggregate_type AND d.aggregate_id = a.aggregate_id)) \
-               ORDER BY o.sequence LIMIT $3) r ON true \
-             ORDER BY COALESCE(r.rn, 1), a.n LIMIT $4";
+    async fn read(&self, after: &HashMap<AggregateKey, i64>) -> Result<Batch, MessagingError> {
         if self.owned.is_empty() {
             return Ok(Vec::new());
         }
@@ -698,69 +608,22 @@ impl<P: Publisher> Relay<P> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let max_aggregates = i64::try_from(self.options.batch).unwrap_or(i64::MAX);
-        let rows = sqlx::query(SQL)
-            .bind(i32::from(self.options.partitions))
-            .bind(&self.owned)
-            .bind(i64::try_from(self.options.per_aggregate).unwrap_or(i64::MAX))
-            .bind(max_aggregates)
-            .bind(after.keys().map(|(t, _)| t.as_str()).collect::<Vec<_>>())
-            .bind(after.keys().map(|(_, a)| a.as_str()).collect::<Vec<_>>())
-            .bind(after.values().copied().collect::<Vec<_>>())
-            // Aggregate types are never empty: ("", "") is before them all.
-            .bind(cursor.as_ref().map_or("", |(t, _)| t.as_str()))
-            .bind(cursor.as_ref().map_or("", |(_, a)| a.as_str()))
-            .bind(self.options.on_dead == OnDead::Block)
-            .fetch_all(&self.pool)
-            .await?;
-        // Rows come heads first (every aggregate's first row, then every
-        // second row…) up to `batch`, so a round spreads over as many
-        // aggregates as it can; an aggregate's rows come in sequence order.
-        // Per aggregate walked (by walk position): its rows, and whether it
-        // stopped at a row not due yet (a retry backing off; the rows after
-        // it wait for it).
-        let mut walked: BTreeMap<i32, (Vec<Row_>, bool)> = BTreeMap::new();
-        let mut last: Option<(i32, String, String)> = None;
-        for r in rows {
-            let n: i32 = r.try_get("n")?;
-            let entry = walked.entry(n).or_default();
-            if last.as_ref().is_none_or(|(m, _, _)| *m < n) {
-                last = Some((n, r.try_get("aggregate_type")?, r.try_get("aggregate_id")?));
-            }
-            // No row: not ours, blocked by a dead row, or all in flight.
-            let Some(id) = r.try_get::<Option<i64>, _>("id")? else {
-                continue;
-            };
-            let (rows, stopped) = entry;
-            if *stopped || r.try_get::<bool, _>("later")? {
-                *stopped = true;
-                continue;
-            }
-            rows.push(Row_ {
-                id,
-                event_id: r.try_get("event_id")?,
-                aggregate_type: r.try_get("aggregate_type")?,
-                aggregate_id: r.try_get("aggregate_id")?,
-                sequence: r.try_get("sequence")?,
-                message_type: r.try_get("message_type")?,
-                payload: r.try_get("payload")?,
-                headers: r.try_get("headers")?,
-                attempts: r.try_get("attempts")?,
-            });
-        }
-        // Where the next read starts: after the last aggregate walked, or
-        // from the beginning when the walk reached the end. (Every walked
-        // aggregate has its first row, or its empty one, among the
-        // heads, and there are at most `batch` of them.)
-        *self.cursor.lock().unwrap_or_else(|p| p.into_inner()) = last
-            .filter(|(n, _, _)| i64::from(*n) >= max_aggregates)
-            .map(|(_, t, a)| (t, a));
-        let batch: Batch = walked
-            .into_values()
-            .map(|(rows, _)| rows)
-            .filter(|rows| !rows.is_empty())
-            .collect();
-        Ok(batch)
+        let heads = Outbox::claim_heads(
+            &self.pool,
+            &HeadsQuery {
+                partitions: self.options.partitions,
+                owned: &self.owned,
+                per_aggregate: self.options.per_aggregate,
+                max_aggregates: self.options.batch,
+                after,
+                resume_after: cursor.as_ref(),
+                skip_dead: self.options.on_dead == OnDead::Block,
+            },
+        )
+        .await?;
+        // The next read walks on from where this one stopped.
+        *self.cursor.lock().unwrap_or_else(|p| p.into_inner()) = heads.resume_after;
+        Ok(heads.aggregates)
     }
 
     /// Publishes `batch` (one task per aggregate, each row after the
@@ -772,7 +635,7 @@ impl<P: Publisher> Relay<P> {
         &mut self,
         batch: Batch,
         marker: &Marker,
-    ) -> Result<(usize, Option<Batch>), sqlx::Error> {
+    ) -> Result<(usize, Option<Batch>), MessagingError> {
         let rows: usize = batch.iter().map(Vec::len).sum();
         let more = rows >= self.options.batch
             || batch.iter().any(|r| r.len() >= self.options.per_aggregate);
@@ -843,19 +706,20 @@ impl<P: Publisher> Relay<P> {
             );
             if let Some((row, err)) = failure {
                 failed.push((row.aggregate_type.clone(), row.aggregate_id.clone()));
-                if err.broker_down {
+                if err.is_broker_down() {
                     // An unreachable broker is nobody's fault: no attempt
                     // is counted, the row stays pending as it was.
-                    broker_down = Some(err.message);
+                    broker_down = Some(err.to_string());
                 } else {
-                    self.record_failure(&row, &err.message).await?;
+                    self.record_failure(&row, &err.to_string()).await?;
                 }
             }
         }
         let published = done.len();
         if !done.is_empty() {
             self.stats.published += done.len() as u64;
-            metrics::counter!("idem_outbox_published_total").increment(done.len() as u64);
+            metrics::counter!(idem::metrics::OUTBOX_PUBLISHED_TOTAL.name)
+                .increment(done.len() as u64);
             marker.mark(done);
         }
         if let Some(why) = broker_down {
@@ -888,7 +752,7 @@ impl<P: Publisher> Relay<P> {
         Ok((published, next.filter(|n| !n.is_empty())))
     }
 
-    async fn record_failure(&mut self, row: &Row_, err: &str) -> Result<(), sqlx::Error> {
+    async fn record_failure(&mut self, row: &PendingRow, err: &str) -> Result<(), MessagingError> {
         self.stats.failures += 1;
         let attempt = row.attempts + 1;
         let dead = attempt >= self.options.max_attempts;
@@ -897,21 +761,10 @@ impl<P: Publisher> Relay<P> {
             self.options.max_backoff,
             attempt.unsigned_abs(),
         );
-        sqlx::query(
-            "UPDATE idem_outbox SET attempts = attempts + 1, last_error = $2, \
-             available_at = clock_timestamp() + $3::bigint * interval '1 millisecond', \
-             state = CASE WHEN $4 THEN 'dead' ELSE state END \
-             WHERE id = $1 AND state = 'pending'",
-        )
-        .bind(row.id)
-        .bind(err)
-        .bind(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX))
-        .bind(dead)
-        .execute(&self.pool)
-        .await?;
+        Outbox::record_failure(&self.pool, row.id, err, delay, dead).await?;
         if dead {
             self.stats.dead += 1;
-            metrics::counter!("idem_outbox_dead_total").increment(1);
+            metrics::counter!(idem::metrics::OUTBOX_DEAD_TOTAL.name).increment(1);
             tracing::error!(reason = "relay_row_dead", id = row.id, aggregate_type = %row.aggregate_type, aggregate_id = %row.aggregate_id, sequence = row.sequence, attempts = attempt, %err, "outbox row is dead after its last attempt");
         } else {
             tracing::warn!(reason = "relay_publish_failed", id = row.id, aggregate_type = %row.aggregate_type, aggregate_id = %row.aggregate_id, attempt, retry_in_ms = delay.as_millis() as u64, %err);
@@ -921,33 +774,22 @@ impl<P: Publisher> Relay<P> {
 
     /// Sets `idem_outbox_pending` (rows waiting) and
     /// `idem_outbox_lag_seconds` (age of the oldest one).
-    async fn export_backlog(&self) -> Result<(), sqlx::Error> {
-        let row = sqlx::query(
-            "SELECT count(*) AS pending, \
-             COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(created_at)), 0)::float8 AS lag \
-             FROM idem_outbox WHERE state = 'pending'",
-        )
-        .fetch_one(&self.pool)
-        .await?;
-        let pending: i64 = row.try_get("pending")?;
-        let lag: f64 = row.try_get("lag")?;
-        metrics::gauge!("idem_outbox_pending").set(pending as f64);
-        metrics::gauge!("idem_outbox_lag_seconds").set(lag);
+    async fn export_backlog(&self) -> Result<(), MessagingError> {
+        let backlog = Outbox::pending_stats(&self.pool).await?;
+        metrics::gauge!(idem::metrics::OUTBOX_PENDING.name).set(backlog.pending as f64);
+        metrics::gauge!(idem::metrics::OUTBOX_LAG.name).set(backlog.lag.as_secs_f64());
         Ok(())
     }
 
-    async fn delete_published(&self) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(
-            "DELETE FROM idem_outbox WHERE id IN (SELECT id FROM idem_outbox \
-             WHERE state = 'published' AND published_at < clock_timestamp() - $1::bigint * interval '1 millisecond' \
-             LIMIT 1000)",
-        )
-        .bind(i64::try_from(self.options.retention.as_millis()).unwrap_or(i64::MAX))
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected())
+    /// Deletes a batch of rows published longer than `retention` ago.
+    async fn delete_published(&self) -> Result<u64, MessagingError> {
+        Outbox::purge_published_older_than(&self.pool, self.options.retention, RETENTION_BATCH)
+            .await
     }
 }
+
+/// Published rows deleted per retention pass (one pass a minute).
+const RETENTION_BATCH: usize = 1000;
 
 /// Whether `stop` has completed (without waiting).
 async fn futures_ready(
@@ -960,7 +802,7 @@ async fn futures_ready(
     }
 }
 
-fn outgoing(prefix: &str, source: &str, row: &Row_) -> Outgoing {
+fn outgoing(prefix: &str, source: &str, row: &PendingRow) -> Outgoing {
     let mut list: Vec<(String, String)> =
         serde_json::from_str::<BTreeMap<String, String>>(&row.headers)
             .unwrap_or_default()
@@ -1004,14 +846,8 @@ mod tests {
     }
 
     #[test]
-    fn lock_classes_differ_per_namespace_and_are_stable() {
-        assert_eq!(lock_class("public"), lock_class("public"));
-        assert_ne!(lock_class("public"), lock_class("billing"));
-    }
-
-    #[test]
     fn subjects_and_headers() {
-        let mut row = Row_ {
+        let mut row = PendingRow {
             id: 42,
             event_id: None,
             aggregate_type: "payment".into(),

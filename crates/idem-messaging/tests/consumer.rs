@@ -842,7 +842,7 @@ async fn the_relay_feeds_the_runner_through_rabbitmq_once_and_in_order() {
     let opts = PgOptions::from_url(&db.url).expect("url");
     let relay = Relay::new(
         db.pool(),
-        opts.connect.clone(),
+        opts.connect_options().clone(),
         &db.schema,
         publisher,
         RelayOptions {

@@ -68,7 +68,7 @@ fn relay(db: &Db, publisher: NatsPublisher, options: RelayOptions) -> Relay<Nats
     let opts = PgOptions::from_url(&db.url).expect("url");
     Relay::new(
         db.pool(),
-        opts.connect.clone(),
+        opts.connect_options().clone(),
         &db.schema,
         publisher,
         options,

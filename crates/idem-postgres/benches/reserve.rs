@@ -55,8 +55,7 @@ fn benches(c: &mut Criterion) {
         let pinging = PgStore::connect_with(opts.clone())
             .await
             .expect("connect bench store");
-        let mut no_ping = opts;
-        no_ping.test_before_acquire = false;
+        let no_ping = opts.with_test_before_acquire(false);
         let no_ping = PgStore::connect_with(no_ping)
             .await
             .expect("connect bench store");

@@ -8,7 +8,9 @@
 //! already recorded is a [`InboxOutcome::Duplicate`]: skip the change and
 //! acknowledge it. Two deliveries racing on the same id serialise on its
 //! row: the second waits for the first transaction and then sees a
-//! duplicate (or, if the first rolled back, processes it).
+//! duplicate (or, if the first rolled back, processes it). The contract
+//! and [`InboxOutcome`] are the core's ([`idem::inbox`]); the SQLite store
+//! has the same `Inbox` for consumers whose data lives in SQLite.
 //!
 //! ```no_run
 //! # async fn handle(pool: sqlx::PgPool) -> Result<(), idem_postgres::MessagingError> {
@@ -31,23 +33,18 @@ use std::time::Duration;
 
 use sqlx::{Executor, Postgres, Transaction};
 
+pub use idem::InboxOutcome;
+pub use idem::inbox::MAX_ID_LEN;
+
 use crate::MessagingError;
 
-/// Whether a message was seen before.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InboxOutcome {
-    /// First delivery: apply the change in this transaction.
-    Fresh,
-    /// Already processed (committed earlier): change nothing, acknowledge.
-    Duplicate,
-}
+// The inbox table's statements (the table is in migration 2).
+const PROCESS: &str = include_str!("../queries/inbox/process.sql");
+const PURGE: &str = include_str!("../queries/inbox/purge.sql");
 
 /// The inbox table's operations; see the [module docs](self).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Inbox;
-
-/// Longest consumer name or message id accepted.
-pub const MAX_ID_LEN: usize = 255;
 
 impl Inbox {
     /// Records `message_id` for `consumer` in `tx`, or reports that it was
@@ -61,16 +58,13 @@ impl Inbox {
     ) -> Result<InboxOutcome, MessagingError> {
         check_id("consumer", consumer)?;
         check_id("message_id", message_id)?;
-        let inserted = sqlx::query(
-            "INSERT INTO idem_inbox (consumer, message_id, aggregate_id) VALUES ($1, $2, $3) \
-             ON CONFLICT (consumer, message_id) DO NOTHING",
-        )
-        .bind(consumer)
-        .bind(message_id)
-        .bind(aggregate_id)
-        .execute(&mut **tx)
-        .await?
-        .rows_affected();
+        let inserted = sqlx::query(PROCESS)
+            .bind(consumer)
+            .bind(message_id)
+            .bind(aggregate_id)
+            .execute(&mut **tx)
+            .await?
+            .rows_affected();
         Ok(if inserted == 1 {
             InboxOutcome::Fresh
         } else {
@@ -111,18 +105,12 @@ async fn purge<'e>(
     retention: Duration,
     batch: usize,
 ) -> Result<u64, MessagingError> {
-    let done = sqlx::query(
-        "DELETE FROM idem_inbox WHERE ctid IN (\
-           SELECT ctid FROM idem_inbox \
-           WHERE processed_at < clock_timestamp() - $1::bigint * interval '1 millisecond' \
-             AND ($3::text IS NULL OR consumer = $3) \
-           ORDER BY processed_at LIMIT $2)",
-    )
-    .bind(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX))
-    .bind(i64::try_from(batch).unwrap_or(i64::MAX))
-    .bind(consumer)
-    .execute(executor)
-    .await?;
+    let done = sqlx::query(PURGE)
+        .bind(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX))
+        .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+        .bind(consumer)
+        .execute(executor)
+        .await?;
     Ok(done.rows_affected())
 }
 

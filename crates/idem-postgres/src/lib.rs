@@ -91,6 +91,7 @@ mod batch;
 mod error;
 pub mod guard;
 pub mod inbox;
+mod options;
 pub mod outbox;
 mod schema;
 
@@ -104,10 +105,11 @@ use idem::{
     FinalOutcome, IdempotencyKey, Lease, ListFilter, ListRecords, Page, Purge, Record, Reservation,
     ReserveRequest, Scope, Store, StoreError, Timestamp,
 };
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgPoolOptions, PgRow};
 use sqlx::{Connection, Executor, PgConnection, PgPool, Postgres, Row, Transaction};
 
 pub use error::{MessagingError, PgError};
+pub use options::PgOptions;
 /// The driver, re-exported so users never mismatch versions.
 pub use sqlx;
 
@@ -122,286 +124,6 @@ const MAX_DURATION_MS: i64 = 100 * 365 * 86_400 * 1_000;
 
 /// Most records one [`ListRecords::list`] page returns.
 const MAX_PAGE: usize = 10_000;
-
-/// Options for [`PgStore::connect_with`].
-///
-/// Defaults: up to 16 connections, 5 s to acquire one, 5 s to connect,
-/// idle connections closed after 10 minutes, migrations applied at connect,
-/// the server's default `search_path`. Its `Debug` output shows the
-/// redacted URL, never the password.
-#[derive(Clone)]
-#[non_exhaustive]
-pub struct PgOptions {
-    /// How to reach the server (host, database, credentials, TLS mode…).
-    pub connect: PgConnectOptions,
-    /// The URL the options came from, password redacted, for messages.
-    pub display_url: String,
-    /// Most connections the pool opens.
-    pub max_connections: u32,
-    /// Connections kept open even when idle.
-    pub min_connections: u32,
-    /// How long an operation waits for a free connection before failing
-    /// with [`StoreError::Unavailable`].
-    pub acquire_timeout: Duration,
-    /// How long [`PgStore::connect_with`] waits for the first connection.
-    pub connect_timeout: Duration,
-    /// Idle connections above `min_connections` are closed after this.
-    pub idle_timeout: Option<Duration>,
-    /// Whether [`PgStore::connect_with`] applies migrations.
-    pub migrate: bool,
-    /// Whether the pool pings a connection before handing it out (on by
-    /// default), so that a connection that died while idle (a server
-    /// restart during a quiet spell) is replaced instead of failing an
-    /// operation. Only connections idle for at least
-    /// [`ping_after_idle`](Self::ping_after_idle) are pinged. Off, a dead
-    /// connection fails one operation with [`StoreError::Unavailable`]
-    /// before the pool replaces it.
-    pub test_before_acquire: bool,
-    /// How long a connection must have sat idle to be pinged before use
-    /// (default 1 s; zero pings before every operation). Under load
-    /// connections go straight back to work and no round trip is spent on
-    /// pings — a ping per operation cost 10–25 % of the gateway's
-    /// PostgreSQL throughput (docs/BENCHMARKS.md).
-    pub ping_after_idle: Duration,
-    /// A PostgreSQL schema for the idem tables (created by migration if
-    /// missing), set as every connection's `search_path`; `None` uses the
-    /// server's default (usually `public`).
-    pub schema: Option<String>,
-    /// Whether concurrent reservations (and concurrent resolutions) are
-    /// grouped into one statement and one commit (on by default). While
-    /// fewer than [`group_commit_in_flight`](Self::group_commit_in_flight)
-    /// statements of a kind run, an operation runs alone, as it comes;
-    /// when they all run, operations queue and the next free slot runs
-    /// them together. Off, every operation is its own statement.
-    pub group_commit: bool,
-    /// Most operations one grouped statement carries (default 64).
-    pub group_commit_max: u32,
-    /// Most statements of one kind (reservations, resolutions) running at
-    /// once, each on a connection of the pool (default 2). Fewer make
-    /// larger groups: on two cores, 2 served 1.3× the requests of 4, and 8
-    /// fewer still (docs/BENCHMARKS.md). A grouped statement that waits (on
-    /// a row another transaction holds uncommitted, say a caller's own
-    /// [`PgStore::reserve_in`]) holds up the operations queued behind it.
-    pub group_commit_in_flight: u32,
-}
-
-impl std::fmt::Debug for PgOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgOptions")
-            .field("url", &self.display_url)
-            .field("max_connections", &self.max_connections)
-            .field("min_connections", &self.min_connections)
-            .field("acquire_timeout", &self.acquire_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("idle_timeout", &self.idle_timeout)
-            .field("migrate", &self.migrate)
-            .field("test_before_acquire", &self.test_before_acquire)
-            .field("ping_after_idle", &self.ping_after_idle)
-            .field("schema", &self.schema)
-            .field("group_commit", &self.group_commit)
-            .field("group_commit_max", &self.group_commit_max)
-            .field("group_commit_in_flight", &self.group_commit_in_flight)
-            .finish_non_exhaustive()
-    }
-}
-
-impl PgOptions {
-    /// Default options for explicit connection options.
-    pub fn new(connect: PgConnectOptions) -> Self {
-        let display_url = format!(
-            "postgres://{}@{}:{}/{}",
-            connect.get_username(),
-            connect.get_host(),
-            connect.get_port(),
-            connect.get_database().unwrap_or_default()
-        );
-        Self {
-            connect,
-            display_url,
-            max_connections: 16,
-            min_connections: 0,
-            acquire_timeout: Duration::from_secs(5),
-            connect_timeout: Duration::from_secs(5),
-            idle_timeout: Some(Duration::from_secs(600)),
-            migrate: true,
-            test_before_acquire: true,
-            ping_after_idle: Duration::from_secs(1),
-            schema: None,
-            group_commit: true,
-            group_commit_max: batch::GroupCommit::DEFAULT.max_batch,
-            group_commit_in_flight: batch::GroupCommit::DEFAULT.in_flight,
-        }
-    }
-
-    /// Parses `postgres://user:password@host:port/database?options` (or
-    /// `postgresql://…`). Besides the driver's own options (`sslmode`,
-    /// `application_name`, `options`…), idem reads `max_connections=N`,
-    /// `min_connections=N`, `acquire_timeout_ms=N`, `connect_timeout_ms=N`,
-    /// `schema=NAME`, `migrate=true|false`, `test_before_acquire=true|false`,
-    /// `ping_after_idle_ms=N` (0 pings before every operation),
-    /// `group_commit=true|false`, `group_commit_max=N` and
-    /// `group_commit_in_flight=N`.
-    pub fn from_url(url: &str) -> Result<Self, PgError> {
-        let bad = |reason: String| PgError::Url {
-            url: idem::store::redact_url(url),
-            reason,
-        };
-        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-            return Err(bad(
-                "must start with postgres:// or postgresql://".to_owned()
-            ));
-        }
-        let (base, query) = url.split_once('?').unwrap_or((url, ""));
-        let mut driver_query = Vec::new();
-        let mut ours = Vec::new();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair
-                .split_once('=')
-                .ok_or_else(|| bad(format!("option {pair:?} has no value")))?;
-            match name {
-                "max_connections"
-                | "min_connections"
-                | "acquire_timeout_ms"
-                | "connect_timeout_ms"
-                | "schema"
-                | "migrate"
-                | "test_before_acquire"
-                | "ping_after_idle_ms"
-                | "group_commit"
-                | "group_commit_max"
-                | "group_commit_in_flight" => {
-                    ours.push((name, value));
-                }
-                _ => driver_query.push(pair),
-            }
-        }
-        let driver_url = if driver_query.is_empty() {
-            base.to_owned()
-        } else {
-            format!("{base}?{}", driver_query.join("&"))
-        };
-        let connect: PgConnectOptions = driver_url
-            .parse()
-            .map_err(|e: sqlx::Error| bad(e.to_string()))?;
-        let mut opts = Self::new(connect);
-        opts.display_url = idem::store::redact_url(url);
-        for (name, value) in ours {
-            let number =
-                || {
-                    value.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                        bad(format!("{name} must be a positive integer, not {value:?}"))
-                    })
-                };
-            match name {
-                "max_connections" => opts.max_connections = number()?,
-                "min_connections" => opts.min_connections = number()?,
-                "acquire_timeout_ms" => {
-                    opts.acquire_timeout = Duration::from_millis(number()?.into());
-                }
-                "connect_timeout_ms" => {
-                    opts.connect_timeout = Duration::from_millis(number()?.into());
-                }
-                "schema" => opts.schema = Some(value.to_owned()),
-                "group_commit_max" => opts.group_commit_max = number()?,
-                "group_commit_in_flight" => opts.group_commit_in_flight = number()?,
-                "ping_after_idle_ms" => {
-                    let ms = value.parse::<u64>().map_err(|_| {
-                        bad(format!(
-                            "{name} must be a whole number of milliseconds, not {value:?}"
-                        ))
-                    })?;
-                    opts.ping_after_idle = Duration::from_millis(ms);
-                }
-                "migrate" | "test_before_acquire" | "group_commit" => {
-                    let flag = match value {
-                        "true" => true,
-                        "false" => false,
-                        _ => {
-                            return Err(bad(format!(
-                                "{name} must be true or false, not {value:?}"
-                            )));
-                        }
-                    };
-                    match name {
-                        "migrate" => opts.migrate = flag,
-                        "group_commit" => opts.group_commit = flag,
-                        _ => opts.test_before_acquire = flag,
-                    }
-                }
-                _ => {}
-            }
-        }
-        opts.validate().map_err(bad)?;
-        Ok(opts)
-    }
-
-    /// Uses `schema` for the idem tables (see [`schema`](Self::schema)).
-    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
-        self.schema = Some(schema.into());
-        self
-    }
-
-    /// Sets the pool's maximum size.
-    pub fn with_max_connections(mut self, n: u32) -> Self {
-        self.max_connections = n;
-        self
-    }
-
-    /// Sets how long an operation waits for a free connection.
-    pub fn with_acquire_timeout(mut self, timeout: Duration) -> Self {
-        self.acquire_timeout = timeout;
-        self
-    }
-
-    /// Sets how long connecting waits for the first connection.
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Whether to apply migrations at connect.
-    pub fn with_migrate(mut self, migrate: bool) -> Self {
-        self.migrate = migrate;
-        self
-    }
-
-    /// How operations are grouped; `None` when group commit is off.
-    fn group(&self) -> Option<batch::GroupCommit> {
-        self.group_commit.then_some(batch::GroupCommit {
-            max_batch: self.group_commit_max,
-            in_flight: self.group_commit_in_flight,
-        })
-    }
-
-    fn validate(&self) -> Result<(), String> {
-        if self.max_connections == 0 {
-            return Err("max_connections must be at least 1".to_owned());
-        }
-        if self.group_commit_max == 0 || self.group_commit_in_flight == 0 {
-            return Err(
-                "group_commit_max and group_commit_in_flight must be at least 1".to_owned(),
-            );
-        }
-        if self.min_connections > self.max_connections {
-            return Err(format!(
-                "min_connections ({}) exceeds max_connections ({})",
-                self.min_connections, self.max_connections
-            ));
-        }
-        if let Some(schema) = &self.schema
-            && (schema.is_empty()
-                || schema.len() > 63
-                || !schema
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_'))
-        {
-            return Err(format!(
-                "schema {schema:?} must be 1 to 63 letters, digits or underscores"
-            ));
-        }
-        Ok(())
-    }
-}
 
 /// The PostgreSQL [`Store`]; see the [crate docs](crate). Cheap to clone:
 /// clones share the pool.
@@ -449,37 +171,38 @@ impl PgStore {
     /// migrations unless `migrate` is false.
     pub async fn connect_with(opts: PgOptions) -> Result<Self, PgError> {
         opts.validate().map_err(|reason| PgError::Url {
-            url: opts.display_url.clone(),
+            url: opts.display_url().to_owned(),
             reason,
         })?;
-        let mut connect = opts.connect.clone();
-        if let Some(schema) = &opts.schema {
-            connect = connect.options([("search_path", schema.as_str())]);
+        let mut connect = opts.connect_options().clone();
+        if let Some(schema) = opts.schema() {
+            connect = connect.options([("search_path", schema)]);
         }
         // The first connection, made directly and bounded, so that a wrong
         // host, port, database or password shows up at once as one clear
         // line (the pool would keep retrying until its acquire timeout).
-        match tokio::time::timeout(opts.connect_timeout, PgConnection::connect_with(&connect)).await
+        match tokio::time::timeout(opts.connect_timeout(), PgConnection::connect_with(&connect))
+            .await
         {
             Ok(Ok(conn)) => {
                 if let Err(err) = conn.close().await {
                     tracing::debug!(%err, "closing the probe connection failed");
                 }
             }
-            Ok(Err(err)) => return Err(PgError::connect(&opts.display_url, err)),
+            Ok(Err(err)) => return Err(PgError::connect(opts.display_url(), err)),
             Err(_) => {
                 return Err(PgError::connect_timeout(
-                    &opts.display_url,
-                    opts.connect_timeout,
+                    opts.display_url(),
+                    opts.connect_timeout(),
                 ));
             }
         }
-        let (ping, ping_after_idle) = (opts.test_before_acquire, opts.ping_after_idle);
+        let (ping, ping_after_idle) = (opts.test_before_acquire(), opts.ping_after_idle());
         let pool = PgPoolOptions::new()
-            .max_connections(opts.max_connections)
-            .min_connections(opts.min_connections)
-            .acquire_timeout(opts.acquire_timeout)
-            .idle_timeout(opts.idle_timeout)
+            .max_connections(opts.max_connections())
+            .min_connections(opts.min_connections())
+            .acquire_timeout(opts.acquire_timeout())
+            .idle_timeout(opts.idle_timeout())
             // sqlx's own test pings before every acquire; ours only after
             // an idle spell (see `ping_after_idle`).
             .test_before_acquire(false)
@@ -495,12 +218,12 @@ impl PgStore {
         let group = opts.group();
         let store = Self {
             pool,
-            schema: opts.schema,
+            schema: opts.schema().map(str::to_owned),
             group,
             batches: Arc::default(),
             counts: Arc::default(),
         };
-        if opts.migrate {
+        if opts.migrate() {
             store.migrate().await?;
         }
         Ok(store)
@@ -1147,75 +870,6 @@ impl Purge for PgStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn url_parsing() {
-        let o = PgOptions::from_url("postgres://app:pw@db:5433/idem").expect("valid");
-        assert_eq!(o.connect.get_host(), "db");
-        assert_eq!(o.connect.get_port(), 5433);
-        assert_eq!(o.connect.get_database(), Some("idem"));
-        assert_eq!(o.display_url, "postgres://app:***@db:5433/idem");
-        assert!(!format!("{o:?}").contains("pw"), "Debug redacts");
-        assert!(o.migrate);
-        let o = PgOptions::from_url(
-            "postgresql://db/idem?max_connections=4&acquire_timeout_ms=250&connect_timeout_ms=100&schema=idem_x&migrate=false&test_before_acquire=false&application_name=gw",
-        )
-        .expect("valid");
-        assert_eq!(o.max_connections, 4);
-        assert_eq!(o.acquire_timeout, Duration::from_millis(250));
-        assert_eq!(o.connect_timeout, Duration::from_millis(100));
-        assert_eq!(o.schema.as_deref(), Some("idem_x"));
-        assert!(!o.migrate);
-        assert!(!o.test_before_acquire);
-        assert_eq!(o.connect.get_application_name(), Some("gw"));
-        assert_eq!(o.ping_after_idle, Duration::from_secs(1), "default");
-        let o = PgOptions::from_url("postgres://db/idem?ping_after_idle_ms=0").expect("valid");
-        assert_eq!(o.ping_after_idle, Duration::ZERO);
-        assert!(o.group_commit, "default");
-        assert_eq!((o.group_commit_max, o.group_commit_in_flight), (64, 2));
-        let o = PgOptions::from_url(
-            "postgres://db/idem?group_commit=false&group_commit_max=8&group_commit_in_flight=3",
-        )
-        .expect("valid");
-        assert!(!o.group_commit);
-        assert_eq!((o.group_commit_max, o.group_commit_in_flight), (8, 3));
-    }
-
-    #[test]
-    fn bad_urls_say_what_is_wrong() {
-        for (url, needle) in [
-            ("mysql://db/idem", "must start with postgres://"),
-            ("redis://:s3cret@db", "must start with postgres://"),
-            ("postgres://db/idem?max_connections=0", "positive integer"),
-            ("postgres://db/idem?max_connections=x", "positive integer"),
-            ("postgres://db/idem?migrate=maybe", "true or false"),
-            ("postgres://db/idem?group_commit=yes", "true or false"),
-            ("postgres://db/idem?group_commit_max=0", "positive integer"),
-            (
-                "postgres://db/idem?group_commit_in_flight=-1",
-                "positive integer",
-            ),
-            (
-                "postgres://db/idem?ping_after_idle_ms=soon",
-                "whole number of milliseconds",
-            ),
-            ("postgres://db/idem?schema=a;b", "letters, digits"),
-            ("postgres://db/idem?pool", "has no value"),
-            (
-                "postgres://u:s3cret@db:port/idem",
-                "invalid PostgreSQL store URL",
-            ),
-            ("postgres://u:s3cret@db/idem?sslmode=sometimes", "sslmode"),
-            (
-                "postgres://db/idem?min_connections=9&max_connections=2",
-                "exceeds",
-            ),
-        ] {
-            let err = PgOptions::from_url(url).expect_err(url).to_string();
-            assert!(err.contains(needle), "{url}: {err}");
-            assert!(!err.contains("s3cret"), "{err}");
-        }
-    }
 
     #[test]
     fn durations_are_capped() {

@@ -17,6 +17,16 @@
 //! order (e.g. by aggregate id) when one transaction announces several
 //! aggregates.
 //!
+//! This module is the one home of the outbox tables' SQL (the statements
+//! are in `queries/outbox/`): the writer's [`Outbox::enqueue`], the
+//! operator's [`Outbox::list`], [`Outbox::replay_dead`] and
+//! [`Outbox::discard_dead`], and the relay's side: reading what to publish
+//! ([`Outbox::claim_heads`]), marking it published or failed, deleting
+//! published rows after retention, wake-up registrations, the backlog
+//! gauges, and the [`PartitionLocks`] through which relays share the
+//! aggregates. `idem_messaging::Relay` schedules and publishes on top of
+//! these and holds no SQL.
+//!
 //! ```no_run
 //! # async fn pay(pool: sqlx::PgPool) -> Result<(), idem_postgres::MessagingError> {
 //! use idem_postgres::outbox::{Outbox, OutboxMessage};
@@ -29,13 +39,38 @@
 //! # }
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
 use serde_json::Value;
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::postgres::PgListener;
+use sqlx::{Executor, PgConnection, PgPool, Postgres, Row, Transaction};
 
 use crate::MessagingError;
 use crate::inbox::check_id;
+
+// The outbox table's statements, one file each under `queries/outbox/`
+// (the tables themselves are in migrations 2, 4 and 5). Every statement on
+// `idem_outbox`, `idem_outbox_sequences` and `idem_outbox_listeners` is
+// here, and only here.
+const ENQUEUE: &str = include_str!("../queries/outbox/enqueue.sql");
+const LIST: &str = include_str!("../queries/outbox/list.sql");
+const REPLAY_DEAD: &str = include_str!("../queries/outbox/replay_dead.sql");
+const DISCARD_DEAD: &str = include_str!("../queries/outbox/discard_dead.sql");
+const CLAIM_HEADS: &str = include_str!("../queries/outbox/claim_heads.sql");
+const MARK_PUBLISHED: &str = include_str!("../queries/outbox/mark_published.sql");
+const RECORD_FAILURE: &str = include_str!("../queries/outbox/record_failure.sql");
+const PURGE_PUBLISHED: &str = include_str!("../queries/outbox/purge_published.sql");
+const PENDING_STATS: &str = include_str!("../queries/outbox/pending_stats.sql");
+const REGISTER_LISTENER: &str = include_str!("../queries/outbox/register_listener.sql");
+const UNREGISTER_LISTENER: &str = include_str!("../queries/outbox/unregister_listener.sql");
+const LIVE_RELAYS: &str = include_str!("../queries/outbox/live_relays.sql");
+const TRY_LOCK_PARTITION: &str = include_str!("../queries/outbox/try_lock_partition.sql");
+const UNLOCK_PARTITION: &str = include_str!("../queries/outbox/unlock_partition.sql");
+
+/// The channel inserting statements notify while a relay waits (migration
+/// 4's trigger sends the outbox's schema as payload).
+pub const NOTIFY_CHANNEL: &str = "idem_outbox";
 
 /// One outgoing event, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,24 +238,14 @@ impl Outbox {
         msg: &OutboxMessage,
     ) -> Result<Enqueued, MessagingError> {
         let headers = serde_json::to_string(&msg.headers).unwrap_or_else(|_| "{}".to_owned());
-        let row = sqlx::query(
-            "WITH next AS ( \
-               INSERT INTO idem_outbox_sequences (aggregate_type, aggregate_id, last_sequence) \
-               VALUES ($1, $2, 1) \
-               ON CONFLICT (aggregate_type, aggregate_id) \
-               DO UPDATE SET last_sequence = idem_outbox_sequences.last_sequence + 1 \
-               RETURNING last_sequence) \
-             INSERT INTO idem_outbox (aggregate_type, aggregate_id, sequence, message_type, payload, headers) \
-             SELECT $1, $2, next.last_sequence, $3, $4::jsonb, $5::jsonb FROM next \
-             RETURNING id, sequence",
-        )
-        .bind(&msg.aggregate_type)
-        .bind(&msg.aggregate_id)
-        .bind(&msg.message_type)
-        .bind(&msg.payload)
-        .bind(headers)
-        .fetch_one(&mut **tx)
-        .await?;
+        let row = sqlx::query(ENQUEUE)
+            .bind(&msg.aggregate_type)
+            .bind(&msg.aggregate_id)
+            .bind(&msg.message_type)
+            .bind(&msg.payload)
+            .bind(headers)
+            .fetch_one(&mut **tx)
+            .await?;
         Ok(Enqueued {
             id: row.try_get("id")?,
             sequence: row.try_get("sequence")?,
@@ -243,15 +268,11 @@ impl Outbox {
                 format!("{state:?}: expected pending, published or dead"),
             ));
         }
-        let rows = sqlx::query(
-            "SELECT id, aggregate_type, aggregate_id, sequence, message_type, state, attempts, last_error, \
-             to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') AS created_at \
-             FROM idem_outbox WHERE ($1::text IS NULL OR state = $1) ORDER BY id LIMIT $2",
-        )
-        .bind(state)
-        .bind(limit.max(1))
-        .fetch_all(executor)
-        .await?;
+        let rows = sqlx::query(LIST)
+            .bind(state)
+            .bind(limit.max(1))
+            .fetch_all(executor)
+            .await?;
         rows.iter()
             .map(|r| {
                 Ok(OutboxRow {
@@ -275,13 +296,10 @@ impl Outbox {
         executor: impl sqlx::Executor<'e, Database = Postgres>,
         ids: &[i64],
     ) -> Result<Vec<i64>, MessagingError> {
-        Ok(sqlx::query_scalar(
-            "UPDATE idem_outbox SET state = 'pending', attempts = 0, available_at = clock_timestamp() \
-             WHERE id = ANY($1) AND state = 'dead' RETURNING id",
-        )
-        .bind(ids)
-        .fetch_all(executor)
-        .await?)
+        Ok(sqlx::query_scalar(REPLAY_DEAD)
+            .bind(ids)
+            .fetch_all(executor)
+            .await?)
     }
 
     /// Deletes dead rows for good: their events are never delivered, and
@@ -292,12 +310,367 @@ impl Outbox {
         executor: impl sqlx::Executor<'e, Database = Postgres>,
         ids: &[i64],
     ) -> Result<Vec<i64>, MessagingError> {
-        Ok(sqlx::query_scalar(
-            "DELETE FROM idem_outbox WHERE id = ANY($1) AND state = 'dead' RETURNING id",
-        )
-        .bind(ids)
-        .fetch_all(executor)
-        .await?)
+        Ok(sqlx::query_scalar(DISCARD_DEAD)
+            .bind(ids)
+            .fetch_all(executor)
+            .await?)
+    }
+}
+
+/// An aggregate: its type and id.
+pub type AggregateKey = (String, String);
+
+/// A pending row as a relay publishes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingRow {
+    /// Row id.
+    pub id: i64,
+    /// The random event id given at enqueue: the broker's de-duplication
+    /// id (`None` for rows written before schema version 5).
+    pub event_id: Option<String>,
+    /// Aggregate type.
+    pub aggregate_type: String,
+    /// Aggregate id.
+    pub aggregate_id: String,
+    /// Number in the aggregate's sequence.
+    pub sequence: i64,
+    /// Event type.
+    pub message_type: String,
+    /// The JSON payload, as text.
+    pub payload: String,
+    /// The headers given at enqueue, as a JSON object of strings.
+    pub headers: String,
+    /// Failed publish attempts so far.
+    pub attempts: i32,
+}
+
+/// What [`Outbox::claim_heads`] reads.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadsQuery<'a> {
+    /// The partitions aggregates are hashed into (every relay of one
+    /// outbox uses the same number).
+    pub partitions: u16,
+    /// The partitions the caller holds (see [`PartitionLocks`]): only
+    /// their aggregates' rows are read.
+    pub owned: &'a [i32],
+    /// Most rows per aggregate.
+    pub per_aggregate: usize,
+    /// Most aggregates walked, and most rows read.
+    pub max_aggregates: usize,
+    /// Per aggregate, the sequence to read after: its rows acknowledged
+    /// and not yet marked, or still in flight, count as gone.
+    pub after: &'a HashMap<AggregateKey, i64>,
+    /// Where the walk starts: after this aggregate (the last read's
+    /// [`Heads::resume_after`]), or from the first one.
+    pub resume_after: Option<&'a AggregateKey>,
+    /// Leave out aggregates that have a `dead` row (the relay's "block"
+    /// rule: a dead row holds back the rest of its aggregate).
+    pub skip_dead: bool,
+}
+
+/// What [`Outbox::claim_heads`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Heads {
+    /// Per aggregate (in walk order), its due rows in sequence order;
+    /// aggregates with none are left out.
+    pub aggregates: Vec<Vec<PendingRow>>,
+    /// Where the next read's walk starts: the last aggregate walked when
+    /// the walk stopped at `max_aggregates`, `None` when it reached the
+    /// end (the next read starts from the beginning).
+    pub resume_after: Option<AggregateKey>,
+}
+
+/// The backlog, as [`Outbox::pending_stats`] reads it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PendingStats {
+    /// Rows waiting to be published (dead rows not included).
+    pub pending: i64,
+    /// Age of the oldest of them (zero when there are none).
+    pub lag: Duration,
+}
+
+/// Milliseconds as the queries bind them (saturating).
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The relay's side of the table: reading what to publish, marking it
+/// published or failed, retention, wake-ups and the backlog. The relay
+/// itself (scheduling, publishing, ordering) is `idem_messaging::Relay`.
+impl Outbox {
+    /// Reads a relay's next round: per aggregate of the held partitions,
+    /// its pending rows from the head on (after the sequence in
+    /// [`HeadsQuery::after`]), cut before the first row that is not due
+    /// yet (backing off after a failure: the rows after it wait for it);
+    /// heads of every aggregate first, at most
+    /// [`HeadsQuery::max_aggregates`] rows.
+    ///
+    /// Nothing is locked: the rows are the caller's because it holds their
+    /// partitions. The read costs what it returns, not the backlog: the
+    /// aggregates with pending rows are walked on the pending-rows index,
+    /// one probe each, resuming where the last walk stopped so that no
+    /// aggregate starves.
+    pub async fn claim_heads<'e>(
+        executor: impl Executor<'e, Database = Postgres>,
+        query: &HeadsQuery<'_>,
+    ) -> Result<Heads, MessagingError> {
+        let max_aggregates = i64::try_from(query.max_aggregates).unwrap_or(i64::MAX);
+        let rows = sqlx::query(CLAIM_HEADS)
+            .bind(i32::from(query.partitions))
+            .bind(query.owned)
+            .bind(i64::try_from(query.per_aggregate).unwrap_or(i64::MAX))
+            .bind(max_aggregates)
+            .bind(
+                query
+                    .after
+                    .keys()
+                    .map(|(t, _)| t.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                query
+                    .after
+                    .keys()
+                    .map(|(_, a)| a.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(query.after.values().copied().collect::<Vec<_>>())
+            // Aggregate types are never empty: ("", "") is before them all.
+            .bind(query.resume_after.map_or("", |(t, _)| t.as_str()))
+            .bind(query.resume_after.map_or("", |(_, a)| a.as_str()))
+            .bind(query.skip_dead)
+            .fetch_all(executor)
+            .await?;
+        // Rows come heads first (every aggregate's first row, then every
+        // second row…) up to the limit, so a round spreads over as many
+        // aggregates as it can; an aggregate's rows come in sequence order.
+        // Per aggregate walked (by walk position): its rows, and whether it
+        // stopped at a row not due yet.
+        let mut walked: BTreeMap<i32, (Vec<PendingRow>, bool)> = BTreeMap::new();
+        let mut last: Option<(i32, String, String)> = None;
+        for r in rows {
+            let n: i32 = r.try_get("n")?;
+            let entry = walked.entry(n).or_default();
+            if last.as_ref().is_none_or(|(m, _, _)| *m < n) {
+                last = Some((n, r.try_get("aggregate_type")?, r.try_get("aggregate_id")?));
+            }
+            // No row: not ours, blocked by a dead row, or all in flight.
+            let Some(id) = r.try_get::<Option<i64>, _>("id")? else {
+                continue;
+            };
+            let (rows, stopped) = entry;
+            if *stopped || r.try_get::<bool, _>("later")? {
+                *stopped = true;
+                continue;
+            }
+            rows.push(PendingRow {
+                id,
+                event_id: r.try_get("event_id")?,
+                aggregate_type: r.try_get("aggregate_type")?,
+                aggregate_id: r.try_get("aggregate_id")?,
+                sequence: r.try_get("sequence")?,
+                message_type: r.try_get("message_type")?,
+                payload: r.try_get("payload")?,
+                headers: r.try_get("headers")?,
+                attempts: r.try_get("attempts")?,
+            });
+        }
+        // Where the next read starts: after the last aggregate walked, or
+        // from the beginning when the walk reached the end. (Every walked
+        // aggregate has its first row, or its empty one, among the heads,
+        // and there are at most `max_aggregates` of them.)
+        let resume_after = last
+            .filter(|(n, _, _)| i64::from(*n) >= max_aggregates)
+            .map(|(_, t, a)| (t, a));
+        let aggregates = walked
+            .into_values()
+            .map(|(rows, _)| rows)
+            .filter(|rows| !rows.is_empty())
+            .collect();
+        Ok(Heads {
+            aggregates,
+            resume_after,
+        })
+    }
+
+    /// Marks rows the broker acknowledged as published (their attempt
+    /// counts, their last error is cleared). Rows no longer pending are
+    /// left alone. Returns the rows marked.
+    pub async fn mark_published<'e>(
+        executor: impl Executor<'e, Database = Postgres>,
+        ids: &[i64],
+    ) -> Result<u64, MessagingError> {
+        Ok(sqlx::query(MARK_PUBLISHED)
+            .bind(ids)
+            .execute(executor)
+            .await?
+            .rows_affected())
+    }
+
+    /// Counts a failed publish of row `id`: `error` becomes its
+    /// `last_error`, and it is retried `retry_in` from now, or becomes
+    /// `dead` (when `dead`: its last attempt). Returns whether the row was
+    /// still pending (otherwise nothing changed).
+    pub async fn record_failure<'e>(
+        executor: impl Executor<'e, Database = Postgres>,
+        id: i64,
+        error: &str,
+        retry_in: Duration,
+        dead: bool,
+    ) -> Result<bool, MessagingError> {
+        Ok(sqlx::query(RECORD_FAILURE)
+            .bind(id)
+            .bind(error)
+            .bind(millis(retry_in))
+            .bind(dead)
+            .execute(executor)
+            .await?
+            .rows_affected()
+            == 1)
+    }
+
+    /// Deletes at most `batch` rows published more than `retention` ago
+    /// (one short statement; call it in a loop until it returns less than
+    /// `batch`). Pending and dead rows are never deleted.
+    pub async fn purge_published_older_than<'e>(
+        executor: impl Executor<'e, Database = Postgres>,
+        retention: Duration,
+        batch: usize,
+    ) -> Result<u64, MessagingError> {
+        Ok(sqlx::query(PURGE_PUBLISHED)
+            .bind(millis(retention))
+            .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+            .execute(executor)
+            .await?
+            .rows_affected())
+    }
+
+    /// The backlog: how many rows are pending, and how old the oldest one
+    /// is (the relay exports them as `idem_outbox_pending` and
+    /// `idem_outbox_lag_seconds`).
+    pub async fn pending_stats<'e>(
+        executor: impl Executor<'e, Database = Postgres>,
+    ) -> Result<PendingStats, MessagingError> {
+        let row = sqlx::query(PENDING_STATS).fetch_one(executor).await?;
+        let lag: f64 = row.try_get("lag")?;
+        Ok(PendingStats {
+            pending: row.try_get("pending")?,
+            lag: Duration::try_from_secs_f64(lag).unwrap_or_default(),
+        })
+    }
+
+    /// A connection `LISTEN`ing on [`NOTIFY_CHANNEL`], where inserting
+    /// statements notify while some relay is registered (see
+    /// [`register_listener`](Self::register_listener)).
+    pub async fn listener(pool: &PgPool) -> Result<PgListener, MessagingError> {
+        let mut listener = PgListener::connect_with(pool).await?;
+        listener.listen(NOTIFY_CHANNEL).await?;
+        Ok(listener)
+    }
+
+    /// Registers the idle relay `relay` for `ttl`: until then, every
+    /// statement inserting outbox rows sends one notification on
+    /// [`NOTIFY_CHANNEL`] at commit (migration 4's trigger). Registering
+    /// again moves the deadline. Busy relays stay unregistered, so under
+    /// load commits never take PostgreSQL's notification lock.
+    pub async fn register_listener<'e>(
+        executor: impl Executor<'e, Database = Postgres>,
+        relay: &str,
+        ttl: Duration,
+    ) -> Result<(), MessagingError> {
+        sqlx::query(REGISTER_LISTENER)
+            .bind(relay)
+            .bind(millis(ttl))
+            .execute(executor)
+            .await?;
+        Ok(())
+    }
+
+    /// Withdraws `relay`'s registration (it has work again).
+    pub async fn unregister_listener<'e>(
+        executor: impl Executor<'e, Database = Postgres>,
+        relay: &str,
+    ) -> Result<(), MessagingError> {
+        sqlx::query(UNREGISTER_LISTENER)
+            .bind(relay)
+            .execute(executor)
+            .await?;
+        Ok(())
+    }
+}
+
+/// The PostgreSQL session advisory locks through which the relays of one
+/// outbox share its partitions: a relay publishes only the aggregates of
+/// the partitions it holds, so one aggregate is never published by two
+/// relays at once. A lock lasts as long as the session that took it: a
+/// relay that dies (even by SIGKILL) loses its partitions with its
+/// connection, and another relay takes them at its next rebalance.
+///
+/// The first key of every lock is the outbox's class, a stable hash of its
+/// namespace (its schema), so relays of other outboxes in the same database
+/// never contend; the second key is the partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PartitionLocks {
+    class: i32,
+}
+
+impl PartitionLocks {
+    /// The locks of the outbox in `namespace` (its schema, e.g. `public`).
+    pub fn new(namespace: &str) -> Self {
+        // FNV-1a, 32 bits.
+        let hash = namespace.bytes().fold(0x811c_9dc5_u32, |h, b| {
+            (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+        });
+        Self {
+            class: i32::from_ne_bytes(hash.to_ne_bytes()),
+        }
+    }
+
+    /// The first key of this outbox's locks.
+    pub fn class(self) -> i32 {
+        self.class
+    }
+
+    /// Takes `partition` on the session `conn`, unless another session
+    /// holds it; returns whether it is held now. Taking a partition the
+    /// session already holds stacks a second lock on it (PostgreSQL's
+    /// rule): keep track of what is held.
+    pub async fn try_lock(
+        self,
+        conn: &mut PgConnection,
+        partition: i32,
+    ) -> Result<bool, MessagingError> {
+        Ok(sqlx::query_scalar(TRY_LOCK_PARTITION)
+            .bind(self.class)
+            .bind(partition)
+            .fetch_one(conn)
+            .await?)
+    }
+
+    /// Gives `partition` back; returns whether the session held it.
+    pub async fn unlock(
+        self,
+        conn: &mut PgConnection,
+        partition: i32,
+    ) -> Result<bool, MessagingError> {
+        Ok(sqlx::query_scalar(UNLOCK_PARTITION)
+            .bind(self.class)
+            .bind(partition)
+            .fetch_one(conn)
+            .await?)
+    }
+
+    /// The relays sharing the partitions now: the sessions connected to
+    /// this database under `application` (the `application_name` every
+    /// relay of this outbox gives its lock session).
+    pub async fn live_relays<'e>(
+        executor: impl Executor<'e, Database = Postgres>,
+        application: &str,
+    ) -> Result<i64, MessagingError> {
+        Ok(sqlx::query_scalar(LIVE_RELAYS)
+            .bind(application)
+            .fetch_one(executor)
+            .await?)
     }
 }
 
@@ -335,5 +708,14 @@ mod tests {
         assert!(msg.clone().with_header("trace-id", "abc").is_ok());
         assert!(msg.clone().with_header("bad name", "x").is_err());
         assert!(msg.with_header("x", "line\nbreak").is_err());
+    }
+
+    #[test]
+    fn lock_classes_differ_per_namespace_and_are_stable() {
+        assert_eq!(PartitionLocks::new("public"), PartitionLocks::new("public"));
+        assert_ne!(
+            PartitionLocks::new("public").class(),
+            PartitionLocks::new("billing").class()
+        );
     }
 }

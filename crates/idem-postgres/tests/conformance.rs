@@ -25,8 +25,7 @@ mod tiered_memory_postgres {
 mod postgres_without_group_commit {
     use super::*;
     idem_testkit::store_conformance!(async {
-        let mut opts = common::options()?;
-        opts.group_commit = false;
+        let opts = common::options()?.with_group_commit(false);
         Some(Arc::new(
             idem_postgres::PgStore::connect_with(opts)
                 .await

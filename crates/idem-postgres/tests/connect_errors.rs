@@ -88,12 +88,11 @@ async fn wrong_credentials() {
     };
     let opts = PgOptions::from_url(&url).expect("valid");
     let connect = opts
-        .connect
+        .connect_options()
         .clone()
         .username("idem_no_such_role")
         .password("s3cret");
-    let mut opts = PgOptions::new(connect);
-    opts.connect_timeout = Duration::from_secs(5);
+    let opts = PgOptions::new(connect).with_connect_timeout(Duration::from_secs(5));
     let err = PgStore::connect_with(opts).await.expect_err("no such role");
     let text = one_line(&err);
     assert!(text.contains("authentication failed"), "{text}");
@@ -111,22 +110,22 @@ async fn a_connection_that_died_while_idle_is_replaced_before_use() {
     let Some(opts) = common::options() else {
         return;
     };
-    let host = opts.connect.get_host().to_owned();
-    let target = tokio::net::lookup_host((host.as_str(), opts.connect.get_port()))
+    let host = opts.connect_options().get_host().to_owned();
+    let target = tokio::net::lookup_host((host.as_str(), opts.connect_options().get_port()))
         .await
         .expect("resolve")
         .next()
         .expect("an address");
     let proxy = idem_testkit::fault::FaultProxy::start(target).await;
     let via_proxy = |ping_after_idle: Duration| {
-        let mut o = opts.clone().with_max_connections(1).with_migrate(false);
-        o.connect = o
-            .connect
+        let o = opts.clone().with_max_connections(1).with_migrate(false);
+        let connect = o
+            .connect_options()
             .clone()
             .host("127.0.0.1")
             .port(proxy.addr().port());
-        o.ping_after_idle = ping_after_idle;
-        o
+        o.with_connect_options(connect)
+            .with_ping_after_idle(ping_after_idle)
     };
     let scope = idem::Scope::new("ping-test", "GET /").expect("scope");
     let key: idem::IdempotencyKey = "k".parse().expect("key");

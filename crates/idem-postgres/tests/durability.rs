@@ -319,11 +319,12 @@ async fn racers_on_an_expired_record_replace_it_once() {
 
 #[tokio::test]
 async fn killed_server_connections_are_replaced() {
-    let Some(mut opts) = common::options() else {
+    let Some(opts) = common::options() else {
         return;
     };
     let app = format!("idem-test-{}", &OwnerToken::random().to_string()[..12]);
-    opts.connect = opts.connect.application_name(&app);
+    let connect = opts.connect_options().clone().application_name(&app);
+    let opts = opts.with_connect_options(connect);
     let store = PgStore::connect_with(opts).await.expect("connect");
     let scope = idem_testkit::conformance::unique_scope("pg-killed");
     let k: idem::IdempotencyKey = "k".parse().expect("key");

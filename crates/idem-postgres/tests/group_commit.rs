@@ -179,9 +179,8 @@ async fn group_commit_off_runs_each_operation_alone() {
         services::postgres().expect("checked above")
     ))
     .expect("url");
-    assert!(!url_opts.group_commit);
-    let mut opts = opts;
-    opts.group_commit = false;
+    assert!(!url_opts.group_commit());
+    let opts = opts.with_group_commit(false);
     let store = PgStore::connect_with(opts).await.expect("connect");
     let scope = idem_testkit::conformance::unique_scope("pg-group-off");
     let k = key(1);

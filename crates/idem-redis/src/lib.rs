@@ -68,6 +68,7 @@
 mod connection;
 mod error;
 mod keys;
+mod options;
 mod record;
 
 use std::fmt;
@@ -84,6 +85,7 @@ use redis::{Script, Value};
 
 pub use connection::RedisConnection;
 pub use error::RedisError;
+pub use options::RedisOptions;
 /// The driver, re-exported so users never mismatch versions.
 pub use redis;
 
@@ -115,185 +117,6 @@ static RENEW: LazyLock<Script> = script!("renew.lua");
 static GET: LazyLock<Script> = script!("get.lua");
 static PUT: LazyLock<Script> = script!("put.lua");
 
-/// Options for [`RedisStore::connect_with`]. Defaults: key prefix `idem`,
-/// 2 s to connect, 2 s for an answer, 6 reconnection attempts with
-/// exponential back-off. Its `Debug` output redacts passwords.
-#[derive(Clone)]
-#[non_exhaustive]
-pub struct RedisOptions {
-    /// The server's URL, as given to the driver (`redis://…`).
-    pub url: String,
-    /// The first part of every key; letters, digits, `-`, `_`, `.`.
-    pub prefix: String,
-    /// How long connecting (and each reconnection) may take.
-    pub connect_timeout: Duration,
-    /// How long a command may wait for its answer before it fails with
-    /// [`StoreError::Unavailable`].
-    pub response_timeout: Duration,
-    /// How many times a lost connection is retried before a command fails.
-    pub reconnect_retries: usize,
-    /// The seed nodes of a Redis Cluster (`redis://host:port` each); empty
-    /// for a single server at [`url`](Self::url). Needs the `cluster`
-    /// feature.
-    pub cluster_nodes: Vec<String>,
-}
-
-impl fmt::Debug for RedisOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let nodes: Vec<String> = self
-            .cluster_nodes
-            .iter()
-            .map(|n| idem::store::redact_url(n))
-            .collect();
-        f.debug_struct("RedisOptions")
-            .field("url", &idem::store::redact_url(&self.url))
-            .field("prefix", &self.prefix)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("response_timeout", &self.response_timeout)
-            .field("reconnect_retries", &self.reconnect_retries)
-            .field("cluster_nodes", &nodes)
-            .finish()
-    }
-}
-
-impl RedisOptions {
-    /// Parses `redis://[user:password@]host[:port][/db][?prefix=NAME]`
-    /// (and `rediss://…` with the `tls` feature). With the `cluster`
-    /// feature, `redis+cluster://[user:password@]host1:port1,host2:port2[?prefix=NAME]`
-    /// (or `rediss+cluster://…`) names a Redis Cluster by some of its nodes.
-    pub fn from_url(url: &str) -> Result<Self, RedisError> {
-        let bad = |reason: String| RedisError::Url {
-            url: idem::store::redact_url(url),
-            reason,
-        };
-        if let Some((scheme, rest)) = url.split_once("+cluster://") {
-            return Self::from_cluster_url(scheme, rest).map_err(bad);
-        }
-        let tls = url.starts_with("rediss://");
-        if !(url.starts_with("redis://") || tls) {
-            return Err(bad(
-                "must start with redis://, rediss:// or redis+cluster://".to_owned(),
-            ));
-        }
-        if tls && !cfg!(feature = "tls") {
-            return Err(bad(
-                "rediss:// needs idem-redis built with its `tls` feature".to_owned(),
-            ));
-        }
-        let (base, query) = url.split_once('?').unwrap_or((url, ""));
-        let mut driver_query = Vec::new();
-        let mut prefix = "idem".to_owned();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("prefix", value)) => value.clone_into(&mut prefix),
-                _ => driver_query.push(pair),
-            }
-        }
-        if !keys::valid_prefix(&prefix) {
-            return Err(bad(format!(
-                "prefix {prefix:?} must be 1 to 64 letters, digits, '-', '_' or '.'"
-            )));
-        }
-        let driver_url = if driver_query.is_empty() {
-            base.to_owned()
-        } else {
-            format!("{base}?{}", driver_query.join("&"))
-        };
-        redis::Client::open(driver_url.as_str()).map_err(|e| bad(e.to_string()))?;
-        Ok(Self {
-            url: driver_url,
-            prefix,
-            connect_timeout: Duration::from_secs(2),
-            response_timeout: Duration::from_secs(2),
-            reconnect_retries: 6,
-            cluster_nodes: Vec::new(),
-        })
-    }
-
-    fn from_cluster_url(scheme: &str, rest: &str) -> Result<Self, String> {
-        if !cfg!(feature = "cluster") {
-            return Err(
-                "redis+cluster:// needs idem-redis built with its `cluster` feature".to_owned(),
-            );
-        }
-        let node_scheme = match scheme {
-            "redis" => "redis",
-            "rediss" if cfg!(feature = "tls") => "rediss",
-            "rediss" => {
-                return Err(
-                    "rediss+cluster:// needs idem-redis built with its `tls` feature".to_owned(),
-                );
-            }
-            _ => return Err("must start with redis+cluster:// or rediss+cluster://".to_owned()),
-        };
-        let (authority, query) = match rest.split_once('?') {
-            Some((a, q)) => (a, q),
-            None => (rest, ""),
-        };
-        let authority = authority.trim_end_matches('/');
-        if authority.contains('/') {
-            return Err("a cluster has only database 0: no /db after the nodes".to_owned());
-        }
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u), h),
-            None => (None, authority),
-        };
-        let mut prefix = "idem".to_owned();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("prefix", value)) => value.clone_into(&mut prefix),
-                _ => return Err(format!("unknown cluster option {pair:?}")),
-            }
-        }
-        if !keys::valid_prefix(&prefix) {
-            return Err(format!(
-                "prefix {prefix:?} must be 1 to 64 letters, digits, '-', '_' or '.'"
-            ));
-        }
-        let nodes: Vec<String> = hosts
-            .split(',')
-            .filter(|h| !h.is_empty())
-            .map(|host| match userinfo {
-                Some(u) => format!("{node_scheme}://{u}@{host}"),
-                None => format!("{node_scheme}://{host}"),
-            })
-            .collect();
-        let Some(first) = nodes.first() else {
-            return Err("no cluster node after redis+cluster://".to_owned());
-        };
-        for node in &nodes {
-            redis::Client::open(node.as_str()).map_err(|e| e.to_string())?;
-        }
-        Ok(Self {
-            url: first.clone(),
-            prefix,
-            connect_timeout: Duration::from_secs(2),
-            response_timeout: Duration::from_secs(2),
-            reconnect_retries: 6,
-            cluster_nodes: nodes,
-        })
-    }
-
-    /// Uses `prefix` for every key (to share one Redis database between
-    /// applications).
-    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// Sets how long connecting may take.
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Sets how long a command may wait for its answer.
-    pub fn with_response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
-        self
-    }
-}
-
 /// The Redis [`Store`]; see the [crate docs](crate). Cheap to clone:
 /// clones share the connection.
 #[derive(Clone)]
@@ -321,60 +144,57 @@ impl RedisStore {
     /// Connects with explicit options; fails at once, with one line, when
     /// the server cannot be reached or refuses the credentials.
     pub async fn connect_with(opts: RedisOptions) -> Result<Self, RedisError> {
-        let shown = idem::store::redact_url(&opts.url);
-        if !keys::valid_prefix(&opts.prefix) {
+        let shown = idem::store::redact_url(opts.url());
+        if !keys::valid_prefix(opts.prefix()) {
             return Err(RedisError::Url {
                 url: shown,
-                reason: format!(
-                    "prefix {:?} must be 1 to 64 letters, digits, '-', '_' or '.'",
-                    opts.prefix
-                ),
+                reason: options::invalid_prefix(opts.prefix()),
             });
         }
-        if !opts.cluster_nodes.is_empty() {
+        if !opts.cluster_nodes().is_empty() {
             return Self::connect_cluster(opts, shown).await;
         }
-        let client = redis::Client::open(opts.url.as_str()).map_err(|e| RedisError::Url {
+        let client = redis::Client::open(opts.url()).map_err(|e| RedisError::Url {
             url: shown.clone(),
             reason: e.to_string(),
         })?;
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(opts.connect_timeout)
-            .set_response_timeout(opts.response_timeout)
-            .set_number_of_retries(opts.reconnect_retries)
+            .set_connection_timeout(opts.connect_timeout())
+            .set_response_timeout(opts.response_timeout())
+            .set_number_of_retries(opts.reconnect_retries())
             .set_max_delay(1_000);
         // A first, direct connection and PING, so a wrong address or
         // password fails now, clearly, instead of after the retries.
         let mut probe = client
             .get_multiplexed_async_connection_with_config(
                 &redis::AsyncConnectionConfig::new()
-                    .set_connection_timeout(opts.connect_timeout)
-                    .set_response_timeout(opts.response_timeout),
+                    .set_connection_timeout(opts.connect_timeout())
+                    .set_response_timeout(opts.response_timeout()),
             )
             .await
-            .map_err(|e| RedisError::connect(&opts.url, e))?;
+            .map_err(|e| RedisError::connect(opts.url(), e))?;
         redis::cmd("PING")
             .query_async::<()>(&mut probe)
             .await
-            .map_err(|e| RedisError::connect(&opts.url, e))?;
+            .map_err(|e| RedisError::connect(opts.url(), e))?;
         drop(probe);
         let conn = client
             .get_connection_manager_with_config(config)
             .await
-            .map_err(|e| RedisError::connect(&opts.url, e))?;
+            .map_err(|e| RedisError::connect(opts.url(), e))?;
         Ok(Self {
             conn: RedisConnection::Single(conn),
-            prefix: opts.prefix.into(),
+            prefix: opts.prefix().into(),
             url: shown.into(),
         })
     }
 
     #[cfg(feature = "cluster")]
     async fn connect_cluster(opts: RedisOptions, shown: String) -> Result<Self, RedisError> {
-        let client = redis::cluster::ClusterClient::builder(opts.cluster_nodes.clone())
-            .connection_timeout(opts.connect_timeout)
-            .response_timeout(opts.response_timeout)
-            .retries(u32::try_from(opts.reconnect_retries).unwrap_or(u32::MAX))
+        let client = redis::cluster::ClusterClient::builder(opts.cluster_nodes().to_vec())
+            .connection_timeout(opts.connect_timeout())
+            .response_timeout(opts.response_timeout())
+            .retries(u32::try_from(opts.reconnect_retries()).unwrap_or(u32::MAX))
             .build()
             .map_err(|e| RedisError::Url {
                 url: shown.clone(),
@@ -383,14 +203,14 @@ impl RedisStore {
         let mut conn = client
             .get_async_connection()
             .await
-            .map_err(|e| RedisError::connect(&opts.url, e))?;
+            .map_err(|e| RedisError::connect(opts.url(), e))?;
         redis::cmd("PING")
             .query_async::<()>(&mut conn)
             .await
-            .map_err(|e| RedisError::connect(&opts.url, e))?;
+            .map_err(|e| RedisError::connect(opts.url(), e))?;
         Ok(Self {
             conn: RedisConnection::Cluster(conn),
-            prefix: opts.prefix.into(),
+            prefix: opts.prefix().into(),
             url: shown.into(),
         })
     }
@@ -828,66 +648,6 @@ impl CacheStore for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn url_parsing() {
-        let o =
-            RedisOptions::from_url("redis://:pw@127.0.0.1:6380/3?prefix=app.idem").expect("valid");
-        assert_eq!(o.prefix, "app.idem");
-        assert_eq!(o.url, "redis://:pw@127.0.0.1:6380/3");
-        assert!(!format!("{o:?}").contains(":pw@"), "Debug redacts");
-        let o = RedisOptions::from_url("redis://127.0.0.1").expect("valid");
-        assert_eq!(o.prefix, "idem");
-    }
-
-    #[test]
-    fn bad_urls_say_what_is_wrong() {
-        for (url, needle) in [
-            ("postgres://u:s3cret@h/db", "must start with redis://"),
-            ("redis://h?prefix=a{b}", "prefix"),
-            ("redis://h?prefix=", "prefix"),
-            ("redis://:s3cret@h:port/0", "invalid Redis store URL"),
-            ("redis://:s3cret@h:6379/x", "invalid Redis store URL"),
-        ] {
-            let err = RedisOptions::from_url(url).expect_err(url).to_string();
-            assert!(err.contains(needle), "{url}: {err}");
-            assert!(!err.contains("s3cret"), "{err}");
-        }
-        #[cfg(not(feature = "tls"))]
-        {
-            let err = RedisOptions::from_url("rediss://h")
-                .expect_err("no tls")
-                .to_string();
-            assert!(err.contains("tls"), "{err}");
-        }
-    }
-
-    #[test]
-    fn cluster_urls() {
-        let parsed =
-            RedisOptions::from_url("redis+cluster://u:pw@10.0.0.1:7000,10.0.0.2:7001?prefix=p");
-        if cfg!(feature = "cluster") {
-            let o = parsed.expect("valid");
-            assert_eq!(
-                o.cluster_nodes,
-                vec!["redis://u:pw@10.0.0.1:7000", "redis://u:pw@10.0.0.2:7001"]
-            );
-            assert_eq!(o.prefix, "p");
-            for (url, needle) in [
-                ("redis+cluster://", "no cluster node"),
-                ("redis+cluster://h:1/3", "database 0"),
-                ("redis+cluster://h:1?db=2", "unknown cluster option"),
-                ("mongo+cluster://h:1", "must start with"),
-            ] {
-                let err = RedisOptions::from_url(url).expect_err(url).to_string();
-                assert!(err.contains(needle), "{url}: {err}");
-            }
-        } else {
-            let err = parsed.expect_err("no cluster feature").to_string();
-            assert!(err.contains("`cluster` feature"), "{err}");
-            assert!(!err.contains(":pw@"), "{err}");
-        }
-    }
 
     #[test]
     fn optional_texts() {

@@ -34,7 +34,7 @@ async fn tiered(redis_url: Option<String>) -> Option<Prefixed<Tiered<RedisStore,
         None => common::options()?,
     };
     let durable = postgres().await?;
-    let url = opts.url.clone();
+    let url = opts.url().to_owned();
     let fast = RedisStore::connect_with(opts).await.expect("connect Redis");
     Some(Prefixed {
         store: Arc::new(Tiered::new(fast.clone(), durable)),

@@ -30,8 +30,7 @@ fn sqlite(name: &str, max_batch: usize) -> SqliteStore {
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
-    let mut opts = SqliteOptions::new(path);
-    opts.max_batch = max_batch;
+    let opts = SqliteOptions::new(path).with_max_batch(max_batch);
     SqliteStore::open_with(opts).expect("open bench store")
 }
 

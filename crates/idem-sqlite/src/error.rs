@@ -58,6 +58,16 @@ pub enum SqliteError {
     /// The database file could not be created.
     #[error("cannot create the database file: {0}")]
     Create(#[source] std::io::Error),
+    /// An inbox consumer name or message id was refused before it reached
+    /// the database (empty, or longer than
+    /// [`MAX_ID_LEN`](crate::inbox::MAX_ID_LEN)).
+    #[error("invalid {field}: {reason}")]
+    InvalidMessage {
+        /// Which field.
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl From<rusqlite::Error> for SqliteError {
@@ -71,6 +81,13 @@ impl From<rusqlite::Error> for SqliteError {
 }
 
 impl SqliteError {
+    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        Self::InvalidMessage {
+            field,
+            reason: reason.into(),
+        }
+    }
+
     fn innermost(&self) -> &SqliteError {
         match self {
             Self::Open { source, .. } => source.innermost(),

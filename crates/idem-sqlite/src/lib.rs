@@ -28,6 +28,7 @@
 mod checkpoint;
 mod error;
 pub mod inbox;
+mod options;
 mod schema;
 mod writer;
 
@@ -45,6 +46,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 pub use error::SqliteError;
+pub use options::{SqliteOptions, Synchronous};
 /// The driver, re-exported so users never mismatch versions.
 pub use rusqlite;
 
@@ -57,105 +59,6 @@ use writer::{Batch, Job, Stats, Task};
 /// serving p99 83 ms with 64-row jobs, 30 ms with 8-row jobs, against
 /// 9–10 ms without cleanup (docs/BENCHMARKS.md).
 pub const PURGE_CHUNK: usize = 8;
-
-/// How commits reach the disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Synchronous {
-    /// fsync the WAL on every commit: an answered write survives power loss.
-    #[default]
-    Full,
-    /// fsync only at checkpoints: survives a process crash, not power loss.
-    Normal,
-}
-
-/// Options for [`SqliteStore::open_with`]. Defaults: durable
-/// (`Synchronous::Full`), batches of up to 512 operations, 4 reader
-/// connections, 5 s busy timeout.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SqliteOptions {
-    /// The database file; created if missing (its directory must exist).
-    pub path: PathBuf,
-    /// Durability of commits.
-    pub synchronous: Synchronous,
-    /// Most operations committed together. `1` turns group commit off (one
-    /// transaction per operation), which is the benchmark baseline.
-    pub max_batch: usize,
-    /// Reader connections for `get` and `list`.
-    pub readers: usize,
-    /// How long to wait for a lock held by another process.
-    pub busy_timeout: Duration,
-    /// Operations that may wait for the writer before callers are slowed.
-    pub queue: usize,
-}
-
-impl SqliteOptions {
-    /// Default options for a file.
-    pub fn new(path: impl Into<PathBuf>) -> Self {
-        Self {
-            path: path.into(),
-            synchronous: Synchronous::Full,
-            max_batch: 512,
-            readers: 4,
-            busy_timeout: Duration::from_secs(5),
-            queue: 8192,
-        }
-    }
-
-    /// Parses `sqlite://PATH[?option=value&…]`. `sqlite://idem.db` is
-    /// relative to the working directory, `sqlite:///var/lib/idem.db`
-    /// absolute. Options: `synchronous=full|normal`, `max_batch=N`,
-    /// `readers=N`, `busy_timeout_ms=N`.
-    pub fn from_url(url: &str) -> Result<Self, SqliteError> {
-        let bad = |reason: String| SqliteError::Url {
-            url: url.to_owned(),
-            reason,
-        };
-        let rest = url
-            .strip_prefix("sqlite://")
-            .ok_or_else(|| bad("must start with sqlite://".to_owned()))?;
-        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
-        if path.is_empty() {
-            return Err(bad("no file path after sqlite://".to_owned()));
-        }
-        if path == ":memory:" {
-            return Err(bad(
-                "in-memory SQLite is not supported; use idem::MemoryStore for a store without a file"
-                    .to_owned(),
-            ));
-        }
-        let mut opts = Self::new(path);
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair
-                .split_once('=')
-                .ok_or_else(|| bad(format!("option {pair:?} has no value")))?;
-            let number =
-                || {
-                    value.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                        bad(format!("{name} must be a positive integer, not {value:?}"))
-                    })
-                };
-            match name {
-                "synchronous" => {
-                    opts.synchronous = match value {
-                        "full" => Synchronous::Full,
-                        "normal" => Synchronous::Normal,
-                        _ => {
-                            return Err(bad(format!(
-                                "synchronous must be full or normal, not {value:?}"
-                            )));
-                        }
-                    }
-                }
-                "max_batch" => opts.max_batch = number()? as usize,
-                "readers" => opts.readers = number()? as usize,
-                "busy_timeout_ms" => opts.busy_timeout = Duration::from_millis(number()?),
-                _ => return Err(bad(format!("unknown option {name:?}"))),
-            }
-        }
-        Ok(opts)
-    }
-}
 
 /// The embedded SQLite [`Store`]; see the [crate docs](crate).
 #[derive(Debug)]
@@ -195,10 +98,10 @@ impl SqliteStore {
     /// migrated; call it at start-up (or in `spawn_blocking`).
     pub fn open_with(opts: SqliteOptions) -> Result<Self, SqliteError> {
         let opened = |source: SqliteError| SqliteError::Open {
-            path: opts.path.clone(),
+            path: opts.path().to_path_buf(),
             source: Box::new(source),
         };
-        create_private(&opts.path).map_err(opened)?;
+        create_private(opts.path()).map_err(opened)?;
         let mut conn = open_connection(&opts, true).map_err(opened)?;
         schema::migrate(&mut conn).map_err(opened)?;
         conn.pragma_update(
@@ -213,13 +116,13 @@ impl SqliteStore {
             checkpoint::MIN_GAP,
         )
         .map_err(|e| opened(SqliteError::Thread("checkpoint", e)))?;
-        let readers = (0..opts.readers.max(1))
+        let readers = (0..opts.readers().max(1))
             .map(|_| open_connection(&opts, false))
             .collect::<Result<Vec<_>, _>>()
             .map_err(opened)?;
         let stats = Arc::new(Stats::default());
-        let (tx, rx) = mpsc::channel(opts.queue.max(1));
-        let max_batch = opts.max_batch.max(1);
+        let (tx, rx) = mpsc::channel(opts.queue().max(1));
+        let max_batch = opts.max_batch().max(1);
         let thread_stats = Arc::clone(&stats);
         let writer_thread = std::thread::Builder::new()
             .name("idem-sqlite-writer".to_owned())
@@ -232,7 +135,7 @@ impl SqliteStore {
             reader_slots: Arc::new(Semaphore::new(readers.len())),
             readers: Arc::new(Mutex::new(readers)),
             stats,
-            path: opts.path,
+            path: opts.path().to_path_buf(),
         })
     }
 
@@ -336,8 +239,8 @@ fn open_connection(opts: &SqliteOptions, writer: bool) -> Result<Connection, Sql
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX
         | OpenFlags::SQLITE_OPEN_URI;
-    let conn = Connection::open_with_flags(&opts.path, flags)?;
-    conn.busy_timeout(opts.busy_timeout)?;
+    let conn = Connection::open_with_flags(opts.path(), flags)?;
+    conn.busy_timeout(opts.busy_timeout())?;
     // The first statement that reads the file: a non-database fails here.
     let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
@@ -348,7 +251,7 @@ fn open_connection(opts: &SqliteOptions, writer: bool) -> Result<Connection, Sql
     conn.pragma_update(
         None,
         "synchronous",
-        match opts.synchronous {
+        match opts.synchronous() {
             Synchronous::Full => "FULL",
             Synchronous::Normal => "NORMAL",
         },
@@ -734,40 +637,5 @@ impl Purge for SqliteStore {
                 .map_err(to_store)
         })
         .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn url_parsing() {
-        let o = SqliteOptions::from_url("sqlite://idem.db").expect("valid");
-        assert_eq!(o.path, PathBuf::from("idem.db"));
-        assert_eq!(o.synchronous, Synchronous::Full);
-        let o = SqliteOptions::from_url("sqlite:///var/lib/idem/x.db?synchronous=normal&max_batch=1&readers=2&busy_timeout_ms=100")
-            .expect("valid");
-        assert_eq!(o.path, PathBuf::from("/var/lib/idem/x.db"));
-        assert_eq!(o.synchronous, Synchronous::Normal);
-        assert_eq!((o.max_batch, o.readers), (1, 2));
-        assert_eq!(o.busy_timeout, Duration::from_millis(100));
-    }
-
-    #[test]
-    fn bad_urls_say_what_is_wrong() {
-        for (url, needle) in [
-            ("postgres://x", "must start with sqlite://"),
-            ("sqlite://", "no file path"),
-            ("sqlite://:memory:", "MemoryStore"),
-            ("sqlite://x.db?max_batch=0", "positive integer"),
-            ("sqlite://x.db?max_batch=lots", "positive integer"),
-            ("sqlite://x.db?synchronous=off", "full or normal"),
-            ("sqlite://x.db?fast", "has no value"),
-            ("sqlite://x.db?colour=blue", "unknown option"),
-        ] {
-            let err = SqliteOptions::from_url(url).expect_err(url).to_string();
-            assert!(err.contains(needle), "{url}: {err}");
-        }
     }
 }

@@ -60,8 +60,7 @@ fn a_newer_schema_is_refused_not_downgraded() {
 async fn a_database_locked_by_another_process_is_unavailable_then_recovers() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("idem.db");
-    let mut opts = SqliteOptions::new(&path);
-    opts.busy_timeout = Duration::from_millis(200);
+    let opts = SqliteOptions::new(&path).with_busy_timeout(Duration::from_millis(200));
     let store = SqliteStore::open_with(opts.clone()).expect("open");
 
     // Another connection (as another process would) holds the write lock.
@@ -150,8 +149,7 @@ fn source_chain(err: &dyn std::error::Error) -> String {
 async fn reads_do_not_wait_behind_a_stuck_writer() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("idem.db");
-    let mut opts = SqliteOptions::new(&path);
-    opts.busy_timeout = Duration::from_secs(3);
+    let opts = SqliteOptions::new(&path).with_busy_timeout(Duration::from_secs(3));
     let store = std::sync::Arc::new(SqliteStore::open_with(opts).expect("open"));
     let (scope, k) = (unique_scope("reads"), key("existing"));
     store

@@ -41,8 +41,7 @@ mod sqlite_one_row_per_commit {
     use super::*;
     idem_testkit::store_conformance!(async {
         let dir = tempfile::tempdir().expect("temp dir");
-        let mut opts = idem_sqlite::SqliteOptions::new(dir.path().join("idem.db"));
-        opts.max_batch = 1;
+        let opts = idem_sqlite::SqliteOptions::new(dir.path().join("idem.db")).with_max_batch(1);
         TempSqlite {
             store: Arc::new(SqliteStore::open_with(opts).expect("open")),
             _dir: dir,

@@ -98,8 +98,8 @@ impl Bus {
         stop: impl std::future::Future<Output = ()> + Send,
     ) -> Result<idem_messaging::RelayStats, String> {
         let opts = idem_postgres::PgOptions::from_url(database).map_err(|e| e.to_string())?;
-        let namespace = opts.schema.clone().unwrap_or_else(|| "public".to_owned());
-        let lock_options = opts.connect.clone();
+        let namespace = opts.schema().unwrap_or("public").to_owned();
+        let lock_options = opts.connect_options().clone();
         let store = idem_postgres::PgStore::connect_with(opts)
             .await
             .map_err(|e| e.to_string())?;

@@ -2,6 +2,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+use std::error::Error;
+
 use idem_postgres::sqlx::{self, PgPool};
 use idem_postgres::{PgOptions, PgStore};
 
@@ -27,24 +29,20 @@ impl Db {
         Self::open(&url, schema).await.map(Some).expect("database")
     }
 
-    pub async fn open(url: &str, schema: String) -> Result<Self, String> {
-        let opts = PgOptions::from_url(url).map_err(|e| e.to_string())?;
-        let store = PgStore::connect_with(opts)
-            .await
-            .map_err(|e| e.to_string())?;
+    pub async fn open(url: &str, schema: String) -> Result<Self, Box<dyn Error + Send + Sync>> {
+        let opts = PgOptions::from_url(url)?;
+        let store = PgStore::connect_with(opts).await?;
         sqlx::query(
             "CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY, paid_count int NOT NULL DEFAULT 0, \
              applied text[] NOT NULL DEFAULT '{}')",
         )
         .execute(store.pool())
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
         sqlx::query(
             "CREATE TABLE IF NOT EXISTS payments_applied (payment_id text PRIMARY KEY, order_id text NOT NULL)",
         )
         .execute(store.pool())
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
         Ok(Self {
             store,
             schema,

@@ -29,7 +29,7 @@ pub fn options_for(url: &str) -> Option<RedisOptions> {
 pub fn redis_url_with_db(db: u8) -> Option<String> {
     let url = idem_testkit::services::redis()?;
     let opts = RedisOptions::from_url(&url).expect("valid URL");
-    let (scheme, rest) = opts.url.split_once("://").expect("scheme");
+    let (scheme, rest) = opts.url().split_once("://").expect("scheme");
     let authority = rest.split(['/', '?']).next().unwrap_or(rest);
     Some(format!("{scheme}://{authority}/{db}"))
 }
@@ -46,7 +46,7 @@ impl Prefixed<RedisStore> {
     /// A Redis store under a fresh prefix, or `None` (skip).
     pub async fn new() -> Option<Self> {
         let opts = options()?;
-        let url = opts.url.clone();
+        let url = opts.url().to_owned();
         let redis = RedisStore::connect_with(opts).await.expect("connect");
         Some(Self {
             store: Arc::new(redis.clone()),

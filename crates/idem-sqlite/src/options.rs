@@ -1,0 +1,215 @@
+//! [`SqliteOptions`]: the database file and how the store uses it, from a
+//! `sqlite://` URL or built in code.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use idem::store::backend::{QueryOption, QueryOptionError, QueryOptions};
+
+use crate::error::SqliteError;
+
+/// The options a store URL may carry.
+const KNOWN: [&str; 4] = ["synchronous", "max_batch", "readers", "busy_timeout_ms"];
+
+/// How commits reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Synchronous {
+    /// fsync the WAL on every commit: an answered write survives power loss.
+    #[default]
+    Full,
+    /// fsync only at checkpoints: survives a process crash, not power loss.
+    Normal,
+}
+
+/// Options for [`SqliteStore::open_with`](crate::SqliteStore::open_with).
+/// Defaults: durable (`Synchronous::Full`), batches of up to 512
+/// operations, 4 reader connections, 5 s busy timeout.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_sqlite::{SqliteOptions, Synchronous};
+///
+/// # fn main() -> Result<(), idem_sqlite::SqliteError> {
+/// let opts = SqliteOptions::from_url("sqlite:///var/lib/idem/idem.db?readers=8")?
+///     .with_busy_timeout(Duration::from_secs(1));
+/// assert_eq!(opts.path(), std::path::Path::new("/var/lib/idem/idem.db"));
+/// assert_eq!(opts.readers(), 8);
+/// assert_eq!(opts.synchronous(), Synchronous::Full);
+///
+/// let baseline = SqliteOptions::new("bench.db").with_max_batch(1);
+/// assert_eq!(baseline.max_batch(), 1);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqliteOptions {
+    path: PathBuf,
+    synchronous: Synchronous,
+    max_batch: usize,
+    readers: usize,
+    busy_timeout: Duration,
+    queue: usize,
+}
+
+impl SqliteOptions {
+    /// Default options for a file.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            synchronous: Synchronous::Full,
+            max_batch: 512,
+            readers: 4,
+            busy_timeout: Duration::from_secs(5),
+            queue: 8192,
+        }
+    }
+
+    /// Parses `sqlite://PATH[?option=value&…]`. `sqlite://idem.db` is
+    /// relative to the working directory, `sqlite:///var/lib/idem.db`
+    /// absolute. Options: `synchronous=full|normal`, `max_batch=N`,
+    /// `readers=N`, `busy_timeout_ms=N`.
+    ///
+    /// Fails with [`SqliteError::Url`] on another scheme, a missing path,
+    /// `:memory:`, an option without a value, an unknown option, or a
+    /// value an option does not take.
+    pub fn from_url(url: &str) -> Result<Self, SqliteError> {
+        let bad = |reason: String| SqliteError::Url {
+            url: url.to_owned(),
+            reason,
+        };
+        let rest = url
+            .strip_prefix("sqlite://")
+            .ok_or_else(|| bad("must start with sqlite://".to_owned()))?;
+        let (path, query) = QueryOptions::split(rest);
+        if path.is_empty() {
+            return Err(bad("no file path after sqlite://".to_owned()));
+        }
+        if path == ":memory:" {
+            return Err(bad(
+                "in-memory SQLite is not supported; use idem::MemoryStore for a store without a file"
+                    .to_owned(),
+            ));
+        }
+        let mut opts = Self::new(path);
+        for option in query {
+            opts.set(&option).map_err(|e| bad(e.to_string()))?;
+        }
+        Ok(opts)
+    }
+
+    /// Applies one option from a URL.
+    fn set(&mut self, option: &QueryOption<'_>) -> Result<(), QueryOptionError> {
+        option.value()?;
+        match option.name() {
+            "synchronous" => {
+                self.synchronous = option
+                    .choice(&[("full", Synchronous::Full), ("normal", Synchronous::Normal)])?;
+            }
+            "max_batch" => self.max_batch = option.positive_usize()?,
+            "readers" => self.readers = option.positive_usize()?,
+            "busy_timeout_ms" => self.busy_timeout = option.positive_millis()?,
+            _ => return Err(option.unknown(&KNOWN)),
+        }
+        Ok(())
+    }
+
+    /// The database file; created if missing (its directory must exist).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Durability of commits (default [`Synchronous::Full`]).
+    pub fn synchronous(&self) -> Synchronous {
+        self.synchronous
+    }
+
+    /// Sets the durability of commits.
+    pub fn with_synchronous(mut self, synchronous: Synchronous) -> Self {
+        self.synchronous = synchronous;
+        self
+    }
+
+    /// Most operations committed together (default 512). `1` turns group
+    /// commit off (one transaction per operation), which is the benchmark
+    /// baseline.
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    /// Sets how many operations are committed together at most (see
+    /// [`max_batch`](Self::max_batch)); 0 counts as 1.
+    pub fn with_max_batch(mut self, n: usize) -> Self {
+        self.max_batch = n;
+        self
+    }
+
+    /// Reader connections for `get` and `list` (default 4).
+    pub fn readers(&self) -> usize {
+        self.readers
+    }
+
+    /// Sets how many reader connections are opened; 0 counts as 1.
+    pub fn with_readers(mut self, n: usize) -> Self {
+        self.readers = n;
+        self
+    }
+
+    /// How long to wait for a lock held by another process (default 5 s).
+    pub fn busy_timeout(&self) -> Duration {
+        self.busy_timeout
+    }
+
+    /// Sets how long to wait for a lock held by another process.
+    pub fn with_busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// Operations that may wait for the writer before callers are slowed
+    /// (default 8192).
+    pub fn queue(&self) -> usize {
+        self.queue
+    }
+
+    /// Sets how many operations may wait for the writer before callers
+    /// are slowed; 0 counts as 1.
+    pub fn with_queue(mut self, n: usize) -> Self {
+        self.queue = n;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_parsing() {
+        let o = SqliteOptions::from_url("sqlite://idem.db").expect("valid");
+        assert_eq!(o.path(), Path::new("idem.db"));
+        assert_eq!(o.synchronous(), Synchronous::Full);
+        let o = SqliteOptions::from_url("sqlite:///var/lib/idem/x.db?synchronous=normal&max_batch=1&readers=2&busy_timeout_ms=100")
+            .expect("valid");
+        assert_eq!(o.path(), Path::new("/var/lib/idem/x.db"));
+        assert_eq!(o.synchronous(), Synchronous::Normal);
+        assert_eq!((o.max_batch(), o.readers()), (1, 2));
+        assert_eq!(o.busy_timeout(), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn bad_urls_say_what_is_wrong() {
+        for (url, needle) in [
+            ("postgres://x", "must start with sqlite://"),
+            ("sqlite://", "no file path"),
+            ("sqlite://:memory:", "MemoryStore"),
+            ("sqlite://x.db?max_batch=0", "positive integer"),
+            ("sqlite://x.db?max_batch=lots", "positive integer"),
+            ("sqlite://x.db?synchronous=off", "full or normal"),
+            ("sqlite://x.db?fast", "has no value"),
+            ("sqlite://x.db?colour=blue", "unknown option"),
+        ] {
+            let err = SqliteOptions::from_url(url).expect_err(url).to_string();
+            assert!(err.contains(needle), "{url}: {err}");
+        }
+    }
+}
