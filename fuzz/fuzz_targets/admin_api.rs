@@ -12,7 +12,8 @@ use axum::Router;
 use axum::body::Body;
 use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
-use idem_gateway::admin::{AdminState, decode_cursor, encode_cursor, router};
+use idem_gateway::admin::{AdminState, router};
+use idem_gateway::records::{decode_cursor, encode_cursor};
 use idem_gateway::store::GatewayStore;
 use libfuzzer_sys::fuzz_target;
 use tower::ServiceExt;
@@ -32,7 +33,7 @@ fn world() -> &'static World {
             .build()
             .expect("runtime");
         let store = rt.block_on(async {
-            GatewayStore::open("memory://", None, Duration::from_secs(1), None)
+            idem_gateway::store::open("memory://", None, Duration::from_secs(1), None)
                 .await
                 .expect("memory store")
         });

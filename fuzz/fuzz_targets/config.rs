@@ -19,7 +19,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     match parse(Path::new("fuzz.toml"), text, &Overrides::default()) {
-        Err(e) => assert!(!e.0.trim().is_empty(), "an empty error"),
+        Err(e) => assert!(!e.message().trim().is_empty(), "an empty error"),
         Ok(settings) => {
             let l = &settings.limits;
             assert!(l.max_connections >= 1 && l.max_in_flight >= 1);

@@ -8,9 +8,9 @@ use idem::operator;
 use tokio::task::JoinSet;
 
 use crate::config::{CleanupSettings, MonitorSettings};
-use crate::metrics::{CLEANUP_DELETED_TOTAL, RECORDS_PROCESSING, STUCK_RECORDS, WALL_CLOCK_OFFSET};
-use crate::server::error_chain;
+use crate::error::error_chain;
 use crate::store::GatewayStore;
+use idem::metrics::{CLEANUP_DELETED_TOTAL, RECORDS_PROCESSING, STUCK_RECORDS, WALL_CLOCK_OFFSET};
 
 /// Most processing records one census reads.
 pub const CENSUS_CAP: usize = 10_000;
@@ -25,7 +25,7 @@ pub fn spawn(
     if let Some(settings) = cleanup {
         jobs.spawn(cleanup_loop(store.clone(), settings));
     }
-    if monitor.enabled {
+    if monitor.enabled != Some(false) {
         jobs.spawn(monitor_loop(store.clone(), monitor));
     }
     jobs
@@ -42,7 +42,7 @@ const SERVING_CLEANUP_SHARE: f64 = 0.25;
 /// as its time budget, so a huge backlog is worked off across runs while
 /// the store keeps serving between batches.
 pub async fn cleanup_once(store: &GatewayStore, settings: CleanupSettings) {
-    let counter = metrics::counter!(CLEANUP_DELETED_TOTAL);
+    let counter = metrics::counter!(CLEANUP_DELETED_TOTAL.name);
     let mut counted = 0;
     let result = operator::cleanup_paced(
         store,
@@ -84,8 +84,8 @@ async fn cleanup_loop(store: GatewayStore, settings: CleanupSettings) {
 pub async fn census_once(store: &GatewayStore, stuck_after: Duration) {
     match operator::census(store, stuck_after, CENSUS_CAP).await {
         Ok(c) => {
-            metrics::gauge!(RECORDS_PROCESSING).set(c.processing as f64);
-            metrics::gauge!(STUCK_RECORDS).set(c.stuck as f64);
+            metrics::gauge!(RECORDS_PROCESSING.name).set(c.processing as f64);
+            metrics::gauge!(STUCK_RECORDS.name).set(c.stuck as f64);
             if c.stuck > 0 {
                 tracing::warn!(
                     reason = "idempotency_stuck_record",
@@ -111,7 +111,7 @@ const CLOCK_STEP_MS: i64 = 1_000;
 /// than a second.
 pub fn check_clock() {
     let offset = idem::Timestamp::wall_clock_offset();
-    metrics::gauge!(WALL_CLOCK_OFFSET).set(offset as f64 / 1000.0);
+    metrics::gauge!(WALL_CLOCK_OFFSET.name).set(offset as f64 / 1000.0);
     if offset.abs() > CLOCK_STEP_MS {
         tracing::warn!(
             reason = "wall_clock_stepped",

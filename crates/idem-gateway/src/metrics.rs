@@ -1,5 +1,6 @@
 //! The gateway's Prometheus metrics (DESIGN.md §7): the recorder, the
-//! names the gateway records itself, and `/metrics` rendering.
+//! description of every metric of the one table (`idem::metrics`), and
+//! `/metrics` rendering.
 //!
 //! Request counts and latencies come from the layer
 //! ([`idem_http::metrics`]); store latencies from [`GatewayStore`](crate::store::GatewayStore);
@@ -12,31 +13,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use idem::StoreError;
+use idem::store::Op;
 use metrics::{Counter, Histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-/// Histogram of store operation latency in seconds, by `store` and `op`.
-pub const STORE_OP_SECONDS: &str = "idem_store_op_seconds";
-/// Counter of failed store operations (a fenced owner is not a failure).
-pub const STORE_ERRORS_TOTAL: &str = "idem_store_errors_total";
-/// Gauge: processing records at the last census.
-pub const RECORDS_PROCESSING: &str = "idem_records_processing";
-/// Gauge: stuck records at the last census.
-pub const STUCK_RECORDS: &str = "idem_stuck_records";
-/// Counter: records deleted by cleanup.
-pub const CLEANUP_DELETED_TOTAL: &str = "idem_cleanup_deleted_total";
-/// Gauge: seconds the wall clock is ahead of the process' store clock
-/// (non-zero after someone stepped the wall clock).
-pub const WALL_CLOCK_OFFSET: &str = "idem_wall_clock_offset_seconds";
-/// Gauge `{version}` = 1.
-pub const BUILD_INFO: &str = "idem_build_info";
-/// Counter: grouped PostgreSQL statements run (group commit).
-pub const GROUPED_STATEMENTS_TOTAL: &str = "idem_store_grouped_statements_total";
-/// Counter: operations those grouped statements carried.
-pub const GROUPED_OPERATIONS_TOTAL: &str = "idem_store_grouped_operations_total";
-/// Counter: PostgreSQL operations that found a statement slot free and ran
-/// alone.
-pub const ALONE_OPERATIONS_TOTAL: &str = "idem_store_alone_operations_total";
+use idem::metrics::{
+    ALL, ALONE_OPERATIONS_TOTAL, BUILD_INFO, GROUPED_OPERATIONS_TOTAL, GROUPED_STATEMENTS_TOTAL,
+    Kind, STORE_ERRORS_TOTAL, STORE_OP_SECONDS,
+};
 
 /// Latency buckets (seconds) for requests and store operations: 50 µs to
 /// 10 s, dense where an embedded store and a loopback upstream answer.
@@ -71,9 +55,9 @@ fn publish_group_commit() {
         operations += s.operations;
         alone += s.alone;
     }
-    metrics::counter!(GROUPED_STATEMENTS_TOTAL).absolute(statements);
-    metrics::counter!(GROUPED_OPERATIONS_TOTAL).absolute(operations);
-    metrics::counter!(ALONE_OPERATIONS_TOTAL).absolute(alone);
+    metrics::counter!(GROUPED_STATEMENTS_TOTAL.name).absolute(statements);
+    metrics::counter!(GROUPED_OPERATIONS_TOTAL.name).absolute(operations);
+    metrics::counter!(ALONE_OPERATIONS_TOTAL.name).absolute(alone);
 }
 
 /// How often buffered histogram samples are folded into their buckets.
@@ -96,7 +80,7 @@ pub fn install() -> &'static PrometheusHandle {
             tracing::debug!("a metrics recorder is already installed; /metrics stays empty");
         }
         describe();
-        metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+        metrics::gauge!(BUILD_INFO.name, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
         let upkeep = handle.clone();
         tokio::spawn(async move {
             // Histogram samples wait in memory until upkeep folds them into
@@ -120,105 +104,17 @@ pub fn render() -> String {
     handle.render()
 }
 
+/// Describes every metric of the table (`idem::metrics::ALL`), so
+/// `/metrics` carries each one's help and unit.
 fn describe() {
-    use idem_http::metrics::{REQUEST_DURATION, REQUESTS_TOTAL};
-    metrics::describe_counter!(
-        REQUESTS_TOTAL,
-        "Requests by route pattern and idempotency outcome."
-    );
-    metrics::describe_histogram!(
-        REQUEST_DURATION,
-        Unit::Seconds,
-        "Time from a request reaching the gateway to its response head."
-    );
-    metrics::describe_histogram!(STORE_OP_SECONDS, Unit::Seconds, "Store operation latency.");
-    metrics::describe_counter!(STORE_ERRORS_TOTAL, "Store operations that failed.");
-    metrics::describe_gauge!(
-        RECORDS_PROCESSING,
-        "Processing records at the last census (a lower bound when the census is capped)."
-    );
-    metrics::describe_gauge!(
-        STUCK_RECORDS,
-        "Processing records without a live lease, older than the stuck threshold."
-    );
-    metrics::describe_counter!(CLEANUP_DELETED_TOTAL, "Expired records deleted by cleanup.");
-    metrics::describe_gauge!(
-        WALL_CLOCK_OFFSET,
-        Unit::Seconds,
-        "How far the wall clock is ahead of the store clock (stepped since start if not 0)."
-    );
-    metrics::describe_counter!(
-        crate::limits::REQUESTS_SHED_TOTAL,
-        "Requests answered 503 because every in-flight slot was taken (or their peer's share)."
-    );
-    metrics::describe_counter!(
-        crate::limits::CONNECTIONS_REFUSED_TOTAL,
-        "Connections closed at once because their peer held max_connections_per_peer already."
-    );
-    metrics::describe_gauge!(BUILD_INFO, "Always 1; the version is a label.");
-    metrics::describe_counter!(
-        GROUPED_STATEMENTS_TOTAL,
-        "PostgreSQL statements that carried a group of queued reservations or resolutions."
-    );
-    metrics::describe_counter!(
-        GROUPED_OPERATIONS_TOTAL,
-        "Reservations and resolutions carried by grouped PostgreSQL statements."
-    );
-    metrics::describe_counter!(
-        ALONE_OPERATIONS_TOTAL,
-        "PostgreSQL reservations and resolutions that found a statement slot free and ran alone."
-    );
-}
-
-/// The store operations timed in [`STORE_OP_SECONDS`], by their `op` label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreOp {
-    /// `reserve`.
-    Reserve,
-    /// `get`.
-    Get,
-    /// `resolve`.
-    Resolve,
-    /// `release`.
-    Release,
-    /// `mark_unknown`.
-    MarkUnknown,
-    /// `renew`.
-    Renew,
-    /// `list`.
-    List,
-    /// `purge`.
-    Purge,
-    /// `delete`.
-    Delete,
-}
-
-impl StoreOp {
-    /// Every operation, in declaration order (`op as usize` indexes it).
-    pub const ALL: [StoreOp; 9] = [
-        Self::Reserve,
-        Self::Get,
-        Self::Resolve,
-        Self::Release,
-        Self::MarkUnknown,
-        Self::Renew,
-        Self::List,
-        Self::Purge,
-        Self::Delete,
-    ];
-
-    /// The `op` label.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Reserve => "reserve",
-            Self::Get => "get",
-            Self::Resolve => "resolve",
-            Self::Release => "release",
-            Self::MarkUnknown => "mark_unknown",
-            Self::Renew => "renew",
-            Self::List => "list",
-            Self::Purge => "purge",
-            Self::Delete => "delete",
+    for m in ALL {
+        let unit = m.seconds.then_some(Unit::Seconds);
+        match (m.kind, unit) {
+            (Kind::Counter, _) => metrics::describe_counter!(m.name, m.help),
+            (Kind::Gauge, Some(u)) => metrics::describe_gauge!(m.name, u, m.help),
+            (Kind::Gauge, None) => metrics::describe_gauge!(m.name, m.help),
+            (Kind::Histogram, Some(u)) => metrics::describe_histogram!(m.name, u, m.help),
+            (Kind::Histogram, None) => metrics::describe_histogram!(m.name, m.help),
         }
     }
 }
@@ -240,12 +136,12 @@ impl std::fmt::Debug for StoreOpMetrics {
 impl StoreOpMetrics {
     /// The handles of every operation of the store labelled `store`.
     pub fn new(store: &'static str) -> Self {
-        let handles = StoreOp::ALL
+        let handles = Op::ALL
             .iter()
             .map(|op| {
                 (
-                    metrics::histogram!(STORE_OP_SECONDS, "store" => store, "op" => op.name()),
-                    metrics::counter!(STORE_ERRORS_TOTAL, "store" => store, "op" => op.name()),
+                    metrics::histogram!(STORE_OP_SECONDS.name, "store" => store, "op" => op.name()),
+                    metrics::counter!(STORE_ERRORS_TOTAL.name, "store" => store, "op" => op.name()),
                 )
             })
             .collect();
@@ -256,7 +152,7 @@ impl StoreOpMetrics {
     /// (a fenced owner is not a failure).
     pub async fn timed<T>(
         &self,
-        op: StoreOp,
+        op: Op,
         fut: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let started = Instant::now();

@@ -73,16 +73,13 @@ async fn eventually<F: AsyncFnMut() -> bool>(what: &str, mut check: F) {
 async fn admin_routes_need_the_token_and_disclose_nothing() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
-    let gw = Gateway::start(
-        IDEM,
-        dir.path(),
-        CONFIG,
-        &up.url(),
-        &sqlite_store(dir.path()),
-        "warn",
-        &["--admin-token", "s3cret-admin-0123456789abcdef0123"],
-    )
-    .await;
+    let gw = Gateway::builder(IDEM, dir.path())
+        .config(CONFIG)
+        .upstream(&up.url())
+        .store(&sqlite_store(dir.path()))
+        .args(&["--admin-token", "s3cret-admin-0123456789abcdef0123"])
+        .start()
+        .await;
     let paid = gw
         .post(
             "/v1/payments",
@@ -160,16 +157,12 @@ async fn admin_routes_need_the_token_and_disclose_nothing() {
 async fn metrics_and_records_follow_real_traffic() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
-    let gw = Gateway::start(
-        IDEM,
-        dir.path(),
-        CONFIG,
-        &up.url(),
-        &sqlite_store(dir.path()),
-        "warn",
-        &[],
-    )
-    .await;
+    let gw = Gateway::builder(IDEM, dir.path())
+        .config(CONFIG)
+        .upstream(&up.url())
+        .store(&sqlite_store(dir.path()))
+        .start()
+        .await;
     let key = |k: &'static str| ("idempotency-key", k);
     let first = gw
         .post("/v1/payments", &[JSON, AUTH, key("k1")], r#"{"amount":1}"#)
@@ -335,16 +328,12 @@ async fn metrics_and_records_follow_real_traffic() {
 async fn operators_release_and_resolve_processing_records() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
-    let gw = Gateway::start(
-        IDEM,
-        dir.path(),
-        CONFIG,
-        &up.url(),
-        &sqlite_store(dir.path()),
-        "warn",
-        &[],
-    )
-    .await;
+    let gw = Gateway::builder(IDEM, dir.path())
+        .config(CONFIG)
+        .upstream(&up.url())
+        .store(&sqlite_store(dir.path()))
+        .start()
+        .await;
 
     // A timeout after sending: outcome unknown, the record stays processing.
     let timed_out = gw
@@ -497,16 +486,12 @@ async fn serve_cleans_up_expired_records_in_the_background() {
     let config = format!(
         "{CONFIG}\n[[route]]\nmethod = \"POST\"\npath = \"/v1/brief\"\nretention = \"1s\"\n"
     );
-    let gw = Gateway::start(
-        IDEM,
-        dir.path(),
-        &config,
-        &up.url(),
-        &sqlite_store(dir.path()),
-        "warn",
-        &[],
-    )
-    .await;
+    let gw = Gateway::builder(IDEM, dir.path())
+        .config(&config)
+        .upstream(&up.url())
+        .store(&sqlite_store(dir.path()))
+        .start()
+        .await;
     for i in 0..5 {
         let key = format!("brief-{i}");
         let answer = gw
@@ -529,7 +514,12 @@ async fn records_and_cleanup_commands() {
     let up = CountingUpstream::start().await;
     let store = sqlite_store(dir.path());
     let config = CONFIG.replace("[cleanup]\n", "[cleanup]\nenabled = false\n");
-    let gw = Gateway::start(IDEM, dir.path(), &config, &up.url(), &store, "warn", &[]).await;
+    let gw = Gateway::builder(IDEM, dir.path())
+        .config(&config)
+        .upstream(&up.url())
+        .store(&store)
+        .start()
+        .await;
     let timed_out = gw
         .post(
             "/v1/payments",
@@ -633,16 +623,15 @@ async fn records_and_cleanup_commands() {
 async fn decision_logs_are_structured_and_keep_secrets_out() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
-    let gw = Gateway::start_logging_to_file(
-        IDEM,
-        dir.path(),
-        CONFIG,
-        &up.url(),
-        &sqlite_store(dir.path()),
-        "info",
-        &["--log-format", "json"],
-    )
-    .await;
+    let gw = Gateway::builder(IDEM, dir.path())
+        .config(CONFIG)
+        .upstream(&up.url())
+        .store(&sqlite_store(dir.path()))
+        .log("info")
+        .args(&["--log-format", "json"])
+        .log_to_file()
+        .start()
+        .await;
     let secret_auth = ("authorization", "Bearer sk_live_TOPSECRET");
     let body = r#"{"card":"4242-SECRET-CARD"}"#;
     for _ in 0..2 {

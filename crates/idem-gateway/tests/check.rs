@@ -65,7 +65,12 @@ async fn every_probe_passes_behind_idem_serve() {
         "sqlite://{}",
         Path::new(dir.path()).join("idem.db").display()
     );
-    let gw = Gateway::start(IDEM, dir.path(), CONFIG, &up.url(), &store, "warn", &[]).await;
+    let gw = Gateway::builder(IDEM, dir.path())
+        .config(CONFIG)
+        .upstream(&up.url())
+        .store(&store)
+        .start()
+        .await;
     let url = format!("http://{}/v1/payments", gw.addr);
     let (code, out, err) = check(&url, &FULL);
     assert_eq!(code, Some(0), "{out}\n{err}");

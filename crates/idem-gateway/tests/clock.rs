@@ -88,8 +88,13 @@ async fn wall_clock_jumps_break_no_lease_and_expire_no_answer() {
     ];
     let up = CountingUpstream::start().await;
     let store = sqlite_store(dir.path());
-    let gw =
-        Gateway::start_with_env(IDEM, dir.path(), CONFIG, &up.url(), &store, "warn", &env).await;
+    let gw = Gateway::builder(IDEM, dir.path())
+        .config(CONFIG)
+        .upstream(&up.url())
+        .store(&store)
+        .envs(&env)
+        .start()
+        .await;
     let addr = gw.addr;
 
     // An answer recorded before the jumps.

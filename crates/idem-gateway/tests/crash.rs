@@ -75,7 +75,14 @@ async fn sigkilled_ten_times_under_load_nothing_acknowledged_is_lost() {
     let store = sqlite_store(dir.path());
     let up = CountingUpstream::start().await;
     let upstream = up.url();
-    let start = || Gateway::start(IDEM, dir.path(), CONFIG, &upstream, &store, "error", &[]);
+    let start = || {
+        Gateway::builder(IDEM, dir.path())
+            .config(CONFIG)
+            .upstream(&upstream)
+            .store(&store)
+            .log("error")
+            .start()
+    };
     let mut gateway = start().await;
     let current = Arc::new(RwLock::new(gateway.addr));
 

@@ -182,16 +182,13 @@ async fn dashboard_loads_updates_under_traffic_and_inspects_records() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
     let store = sqlite_store(dir.path());
-    let gw = Gateway::start(
-        IDEM,
-        dir.path(),
-        CONFIG,
-        &up.url(),
-        &store,
-        "warn",
-        &["--admin-token", TOKEN],
-    )
-    .await;
+    let gw = Gateway::builder(IDEM, dir.path())
+        .config(CONFIG)
+        .upstream(&up.url())
+        .store(&store)
+        .args(&["--admin-token", TOKEN])
+        .start()
+        .await;
     let browser = Browser::start(&driver, &chromium).await;
     browser
         .client

@@ -18,7 +18,12 @@ const AUTH: (&str, &str) = ("authorization", "Bearer merchant-1");
 /// Starts `idem serve` with this config text (upstream and store given as
 /// flags) and waits for its "listening" line.
 async fn start(dir: &Path, config: &str, upstream: &str, store: &str) -> Gateway {
-    Gateway::start(IDEM, dir, config, upstream, store, "warn", &[]).await
+    Gateway::builder(IDEM, dir)
+        .config(config)
+        .upstream(upstream)
+        .store(store)
+        .start()
+        .await
 }
 
 const CONFIG: &str = r#"
@@ -815,7 +820,12 @@ async fn a_sigterm_right_after_the_ready_line_stops_cleanly() {
     for _ in 0..5 {
         let dir = tempfile::tempdir().expect("temp dir");
         let store = sqlite_store(dir.path());
-        let gw = Gateway::start(IDEM, dir.path(), "", &up.url(), &store, "error", &[]).await;
+        let gw = Gateway::builder(IDEM, dir.path())
+            .upstream(&up.url())
+            .store(&store)
+            .log("error")
+            .start()
+            .await;
         let status = gw.terminate().await;
         assert!(
             status.success(),

@@ -66,16 +66,12 @@ async fn an_upstream_link_slower_than_the_lease_does_not_run_the_work_twice() {
     let up = CountingUpstream::start().await;
     let link = FaultProxy::start(up.addr()).await;
     let upstream = format!("http://{}", link.addr());
-    let gw = Gateway::start(
-        IDEM,
-        dir.path(),
-        CONFIG,
-        &upstream,
-        &sqlite_store(dir.path()),
-        "warn",
-        &[],
-    )
-    .await;
+    let gw = Gateway::builder(IDEM, dir.path())
+        .config(CONFIG)
+        .upstream(&upstream)
+        .store(&sqlite_store(dir.path()))
+        .start()
+        .await;
     let auth = "Bearer slow-link";
 
     // Each chunk waits 1.2–1.5 s each way: the answer takes well over the
@@ -108,16 +104,13 @@ async fn an_upstream_answer_that_breaks_off_is_outcome_unknown_and_not_rerun() {
     let link = FaultProxy::start(up.addr()).await;
     let upstream = format!("http://{}", link.addr());
     let config = CONFIG.replace("lease = \"1s\"", "lease = \"30s\"");
-    let gw = Gateway::start(
-        IDEM,
-        dir.path(),
-        &config,
-        &upstream,
-        &sqlite_store(dir.path()),
-        "error",
-        &[],
-    )
-    .await;
+    let gw = Gateway::builder(IDEM, dir.path())
+        .config(&config)
+        .upstream(&upstream)
+        .store(&sqlite_store(dir.path()))
+        .log("error")
+        .start()
+        .await;
     let auth = "Bearer broken-answers";
 
     // Broken inside the status line and headers, then inside a 5 KB body.
@@ -166,7 +159,13 @@ async fn a_store_link_slow_then_silent_then_back(store_url: &str, label: &str, e
     let store = services::via(store_url, link.addr(), extra);
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
-    let gw = Gateway::start(IDEM, dir.path(), CONFIG, &up.url(), &store, "error", &[]).await;
+    let gw = Gateway::builder(IDEM, dir.path())
+        .config(CONFIG)
+        .upstream(&up.url())
+        .store(&store)
+        .log("error")
+        .start()
+        .await;
     let auth = format!("Bearer {}", unique(label));
     let auth = auth.as_str();
 
@@ -266,26 +265,20 @@ async fn a_reservation_committed_after_its_time_out_is_released(
         tempfile::tempdir().expect("dir"),
     );
     let up = CountingUpstream::start().await;
-    let a = Gateway::start(
-        IDEM,
-        dir_a.path(),
-        &config,
-        &up.url(),
-        &slow_store,
-        "error",
-        &[],
-    )
-    .await;
-    let b = Gateway::start(
-        IDEM,
-        dir_b.path(),
-        &config,
-        &up.url(),
-        store_url,
-        "error",
-        &[],
-    )
-    .await;
+    let a = Gateway::builder(IDEM, dir_a.path())
+        .config(&config)
+        .upstream(&up.url())
+        .store(&slow_store)
+        .log("error")
+        .start()
+        .await;
+    let b = Gateway::builder(IDEM, dir_b.path())
+        .config(&config)
+        .upstream(&up.url())
+        .store(store_url)
+        .log("error")
+        .start()
+        .await;
     let auth = format!("Bearer {}", unique(label));
     let auth = auth.as_str();
     // The warm-up prepares the reservation statement on a's one

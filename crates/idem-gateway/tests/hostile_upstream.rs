@@ -94,7 +94,12 @@ async fn content_length_beside_chunked_is_dropped_not_forwarded() {
     .await;
     let dir = tempfile::tempdir().expect("dir");
     let store = sqlite_store(dir.path());
-    let gw = GatewayProcess::start(IDEM, dir.path(), CONFIG, &upstream, &store, "warn", &[]).await;
+    let gw = GatewayProcess::builder(IDEM, dir.path())
+        .config(CONFIG)
+        .upstream(&upstream)
+        .store(&store)
+        .start()
+        .await;
     for attempt in ["first", "replay"] {
         let answer = post(&gw, "framed").await;
         assert_eq!(answer.status, StatusCode::CREATED, "{attempt}");
@@ -137,7 +142,12 @@ async fn a_forged_marker_and_cookies_are_not_stored() {
     .await;
     let dir = tempfile::tempdir().expect("dir");
     let store = sqlite_store(dir.path());
-    let gw = GatewayProcess::start(IDEM, dir.path(), CONFIG, &upstream, &store, "warn", &[]).await;
+    let gw = GatewayProcess::builder(IDEM, dir.path())
+        .config(CONFIG)
+        .upstream(&upstream)
+        .store(&store)
+        .start()
+        .await;
     let first = post(&gw, "forged").await;
     assert_eq!(&first.body[..], b"charged");
     assert!(
@@ -186,16 +196,12 @@ async fn exchange(addr: std::net::SocketAddr, request: &str) -> String {
 async fn bad_hosts_are_refused_and_no_method_loses_its_body() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
-    let gw = GatewayProcess::start(
-        IDEM,
-        dir.path(),
-        "",
-        &up.url(),
-        &sqlite_store(dir.path()),
-        "error",
-        &[],
-    )
-    .await;
+    let gw = GatewayProcess::builder(IDEM, dir.path())
+        .upstream(&up.url())
+        .store(&sqlite_store(dir.path()))
+        .log("error")
+        .start()
+        .await;
     for head in [
         "host: a.example\r\nhost: b.example\r\n",
         "host: a b\r\n",

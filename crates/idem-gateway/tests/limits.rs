@@ -23,16 +23,12 @@ require_key = true
 
 async fn start(dir: &Path, limits: &str, up: &CountingUpstream) -> Gateway {
     let config = format!("{ROUTES}\n[limits]\n{limits}");
-    Gateway::start(
-        IDEM,
-        dir,
-        &config,
-        &up.url(),
-        &sqlite_store(dir),
-        "warn",
-        &[],
-    )
-    .await
+    Gateway::builder(IDEM, dir)
+        .config(&config)
+        .upstream(&up.url())
+        .store(&sqlite_store(dir))
+        .start()
+        .await
 }
 
 /// Writes `head` (and `body`) on a fresh connection and returns what the

@@ -185,7 +185,13 @@ async fn storm_through(
 }
 
 async fn start(dir: &Path, up: &CountingUpstream, store: &str) -> Gateway {
-    Gateway::start(IDEM, dir, CONFIG, &up.url(), store, "error", &[]).await
+    Gateway::builder(IDEM, dir)
+        .config(CONFIG)
+        .upstream(&up.url())
+        .store(store)
+        .log("error")
+        .start()
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

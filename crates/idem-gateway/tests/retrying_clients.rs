@@ -46,7 +46,12 @@ const FAULTS: Faults = Faults {
 async fn gateway(dir: &Path, ledger: &Ledger, reconcile: bool, extra: &str) -> GatewayProcess {
     let store = sqlite_store(dir);
     let config = config(reconcile, extra);
-    GatewayProcess::start(IDEM, dir, &config, &ledger.url(), &store, "warn", &[]).await
+    GatewayProcess::builder(IDEM, dir)
+        .config(&config)
+        .upstream(&ledger.url())
+        .store(&store)
+        .start()
+        .await
 }
 
 /// `idem records list --state held` on `store`: the held keys.

@@ -33,7 +33,14 @@ const BODY_LEN: &str = "2000";
 async fn start(dir: &Path, up: &CountingUpstream, keys: &str) -> Gateway {
     let store = sqlite_store(dir);
     let env = [("IDEM_ENCRYPTION_KEYS", keys)];
-    Gateway::start_with_env(IDEM, dir, CONFIG, &up.url(), &store, "error", &env).await
+    Gateway::builder(IDEM, dir)
+        .config(CONFIG)
+        .upstream(&up.url())
+        .store(&store)
+        .log("error")
+        .envs(&env)
+        .start()
+        .await
 }
 
 /// Whether any of the database's files (main, WAL) hold 100 `x` in a row.
@@ -70,7 +77,13 @@ async fn bodies_are_sealed_at_rest_replayed_in_clear_and_keys_rotate() {
     // The control: without keys the body is on disk, and found.
     let plain = tempfile::tempdir().expect("temp dir");
     let store = sqlite_store(plain.path());
-    let gw = Gateway::start(IDEM, plain.path(), CONFIG, &up.url(), &store, "error", &[]).await;
+    let gw = Gateway::builder(IDEM, plain.path())
+        .config(CONFIG)
+        .upstream(&up.url())
+        .store(&store)
+        .log("error")
+        .start()
+        .await;
     assert_eq!(pay(&gw, "plain-1").await.status, StatusCode::CREATED);
     gw.terminate().await;
     assert!(
@@ -171,8 +184,14 @@ async fn answers_changed_or_planted_in_the_store_are_refused_not_replayed() {
     let store = sqlite_store(dir.path());
     let env = [("IDEM_ENCRYPTION_KEYS", K1)];
     let strict = format!("require_sealed = true\n{CONFIG}");
-    let gw =
-        Gateway::start_with_env(IDEM, dir.path(), &strict, &up.url(), &store, "error", &env).await;
+    let gw = Gateway::builder(IDEM, dir.path())
+        .config(&strict)
+        .upstream(&up.url())
+        .store(&store)
+        .log("error")
+        .envs(&env)
+        .start()
+        .await;
     for key in ["status", "headers", "fingerprint", "model"] {
         assert_eq!(pay(&gw, key).await.status, StatusCode::CREATED);
     }
@@ -189,8 +208,14 @@ async fn answers_changed_or_planted_in_the_store_are_refused_not_replayed() {
         assert_eq!(db.execute(change, []).expect(change), 1, "{change}");
     }
     drop(db);
-    let gw =
-        Gateway::start_with_env(IDEM, dir.path(), &strict, &up.url(), &store, "error", &env).await;
+    let gw = Gateway::builder(IDEM, dir.path())
+        .config(&strict)
+        .upstream(&up.url())
+        .store(&store)
+        .log("error")
+        .envs(&env)
+        .start()
+        .await;
     for key in ["status", "headers", "planted"] {
         let answer = pay(&gw, key).await;
         assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{key}");

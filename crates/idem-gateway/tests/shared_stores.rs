@@ -39,7 +39,13 @@ on_store_error = "open"
 "#;
 
 async fn start(dir: &Path, upstream: &str, store: &str) -> Gateway {
-    Gateway::start(IDEM, dir, CONFIG, upstream, store, "error", &[]).await
+    Gateway::builder(IDEM, dir)
+        .config(CONFIG)
+        .upstream(upstream)
+        .store(store)
+        .log("error")
+        .start()
+        .await
 }
 
 fn unique(label: &str) -> String {

@@ -31,16 +31,13 @@ on_missing_tenant = "pass"
 "#;
 
 async fn start(dir: &Path, config: &str, up: &CountingUpstream) -> Gateway {
-    Gateway::start(
-        IDEM,
-        dir,
-        config,
-        &up.url(),
-        &sqlite_store(dir),
-        "error",
-        &[],
-    )
-    .await
+    Gateway::builder(IDEM, dir)
+        .config(config)
+        .upstream(&up.url())
+        .store(&sqlite_store(dir))
+        .log("error")
+        .start()
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -62,81 +62,94 @@ pub struct GatewayProcess {
     pub admin: SocketAddr,
 }
 
-impl GatewayProcess {
-    /// Writes `config` to `dir/idem.toml` and starts `binary serve` on
-    /// ephemeral ports with it, the `upstream` and `store`, plus `extra`
-    /// arguments; waits for the "listening" line. Logs (at `log` level) go
-    /// to the test's stderr, or to `dir/idem.log` when `log_to_file`.
-    pub async fn start(
-        binary: &str,
-        dir: &Path,
-        config: &str,
-        upstream: &str,
-        store: &str,
-        log: &str,
-        extra: &[&str],
-    ) -> Self {
-        Self::launch(binary, dir, config, upstream, store, log, extra, &[], false).await
+/// How to start an `idem serve` for a test; see [`GatewayProcess::builder`].
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until `start`"]
+pub struct GatewayBuilder {
+    binary: String,
+    dir: std::path::PathBuf,
+    config: String,
+    upstream: Option<String>,
+    store: Option<String>,
+    log: String,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    log_to_file: bool,
+}
+
+impl GatewayBuilder {
+    /// The config file's text, written to `dir/idem.toml` (default: empty).
+    pub fn config(mut self, config: &str) -> Self {
+        self.config = config.to_owned();
+        self
     }
 
-    /// Like [`start`](Self::start), with extra environment variables for
-    /// the process (an `LD_PRELOAD`ed clock, say).
-    pub async fn start_with_env(
-        binary: &str,
-        dir: &Path,
-        config: &str,
-        upstream: &str,
-        store: &str,
-        log: &str,
-        env: &[(&str, &str)],
-    ) -> Self {
-        Self::launch(binary, dir, config, upstream, store, log, &[], env, false).await
+    /// `--upstream` (required).
+    pub fn upstream(mut self, upstream: &str) -> Self {
+        self.upstream = Some(upstream.to_owned());
+        self
     }
 
-    /// Like [`start`](Self::start), logging to `dir/idem.log`.
-    pub async fn start_logging_to_file(
-        binary: &str,
-        dir: &Path,
-        config: &str,
-        upstream: &str,
-        store: &str,
-        log: &str,
-        extra: &[&str],
-    ) -> Self {
-        Self::launch(binary, dir, config, upstream, store, log, extra, &[], true).await
+    /// `--store` (default: [`sqlite_store`] in `dir`).
+    pub fn store(mut self, store: &str) -> Self {
+        self.store = Some(store.to_owned());
+        self
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn launch(
-        binary: &str,
-        dir: &Path,
-        config: &str,
-        upstream: &str,
-        store: &str,
-        log: &str,
-        extra: &[&str],
-        env: &[(&str, &str)],
-        log_to_file: bool,
-    ) -> Self {
+    /// `--log` (default: `warn`).
+    pub fn log(mut self, log: &str) -> Self {
+        self.log = log.to_owned();
+        self
+    }
+
+    /// More `idem serve` arguments, after the others.
+    pub fn args(mut self, args: &[&str]) -> Self {
+        self.args.extend(args.iter().map(|a| (*a).to_owned()));
+        self
+    }
+
+    /// Environment variables for the process (an `LD_PRELOAD`ed clock, the
+    /// sealing keys, say).
+    pub fn envs(mut self, env: &[(&str, &str)]) -> Self {
+        self.env
+            .extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        self
+    }
+
+    /// Logs go to `dir/idem.log` instead of the test's stderr.
+    pub fn log_to_file(mut self) -> Self {
+        self.log_to_file = true;
+        self
+    }
+
+    /// Writes the config, starts `binary serve` on ephemeral ports and
+    /// waits for its "listening" line.
+    pub async fn start(self) -> GatewayProcess {
+        let dir = self.dir.as_path();
         let path = dir.join("idem.toml");
-        std::fs::write(&path, config).expect("write config");
+        std::fs::write(&path, &self.config).expect("write config");
+        let store = self.store.clone().unwrap_or_else(|| sqlite_store(dir));
+        let upstream = self
+            .upstream
+            .as_deref()
+            .expect("an upstream: .upstream(url)");
         // A shared store needs the secret its gateways share (the
         // embedded one keeps its own beside the database).
         let shared = !(store.starts_with("sqlite:") || store.starts_with("memory:"));
-        let mut command = Command::new(binary);
-        if shared && !env.iter().any(|(k, _)| *k == HASH_SECRET_ENV) {
+        let mut command = Command::new(&self.binary);
+        if shared && !self.env.iter().any(|(k, _)| k == HASH_SECRET_ENV) {
             command.env(HASH_SECRET_ENV, TEST_HASH_SECRET);
         }
         let mut child = command
-            .args(["--log", log, "serve", "--listen", "127.0.0.1:0"])
+            .args(["--log", &self.log, "serve", "--listen", "127.0.0.1:0"])
             .args(["--admin-listen", "127.0.0.1:0"])
             .arg("--config")
             .arg(&path)
-            .args(["--upstream", upstream, "--store", store])
-            .args(extra)
-            .envs(env.iter().copied())
+            .args(["--upstream", upstream, "--store", &store])
+            .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
-            .stderr(if log_to_file {
+            .stderr(if self.log_to_file {
                 Stdio::from(std::fs::File::create(dir.join("idem.log")).expect("log file"))
             } else {
                 Stdio::inherit()
@@ -157,10 +170,38 @@ impl GatewayProcess {
             .unwrap_or_else(|| panic!("unexpected line {line:?}"));
         let (addr, rest) = rest.split_once(" (admin ").expect("admin part");
         let admin = rest.split_once(')').expect("closing paren").0;
-        Self {
+        GatewayProcess {
             child,
             addr: addr.parse().expect("addr"),
             admin: admin.parse().expect("admin addr"),
+        }
+    }
+}
+
+impl GatewayProcess {
+    /// A builder for `binary serve` with its files in `dir`:
+    ///
+    /// ```no_run
+    /// # async fn f(dir: &std::path::Path) {
+    /// use idem_testkit::gateway::GatewayProcess;
+    /// let gw = GatewayProcess::builder("target/debug/idem", dir)
+    ///     .config("[[route]]\nmethod = \"POST\"\npath = \"/v1/payments\"\n")
+    ///     .upstream("http://127.0.0.1:3000")
+    ///     .start()
+    ///     .await;
+    /// # }
+    /// ```
+    pub fn builder(binary: &str, dir: &Path) -> GatewayBuilder {
+        GatewayBuilder {
+            binary: binary.to_owned(),
+            dir: dir.to_path_buf(),
+            config: String::new(),
+            upstream: None,
+            store: None,
+            log: "warn".to_owned(),
+            args: Vec::new(),
+            env: Vec::new(),
+            log_to_file: false,
         }
     }
 

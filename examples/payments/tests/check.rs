@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderValue, Method};
 use bytes::Bytes;
-use idem_gateway::check::{self, Probe, Target, Verdict};
+use idem_check::{PROBES, Probe, Target, Verdict};
 use payments::api::{Api, ApiConfig};
 use payments::provider::Provider;
 
@@ -48,9 +48,9 @@ async fn every_idem_check_probe_passes_against_the_payment_api() {
         max_requests: 100,
         extra_roots: Vec::new(),
     };
-    let probes = check::PROBES.to_vec();
-    check::validate(&target, &probes, true).expect("valid arguments");
-    let outcomes = check::run(target, &probes).await;
+    let probes = PROBES.to_vec();
+    idem_check::validate(&target, &probes, true).expect("valid arguments");
+    let outcomes = idem_check::run(target, &probes).await;
     assert_eq!(outcomes.len(), probes.len());
     for o in &outcomes {
         assert_eq!(o.verdict, Verdict::Pass, "{:?}: {}", o.probe, o.note);

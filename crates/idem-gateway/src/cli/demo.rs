@@ -17,12 +17,10 @@ use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use idem::{InFlight, Policy};
-use idem_http::{RoutePolicy, Routes, TenantSource};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
-use crate::config::Settings;
+use crate::error::GatewayError;
 
 /// Options of `idem demo`.
 #[derive(Debug, clap::Args)]
@@ -57,11 +55,13 @@ impl Upstream {
     }
 }
 
-async fn start_upstream(latency: Duration) -> Result<(SocketAddr, Arc<Upstream>), String> {
+async fn start_upstream(latency: Duration) -> Result<(SocketAddr, Arc<Upstream>), GatewayError> {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
-        .map_err(|e| format!("demo upstream: {e}"))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        .map_err(|e| GatewayError::io("demo upstream", e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| GatewayError::io("demo upstream", e))?;
     let state = Arc::new(Upstream::default());
     let shared = Arc::clone(&state);
     tokio::spawn(async move {
@@ -243,10 +243,30 @@ async fn send_until_final(
     (StatusCode::REQUEST_TIMEOUT, Bytes::new())
 }
 
+/// The demo gateway's configuration file: the payments route requires a
+/// key and answers a concurrent duplicate `409` at once.
+const DEMO_CONFIG: &str = r#"
+shutdown_grace = "5s"
+
+[defaults]
+upstream_timeout = "10s"
+
+[cleanup]
+enabled = false
+
+[[route]]
+method = "POST"
+path = "/v1/payments"
+require_key = true
+on_in_flight = "reject"
+"#;
+
 /// Runs the demo.
-pub async fn run(args: DemoArgs) -> Result<(), String> {
+pub(super) async fn run(args: DemoArgs) -> Result<(), GatewayError> {
     if args.payments == 0 || args.duplicates == 0 {
-        return Err("--payments and --duplicates must be at least 1".to_owned());
+        return Err(GatewayError::Invalid(
+            "--payments and --duplicates must be at least 1".to_owned(),
+        ));
     }
     let (upstream_addr, upstream) = start_upstream(Duration::from_millis(args.latency_ms)).await?;
     let temp_db = std::env::temp_dir().join(format!("idem-demo-{}.db", std::process::id()));
@@ -254,37 +274,25 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         .store
         .clone()
         .unwrap_or_else(|| format!("sqlite://{}", temp_db.display()));
-    let policy = RoutePolicy::default()
-        .with_require_key(true)
-        .with_engine(Policy::default().with_on_in_flight(InFlight::Reject));
-    let routes = Routes::default()
-        .route(Method::POST, "/v1/payments", policy)
-        .map_err(|e| e.to_string())?;
-    let settings = Settings {
-        listen: "127.0.0.1:0".parse().expect("valid"),
-        upstream: format!("http://{upstream_addr}")
-            .parse()
-            .map_err(|e| format!("{e}"))?,
-        store: store.clone(),
-        store_timeout: Duration::from_secs(5),
-        admin_listen: "127.0.0.1:0".parse().expect("valid"),
-        admin_token: None,
-        routes,
-        tenant: TenantSource::Authorization,
-        upstream_timeout: Duration::from_secs(10),
-        shutdown_grace: Duration::from_secs(5),
-        workers: crate::config::default_workers(),
-        cleanup: None,
-        monitor: crate::config::MonitorSettings::default(),
-        cache: Some(crate::config::CacheSettings::default()),
-        limits: crate::config::LimitsSettings::default(),
-        seal: None,
-        // The demo's records live as long as it runs.
-        hash_secret: Some(std::sync::Arc::new(idem::HashSecret::generate().0)),
-        accept_v1_until: None,
-    };
-    let server = crate::server::bind(&settings).await?;
-    let gateway = server.local_addr().map_err(|e| e.to_string())?;
+    // The demo's gateway is configured as a user would: a file (here, its
+    // text) and flags; everything else takes the defaults.
+    let settings = crate::config::parse(
+        std::path::Path::new("(idem demo)"),
+        DEMO_CONFIG,
+        &crate::config::Overrides {
+            upstream: Some(format!("http://{upstream_addr}")),
+            store: Some(store.clone()),
+            listen: Some("127.0.0.1:0".to_owned()),
+            admin_listen: Some("127.0.0.1:0".to_owned()),
+            // The demo's records live as long as it runs.
+            hash_secret: Some(idem::HashSecret::generate().1),
+            ..crate::config::Overrides::default()
+        },
+    )?;
+    let server = crate::serve::bind(&settings).await?;
+    let gateway = server
+        .local_addr()
+        .map_err(|e| GatewayError::io("the gateway's address", e))?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let serving = tokio::spawn(server.run(async {
         let _ = stopped.await;
@@ -328,7 +336,10 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
     let mut answers: HashMap<String, Vec<(StatusCode, Bytes)>> = HashMap::new();
     let mut payments = Vec::new();
     while let Some(done) = storms.join_next().await {
-        let (payment, status, body, t) = done.map_err(|e| e.to_string())?;
+        let (payment, status, body, t) = done.map_err(|source| GatewayError::Task {
+            context: "a demo client".to_owned(),
+            source,
+        })?;
         tally.add(&t);
         let entry = answers.entry(payment.key.clone()).or_default();
         if entry.is_empty() {
@@ -418,10 +429,10 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         || refused != args.payments
         || reordered_ok != args.payments
     {
-        return Err(format!(
-            "the demo found a problem: {double} double charges, {executed} charges for {} payments, identical answers: {identical}, {refused} refusals, {reordered_ok} replays of re-serialised JSON",
+        return Err(GatewayError::DemoFailed(format!(
+            "{double} double charges, {executed} charges for {} payments, identical answers: {identical}, {refused} refusals, {reordered_ok} replays of re-serialised JSON",
             args.payments
-        ));
+        )));
     }
     println!(
         "  OK: {} payments, {} requests, every payment charged exactly once",

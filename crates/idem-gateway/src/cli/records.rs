@@ -2,16 +2,84 @@
 //! run against the store directly (no gateway needed). They share
 //! [`idem::operator`] with the admin API, so both behave the same.
 
-use std::io::{IsTerminal, Write};
-use std::time::{Duration, Instant};
+use std::io::Write;
+use std::time::Duration;
 
 use idem::operator;
 use idem::seal::Sealed;
 use idem::{DynStore, IdempotencyKey, ListRecords, Purge, RecordState, Scope, Store, Timestamp};
 
-use crate::admin::{RecordView, ResolveRequest, encode_cursor};
-use crate::server::error_chain;
+use crate::error::GatewayError;
+use crate::records::{MAX_PAGE, RecordView, ResolveRequest, encode_cursor};
 use crate::store::StoreUrl;
+
+/// The store URL argument every operator command takes.
+#[derive(Debug, clap::Args)]
+pub(super) struct StoreArg {
+    /// Store URL.
+    #[arg(long, env = "IDEM_STORE", default_value = crate::config::DEFAULT_STORE)]
+    pub(super) store: String,
+}
+
+/// `idem records …`.
+#[derive(Debug, clap::Subcommand)]
+pub(super) enum RecordsCommand {
+    /// List records, oldest first.
+    List {
+        #[command(flatten)]
+        store: StoreArg,
+        #[command(flatten)]
+        filter: ListArgs,
+    },
+    /// Show one record (as JSON).
+    Show {
+        #[command(flatten)]
+        store: StoreArg,
+        #[command(flatten)]
+        id: RecordId,
+        /// Include the stored response body.
+        #[arg(long)]
+        body: bool,
+    },
+    /// Free a processing record's key (its work is known not to have happened).
+    Release {
+        #[command(flatten)]
+        store: StoreArg,
+        #[command(flatten)]
+        id: RecordId,
+    },
+    /// Record the final answer of a processing record (reconcile an outcome_unknown one).
+    Resolve {
+        #[command(flatten)]
+        store: StoreArg,
+        #[command(flatten)]
+        id: RecordId,
+        #[command(flatten)]
+        answer: ResolveArgs,
+    },
+    /// Delete one record, whatever its state.
+    Purge {
+        #[command(flatten)]
+        store: StoreArg,
+        #[command(flatten)]
+        id: RecordId,
+    },
+}
+
+/// Runs an `idem records` command against the store it names.
+pub(super) async fn run(command: RecordsCommand) -> Result<(), GatewayError> {
+    match command {
+        RecordsCommand::List { store, filter } => list(&open(&store.store).await?, &filter).await,
+        RecordsCommand::Show { store, id, body } => {
+            show(&open(&store.store).await?, &id, body).await
+        }
+        RecordsCommand::Release { store, id } => release(&open(&store.store).await?, &id).await,
+        RecordsCommand::Resolve { store, id, answer } => {
+            resolve(&open(&store.store).await?, &id, &answer).await
+        }
+        RecordsCommand::Purge { store, id } => purge(&open(&store.store).await?, &id).await,
+    }
+}
 
 /// Opens a store for a one-off command: unreachable is an error at once,
 /// and nothing is created or migrated (a mistyped SQLite path is an error,
@@ -20,9 +88,9 @@ use crate::store::StoreUrl;
 ///
 /// With `IDEM_ENCRYPTION_KEYS` set, bodies sealed at rest read as clear
 /// text (and a resolved record is sealed), as through the gateway.
-pub async fn open(url: &str) -> Result<DynStore, String> {
+pub(super) async fn open(url: &str) -> Result<DynStore, GatewayError> {
     let store = StoreUrl::parse(url)?.existing()?.connect().await?;
-    match crate::config::env_seal_keys().map_err(|e| e.0)? {
+    match crate::config::env_seal_keys()? {
         Some(keys) => Ok(DynStore::new(Sealed::new(store, keys))),
         None => Ok(store),
     }
@@ -30,7 +98,7 @@ pub async fn open(url: &str) -> Result<DynStore, String> {
 
 /// Which record a command acts on.
 #[derive(Debug, Clone, clap::Args)]
-pub struct RecordId {
+pub(super) struct RecordId {
     /// Tenant (for `from = "authorization"`: the SHA-256 hex of the
     /// Authorization value, e.g. `printf '%s' 'Bearer sk_…' | sha256sum`).
     pub tenant: String,
@@ -46,17 +114,20 @@ pub struct RecordId {
 }
 
 impl RecordId {
-    fn parse(&self) -> Result<(Scope, IdempotencyKey), String> {
+    fn parse(&self) -> Result<(Scope, IdempotencyKey), GatewayError> {
         let scope = Scope::new(&self.tenant, &self.operation)
-            .map_err(|e| format!("tenant/operation: {e}"))?;
-        let key = self.key.parse().map_err(|e| format!("key: {e}"))?;
+            .map_err(|e| GatewayError::Invalid(format!("tenant/operation: {e}")))?;
+        let key = self
+            .key
+            .parse()
+            .map_err(|e| GatewayError::Invalid(format!("key: {e}")))?;
         Ok((scope, key))
     }
 }
 
 /// `idem records list` filters.
 #[derive(Debug, Clone, clap::Args)]
-pub struct ListArgs {
+pub(super) struct ListArgs {
     /// Only records in this state: processing, completed or failed; or
     /// `held` (processing, outcome unknown or lease lapsed: waiting for a
     /// reconciler or an operator), or `rerun` (run more than once: attempt
@@ -79,7 +150,7 @@ pub struct ListArgs {
 
 /// What `idem records list --state` selects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ListState {
+pub(super) enum ListState {
     /// One stored state.
     Is(RecordState),
     /// Processing with nobody running it: outcome unknown, or lease lapsed.
@@ -124,7 +195,7 @@ impl ListState {
 
 /// `idem records resolve` answer.
 #[derive(Debug, Clone, clap::Args)]
-pub struct ResolveArgs {
+pub(super) struct ResolveArgs {
     /// The HTTP status to replay.
     #[arg(long)]
     pub status: u16,
@@ -149,11 +220,10 @@ pub struct ResolveArgs {
 }
 
 impl ResolveArgs {
-    fn request(&self) -> Result<ResolveRequest, String> {
+    fn request(&self) -> Result<ResolveRequest, GatewayError> {
         let bytes = match self.body.strip_prefix('@') {
-            Some(path) => {
-                std::fs::read(path).map_err(|e| format!("--body @{path}: cannot read it: {e}"))?
-            }
+            Some(path) => std::fs::read(path)
+                .map_err(|e| GatewayError::io(format!("--body @{path}: cannot read it"), e))?,
             None => self.body.clone().into_bytes(),
         };
         // Text stays text; other bytes travel hex-encoded.
@@ -167,7 +237,9 @@ impl ResolveArgs {
             .map(|h| {
                 h.split_once(':')
                     .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
-                    .ok_or_else(|| format!("--header {h:?}: expected `name: value`"))
+                    .ok_or_else(|| {
+                        GatewayError::Invalid(format!("--header {h:?}: expected `name: value`"))
+                    })
             })
             .collect::<Result<_, _>>()?;
         Ok(ResolveRequest {
@@ -184,7 +256,7 @@ impl ResolveArgs {
 }
 
 /// `idem records list`.
-pub async fn list(store: &DynStore, args: &ListArgs) -> Result<(), String> {
+async fn list(store: &DynStore, args: &ListArgs) -> Result<(), GatewayError> {
     let mut filter = idem::ListFilter {
         state: args.state.and_then(ListState::stored),
         older_than: args.older_than,
@@ -196,8 +268,8 @@ pub async fn list(store: &DynStore, args: &ListArgs) -> Result<(), String> {
     let mut records = Vec::new();
     let mut next = None;
     while records.len() < wanted {
-        filter.limit = (wanted - records.len()).min(crate::admin::MAX_PAGE);
-        let page = store.list(&filter).await.map_err(|e| error_chain(&e))?;
+        filter.limit = (wanted - records.len()).min(MAX_PAGE);
+        let page = store.list(&filter).await?;
         let now = Timestamp::now();
         records.extend(
             page.records
@@ -216,7 +288,8 @@ pub async fn list(store: &DynStore, args: &ListArgs) -> Result<(), String> {
             "records": records.iter().map(|r| RecordView::new(r, false)).collect::<Vec<_>>(),
             "next": next.as_ref().map(encode_cursor),
         });
-        writeln!(out, "{page:#}").map_err(|e| e.to_string())?;
+        writeln!(out, "{page:#}")
+            .map_err(|e| GatewayError::io("cannot write to standard output", e))?;
         return Ok(());
     }
     let now = Timestamp::now();
@@ -225,7 +298,7 @@ pub async fn list(store: &DynStore, args: &ListArgs) -> Result<(), String> {
         "{:<10} {:>8} {:>7}  {:<16}  {:<28}  {:<24}  NOTE",
         "STATE", "AGE", "ATTEMPT", "TENANT", "OPERATION", "KEY"
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| GatewayError::io("cannot write to standard output", e))?;
     for r in &records {
         let note = if r.is_outcome_unknown() {
             "outcome unknown"
@@ -244,14 +317,15 @@ pub async fn list(store: &DynStore, args: &ListArgs) -> Result<(), String> {
             short(r.scope.operation(), 28),
             short(r.key.as_str(), 24),
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| GatewayError::io("cannot write to standard output", e))?;
     }
     let more = if next.is_some() {
         " (more: raise --limit)"
     } else {
         ""
     };
-    writeln!(out, "{} record(s){more}", records.len()).map_err(|e| e.to_string())
+    writeln!(out, "{} record(s){more}", records.len())
+        .map_err(|e| GatewayError::io("cannot write to standard output", e))
 }
 
 fn short(text: &str, width: usize) -> String {
@@ -274,23 +348,21 @@ fn age(d: Duration) -> String {
 }
 
 /// `idem records show`.
-pub async fn show(store: &DynStore, id: &RecordId, body: bool) -> Result<(), String> {
+async fn show(store: &DynStore, id: &RecordId, body: bool) -> Result<(), GatewayError> {
     let (scope, key) = id.parse()?;
-    match store.get(&scope, &key).await.map_err(|e| error_chain(&e))? {
+    match store.get(&scope, &key).await? {
         Some(record) => {
             println!("{:#}", serde_json::json!(RecordView::new(&record, body)));
             Ok(())
         }
-        None => Err(operator::OperatorError::NotFound.to_string()),
+        None => Err(operator::OperatorError::NotFound.into()),
     }
 }
 
 /// `idem records release`.
-pub async fn release(store: &DynStore, id: &RecordId) -> Result<(), String> {
+async fn release(store: &DynStore, id: &RecordId) -> Result<(), GatewayError> {
     let (scope, key) = id.parse()?;
-    let record = operator::release(store, &scope, &key, id.attempt)
-        .await
-        .map_err(|e| operator_error(&e))?;
+    let record = operator::release(store, &scope, &key, id.attempt).await?;
     println!(
         "idem: released {scope} {key} (was attempt {}{}); the next request with this key runs again",
         record.lease.attempt,
@@ -304,12 +376,10 @@ pub async fn release(store: &DynStore, id: &RecordId) -> Result<(), String> {
 }
 
 /// `idem records resolve`.
-pub async fn resolve(store: &DynStore, id: &RecordId, args: &ResolveArgs) -> Result<(), String> {
+async fn resolve(store: &DynStore, id: &RecordId, args: &ResolveArgs) -> Result<(), GatewayError> {
     let (scope, key) = id.parse()?;
     let outcome = args.request()?.outcome(Duration::from_secs(86_400))?;
-    let record = operator::resolve(store, &scope, &key, &outcome, id.attempt)
-        .await
-        .map_err(|e| operator_error(&e))?;
+    let record = operator::resolve(store, &scope, &key, &outcome, id.attempt).await?;
     println!(
         "idem: resolved {scope} {key} as {} {}; retries now get this answer",
         record.state, outcome.response.status
@@ -318,72 +388,12 @@ pub async fn resolve(store: &DynStore, id: &RecordId, args: &ResolveArgs) -> Res
 }
 
 /// `idem records purge`: deletes one record whatever its state.
-pub async fn purge(store: &DynStore, id: &RecordId) -> Result<(), String> {
+async fn purge(store: &DynStore, id: &RecordId) -> Result<(), GatewayError> {
     let (scope, key) = id.parse()?;
-    if store
-        .delete(&scope, &key)
-        .await
-        .map_err(|e| error_chain(&e))?
-    {
+    if store.delete(&scope, &key).await? {
         println!("idem: deleted {scope} {key}");
         Ok(())
     } else {
-        Err(operator::OperatorError::NotFound.to_string())
+        Err(operator::OperatorError::NotFound.into())
     }
-}
-
-fn operator_error(err: &operator::OperatorError) -> String {
-    match err {
-        operator::OperatorError::Store(e) => error_chain(e),
-        other => other.to_string(),
-    }
-}
-
-/// `idem cleanup`: batched deletion of expired records with a progress
-/// line on a terminal and a summary always. Stops cleanly on SIGINT or
-/// SIGTERM after the batch in hand (each batch is its own transaction, so
-/// nothing is half done) and says so. Returns whether it ran to the end
-/// (false: interrupted).
-pub async fn cleanup(
-    store: &DynStore,
-    batch: usize,
-    max: Option<Duration>,
-) -> Result<bool, String> {
-    let started = Instant::now();
-    let tty = std::io::stderr().is_terminal();
-    let done = std::cell::Cell::new(0u64);
-    let progress = |deleted: u64| {
-        done.set(deleted);
-        if tty {
-            let rate = deleted as f64 / started.elapsed().as_secs_f64().max(0.001);
-            eprint!("\ridem cleanup: {deleted} deleted ({rate:.0}/s)   ");
-        }
-    };
-    let run = operator::cleanup(store, batch, max, progress);
-    let (report, interrupted) = tokio::select! {
-        report = run => (report.map_err(|e| error_chain(&e))?, false),
-        () = crate::server::shutdown_signal() => (idem::operator::CleanupReport::default(), true),
-    };
-    if tty {
-        eprintln!();
-    }
-    let secs = started.elapsed().as_secs_f64();
-    if interrupted {
-        println!(
-            "idem cleanup: interrupted after {secs:.1}s with {} expired record(s) deleted; every finished batch is committed, run it again to continue",
-            done.get()
-        );
-    } else {
-        println!(
-            "idem cleanup: deleted {} expired record(s) in {} batch(es) of up to {batch} in {secs:.1}s{}",
-            report.deleted,
-            report.batches,
-            if report.stopped_early {
-                " (stopped at --max-seconds; more may be left)"
-            } else {
-                ""
-            }
-        );
-    }
-    Ok(!interrupted)
 }

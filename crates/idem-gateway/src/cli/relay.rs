@@ -11,11 +11,11 @@ use axum::routing::get;
 use idem_messaging::{NatsPublisher, Publisher, RabbitPublisher, Relay, RelayOptions};
 use idem_postgres::{PgOptions, PgStore};
 
-use crate::server::error_chain;
+use crate::error::GatewayError;
 
 /// What `idem relay` was asked to do.
 #[derive(Debug, Clone, clap::Args)]
-pub struct RelayArgs {
+pub(super) struct RelayArgs {
     /// The PostgreSQL database holding the outbox (`postgres://…`).
     #[arg(long, env = "IDEM_STORE")]
     pub store: String,
@@ -91,41 +91,43 @@ fn admin_router(ready: Arc<AtomicBool>, token: Option<Arc<str>>) -> axum::Router
 }
 
 /// Runs the relay until SIGINT or SIGTERM.
-pub async fn run(args: RelayArgs) -> Result<(), String> {
+pub(super) async fn run(args: RelayArgs) -> Result<(), GatewayError> {
     let token: Option<Arc<str>> = args
         .admin_token
         .as_deref()
         .filter(|t| !t.is_empty())
         .map(Arc::from);
     if token.is_none() && !args.admin_listen.ip().is_loopback() {
-        return Err(format!(
+        return Err(GatewayError::Invalid(format!(
             "--admin-listen {} is not a loopback address: set an admin token (--admin-token or IDEM_ADMIN_TOKEN) first",
             args.admin_listen
-        ));
+        )));
     }
     let admin = tokio::net::TcpListener::bind(args.admin_listen)
         .await
-        .map_err(|e| format!("cannot listen on {} (admin): {e}", args.admin_listen))?;
+        .map_err(|source| GatewayError::Listen {
+            addr: args.admin_listen,
+            admin: true,
+            source,
+        })?;
     crate::metrics::install();
-    let opts = PgOptions::from_url(&args.store).map_err(|e| error_chain(&e))?;
+    let opts = PgOptions::from_url(&args.store)?;
     let nats = args.broker.starts_with("nats://");
     if !nats && !args.broker.starts_with("amqp://") {
-        return Err(format!(
+        return Err(GatewayError::Invalid(format!(
             "--broker {}: use nats://host:port (JetStream) or amqp://user:password@host:port/vhost (RabbitMQ)",
             idem::store::redact_url(&args.broker)
-        ));
+        )));
     }
     if args.prefix.is_empty() || args.prefix.contains(['*', '>', '#', ' ']) {
-        return Err(format!(
+        return Err(GatewayError::Invalid(format!(
             "--prefix {:?}: must be a non-empty subject prefix without wildcards or spaces",
             args.prefix
-        ));
+        )));
     }
-    let namespace = opts.schema.clone().unwrap_or_else(|| "public".to_owned());
-    let lock_options = opts.connect.clone();
-    let store = PgStore::connect_with(opts)
-        .await
-        .map_err(|e| error_chain(&e))?;
+    let namespace = opts.schema().unwrap_or("public").to_owned();
+    let lock_options = opts.connect_options().clone();
+    let store = PgStore::connect_with(opts).await?;
     let options = RelayOptions {
         prefix: args.prefix.clone(),
         partitions: args.partitions,
@@ -143,14 +145,11 @@ pub async fn run(args: RelayArgs) -> Result<(), String> {
         store_url: args.store.clone(),
     };
     if nats {
-        let publisher = NatsPublisher::connect(&args.broker, &args.stream)
-            .await
-            .map_err(|e| e.to_string())?;
+        let publisher = NatsPublisher::connect(&args.broker, &args.stream).await?;
         if args.create_stream {
             publisher
                 .create_stream(vec![format!("{}.>", args.prefix)], args.duplicate_window)
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
         }
         let target = format!(
             "{} stream {} (subjects {}.>)",
@@ -158,9 +157,7 @@ pub async fn run(args: RelayArgs) -> Result<(), String> {
         );
         setup.drive(publisher, &target).await
     } else {
-        let publisher = RabbitPublisher::connect(&args.broker, &args.exchange)
-            .await
-            .map_err(|e| e.to_string())?;
+        let publisher = RabbitPublisher::connect(&args.broker, &args.exchange).await?;
         eprintln!(
             "idem relay: note: RabbitMQ does not de-duplicate; a row re-published after a relay crash reaches the queues twice with the same message_id, and consumers drop it with the inbox"
         );
@@ -188,7 +185,7 @@ struct Setup {
 impl Setup {
     /// Serves the admin listener and runs the relay through `publisher`
     /// until SIGINT or SIGTERM.
-    async fn drive<P: Publisher>(self, publisher: P, target: &str) -> Result<(), String> {
+    async fn drive<P: Publisher>(self, publisher: P, target: &str) -> Result<(), GatewayError> {
         let Self {
             store,
             lock_options,
@@ -206,7 +203,9 @@ impl Setup {
             options,
         );
         let store = store_url.as_str();
-        let admin_addr = admin.local_addr().map_err(|e| e.to_string())?;
+        let admin_addr = admin
+            .local_addr()
+            .map_err(|e| GatewayError::io("the admin listener's address", e))?;
         let router = admin_router(relay.readiness(), token);
         tokio::spawn(async move {
             if let Err(err) = axum::serve(admin, router).await {
@@ -217,7 +216,7 @@ impl Setup {
             eprintln!("idem relay: WARNING: {warning}");
         }
         // Before the ready line: a signal right after it must stop us cleanly.
-        let stop = crate::server::shutdown_signal();
+        let stop = crate::shutdown::shutdown_signal();
         println!(
             "idem relay: publishing the outbox of {} to {target}, admin {admin_addr}",
             idem::store::redact_url(store),
@@ -228,126 +227,5 @@ impl Setup {
             stats.published, stats.duplicates, stats.failures, stats.dead
         );
         Ok(())
-    }
-}
-
-/// `idem outbox …`: the operator path for outbox rows.
-#[derive(Debug, Clone, clap::Subcommand)]
-pub enum OutboxCommand {
-    /// List rows, oldest first.
-    List {
-        /// The PostgreSQL database holding the outbox.
-        #[arg(long, env = "IDEM_STORE")]
-        store: String,
-        /// Only rows in this state: pending, published or dead.
-        #[arg(long)]
-        state: Option<String>,
-        /// At most this many rows.
-        #[arg(long, default_value_t = 100)]
-        limit: i64,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Put dead rows back in line (pending, attempts reset).
-    Replay {
-        /// The PostgreSQL database holding the outbox.
-        #[arg(long, env = "IDEM_STORE")]
-        store: String,
-        /// Row ids.
-        #[arg(required = true)]
-        ids: Vec<i64>,
-    },
-    /// Delete dead rows for good (their events are never delivered;
-    /// version-checking consumers see a gap).
-    Discard {
-        /// The PostgreSQL database holding the outbox.
-        #[arg(long, env = "IDEM_STORE")]
-        store: String,
-        /// Row ids.
-        #[arg(required = true)]
-        ids: Vec<i64>,
-    },
-}
-
-/// Runs an `idem outbox` command (never migrates the schema).
-pub async fn outbox(command: OutboxCommand) -> Result<(), String> {
-    use idem_postgres::outbox::Outbox;
-    let connect = |url: &str| {
-        let url = url.to_owned();
-        async move {
-            let opts = PgOptions::from_url(&url)
-                .map_err(|e| error_chain(&e))?
-                .with_migrate(false);
-            PgStore::connect_with(opts)
-                .await
-                .map_err(|e| error_chain(&e))
-        }
-    };
-    let report = |verb: &str, asked: &[i64], done: &[i64]| {
-        let skipped: Vec<i64> = asked
-            .iter()
-            .filter(|id| !done.contains(id))
-            .copied()
-            .collect();
-        println!("idem outbox: {verb} {} dead row(s): {done:?}", done.len());
-        if skipped.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("not dead (or absent), left alone: {skipped:?}"))
-        }
-    };
-    match command {
-        OutboxCommand::List {
-            store,
-            state,
-            limit,
-            json,
-        } => {
-            let store = connect(&store).await?;
-            let rows = Outbox::list(store.pool(), state.as_deref(), limit)
-                .await
-                .map_err(|e| e.to_string())?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?
-                );
-                return Ok(());
-            }
-            println!(
-                "{:>10}  {:<9} {:>8}  {:<14} {:<20} {:>6}  {:<20} LAST ERROR",
-                "ID", "STATE", "ATTEMPTS", "TYPE", "AGGREGATE", "SEQ", "MESSAGE"
-            );
-            for r in &rows {
-                println!(
-                    "{:>10}  {:<9} {:>8}  {:<14} {:<20} {:>6}  {:<20} {}",
-                    r.id,
-                    r.state,
-                    r.attempts,
-                    r.aggregate_type,
-                    r.aggregate_id,
-                    r.sequence,
-                    r.message_type,
-                    r.last_error.as_deref().unwrap_or("")
-                );
-            }
-            println!("{} row(s)", rows.len());
-            Ok(())
-        }
-        OutboxCommand::Replay { store, ids } => {
-            let store = connect(&store).await?;
-            let done = Outbox::replay_dead(store.pool(), &ids)
-                .await
-                .map_err(|e| e.to_string())?;
-            report("replayed", &ids, &done)
-        }
-        OutboxCommand::Discard { store, ids } => {
-            let store = connect(&store).await?;
-            let done = Outbox::discard_dead(store.pool(), &ids)
-                .await
-                .map_err(|e| e.to_string())?;
-            report("discarded", &ids, &done)
-        }
     }
 }

@@ -4,334 +4,47 @@
 //! A bad file is refused with the file, the line, the key, the value and
 //! why: `idem.toml:12: defaults.lease = "3x": not a duration (…)`.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use http::{HeaderName, Method, StatusCode, Uri};
-use idem::seal::SealKeys;
-use idem::{FailMode, HashSecret, InFlight, LeaseExpiry, Policy};
-use idem_http::{Lookup, MissingTenant, PathPattern, RoutePolicy, Routes, TenantSource};
-use serde::Deserialize;
+use http::Method;
+use idem_http::{PathPattern, RoutePolicy, Routes, TenantSource};
 use toml::Spanned;
 
-pub use crate::limits::LimitsSettings;
+pub mod defaults;
+mod error;
+mod file;
+mod policy;
+mod secrets;
+mod settings;
+mod values;
 
-/// Defaults of DESIGN.md §7.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
-/// The embedded store in the working directory.
-pub const DEFAULT_STORE: &str = "sqlite://idem.db";
-/// The admin listener.
-pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
+pub use defaults::{DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, DEFAULT_STORE, default_workers};
+pub use error::ConfigError;
+pub use secrets::{
+    ENCRYPTION_KEYS_ENV, HASH_SECRET_ENV, MIN_ADMIN_TOKEN, encryption_keys_from_env, env_seal_keys,
+    hash_secret_from_env, parse_secret_file,
+};
+pub use settings::{
+    CacheSettings, CleanupSettings, LimitsSettings, MonitorSettings, Overrides, SealSettings,
+    Settings,
+};
+pub use values::{Refused, parse_size};
 
-/// Serving threads when `workers` is not set: one per CPU.
-///
-/// For every store. In front of Redis, `workers = 0` (connections on the
-/// shared runtime, beside the Redis connection's task) made unique keys
-/// 1.06× faster but replays 0.69× as fast (docs/BENCHMARKS.md,
-/// "Connections on threads of their own").
-pub fn default_workers() -> usize {
-    std::thread::available_parallelism().map_or(1, usize::from)
-}
-
-/// A configuration error, ready to print.
-#[derive(Debug)]
-pub struct ConfigError(pub String);
-
-impl std::error::Error for ConfigError {}
-
-impl std::fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// The file, as written. Every table refuses keys it does not know.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    upstream: Option<Spanned<String>>,
-    store: Option<Spanned<String>>,
-    listen: Option<Spanned<String>>,
-    admin_listen: Option<Spanned<String>>,
-    admin_token: Option<Spanned<String>>,
-    admin_token_file: Option<Spanned<String>>,
-    shutdown_grace: Option<Spanned<String>>,
-    workers: Option<Spanned<i64>>,
-    store_timeout: Option<Spanned<String>>,
-    encryption_keys_file: Option<Spanned<String>>,
-    require_sealed: Option<Spanned<bool>>,
-    hash_secret_file: Option<Spanned<String>>,
-    accept_v1_until: Option<Spanned<String>>,
-    ignore_path_case: Option<bool>,
-    tenant: Option<TenantConfig>,
-    defaults: Option<PolicyConfig>,
-    #[serde(default)]
-    route: Vec<PolicyConfig>,
-    cleanup: Option<CleanupConfig>,
-    monitor: Option<MonitorConfig>,
-    cache: Option<CacheConfig>,
-    limits: Option<LimitsConfig>,
-}
-
-/// `[limits]`: what the gateway takes on at once, and slow clients.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LimitsConfig {
-    max_connections: Option<Spanned<i64>>,
-    max_in_flight: Option<Spanned<i64>>,
-    max_connections_per_peer: Option<Spanned<i64>>,
-    max_in_flight_per_peer: Option<Spanned<i64>>,
-    queue_wait: Option<Spanned<String>>,
-    header_read_timeout: Option<Spanned<String>>,
-    body_read_timeout: Option<Spanned<String>>,
-    body_total_timeout: Option<Spanned<String>>,
-    idle_timeout: Option<Spanned<String>>,
-    max_headers: Option<Spanned<i64>>,
-    max_header_bytes: Option<Spanned<String>>,
-}
-
-/// `[cache]`: the in-process copy of recent records in front of the store.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CacheConfig {
-    size: Option<Spanned<String>>,
-    max_age: Option<Spanned<String>>,
-}
-
-/// `[cleanup]`: the background deletion of expired records.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CleanupConfig {
-    enabled: Option<bool>,
-    interval: Option<Spanned<String>>,
-    batch: Option<Spanned<i64>>,
-}
-
-/// `[monitor]`: the stuck-record monitor.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct MonitorConfig {
-    enabled: Option<bool>,
-    interval: Option<Spanned<String>>,
-    stuck_after_leases: Option<Spanned<i64>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TenantConfig {
-    from: Spanned<String>,
-    name: Option<Spanned<String>>,
-    trusted_proxies: Option<Spanned<Vec<String>>>,
-}
-
-/// `[defaults]` and each `[[route]]` (routes also say `method` and `path`).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PolicyConfig {
-    method: Option<Spanned<String>>,
-    path: Option<Spanned<String>>,
-    retention: Option<Spanned<String>>,
-    lease: Option<Spanned<String>>,
-    require_key: Option<bool>,
-    on_in_flight: Option<Spanned<String>>,
-    in_flight_wait: Option<Spanned<String>>,
-    on_store_error: Option<Spanned<String>>,
-    on_lease_expiry: Option<Spanned<String>>,
-    on_missing_tenant: Option<Spanned<String>>,
-    max_request_body: Option<Spanned<String>>,
-    max_stored_response: Option<Spanned<String>>,
-    upstream_timeout: Option<Spanned<String>>,
-    mismatch_status: Option<Spanned<u16>>,
-    fingerprint_headers: Option<Spanned<Vec<String>>>,
-    unstored_headers: Option<Spanned<Vec<String>>>,
-    release_statuses: Option<Spanned<Vec<u16>>>,
-    reconcile: Option<ReconcileConfig>,
-}
-
-/// `[route.reconcile]`: how the upstream is asked what became of a held
-/// record of this route.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReconcileConfig {
-    method: Option<Spanned<String>>,
-    path: Option<Spanned<String>>,
-    status: Option<Spanned<u16>>,
-    first: Option<Spanned<String>>,
-    max_pause: Option<Spanned<String>>,
-    settle: Option<Spanned<String>>,
-    give_up: Option<Spanned<String>>,
-}
-
-/// Values given on the command line or in the environment (they win over
-/// the file).
-#[derive(Debug, Default, Clone)]
-pub struct Overrides {
-    /// `--upstream` / `IDEM_UPSTREAM`.
-    pub upstream: Option<String>,
-    /// `--store` / `IDEM_STORE`.
-    pub store: Option<String>,
-    /// `--listen` / `IDEM_LISTEN`.
-    pub listen: Option<String>,
-    /// `--admin-listen` / `IDEM_ADMIN_LISTEN`.
-    pub admin_listen: Option<String>,
-    /// `--admin-token` / `IDEM_ADMIN_TOKEN`.
-    pub admin_token: Option<String>,
-    /// `IDEM_ENCRYPTION_KEYS` (environment only: keys never go on a
-    /// command line).
-    pub encryption_keys: Option<String>,
-    /// `IDEM_HASH_SECRET` (environment only, like the keys).
-    pub hash_secret: Option<String>,
-}
-
-/// Everything `serve` needs, validated.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// Where clients connect.
-    pub listen: SocketAddr,
-    /// The upstream origin (`http://host:port`).
-    pub upstream: Uri,
-    /// The store URL.
-    pub store: String,
-    /// How long a store operation on the request path may take before the
-    /// store counts as unavailable (default 5 s).
-    pub store_timeout: Duration,
-    /// The admin listener.
-    pub admin_listen: SocketAddr,
-    /// Bearer token for admin routes other than `/healthz`.
-    pub admin_token: Option<String>,
-    /// Protected routes and their policies.
-    pub routes: Routes,
-    /// Where tenants come from.
-    pub tenant: TenantSource,
-    /// How long to wait for the upstream's response headers.
-    pub upstream_timeout: Duration,
-    /// How long in-flight requests may take to finish at shutdown.
-    pub shutdown_grace: Duration,
-    /// Threads serving client connections, each with an event loop of its
-    /// own (default: one per CPU).
-    pub workers: usize,
-    /// Background cleanup of expired records (`None`: disabled).
-    pub cleanup: Option<CleanupSettings>,
-    /// The stuck-record monitor.
-    pub monitor: MonitorSettings,
-    /// The in-process record cache (`None`: off).
-    pub cache: Option<CacheSettings>,
-    /// Connection, concurrency and slow-client limits.
-    pub limits: LimitsSettings,
-    /// Sealing of stored answers at rest (`None`: bodies stored in clear).
-    pub seal: Option<SealSettings>,
-    /// The secret keying tenants and fingerprints, from `IDEM_HASH_SECRET`
-    /// or `hash_secret_file` (`None`: the embedded store keeps one beside
-    /// its database, `memory://` makes one per process, and a shared store
-    /// refuses to start).
-    pub hash_secret: Option<Arc<HashSecret>>,
-    /// Until when records written before keyed hashing are looked for
-    /// (`accept_v1_until`, or the secret file's own line).
-    pub accept_v1_until: Option<SystemTime>,
-}
-
-/// Sealing, validated: the keys, and whether unsealed records are refused.
-#[derive(Debug, Clone)]
-pub struct SealSettings {
-    /// The key ring (`IDEM_ENCRYPTION_KEYS` or `encryption_keys_file`).
-    pub keys: Arc<SealKeys>,
-    /// `require_sealed`: a final record whose body is not sealed is
-    /// refused as corrupt (never replayed, never run again).
-    pub require_sealed: bool,
-}
-
-/// `[cache]`, validated: a bounded in-process copy of recent records in
-/// front of the store (the fast tier of [`idem::Tiered`]), which answers
-/// replays and key reuse of final records without a store round trip.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CacheSettings {
-    /// Approximate bytes of records held (default 8 MiB: some 10,000 typical
-    /// records, while the gateway stays within 64 MiB of memory under load).
-    pub size: usize,
-    /// How long a copy may be used before the store is asked again
-    /// (default 60 s): bounds how long a change made elsewhere (another
-    /// gateway, `idem records purge` on the same file) goes unseen.
-    pub max_age: Duration,
-}
-
-impl Default for CacheSettings {
-    fn default() -> Self {
-        Self {
-            size: 8 << 20,
-            max_age: Duration::from_secs(60),
-        }
-    }
-}
-
-/// `[cleanup]`, validated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CleanupSettings {
-    /// Pause between cleanup runs.
-    pub interval: Duration,
-    /// Records deleted per batch (one transaction each).
-    pub batch: usize,
-}
-
-/// `[monitor]`, validated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MonitorSettings {
-    /// Whether the monitor runs (default: yes, except on a plain Redis
-    /// store, where listing scans every key).
-    pub enabled: bool,
-    /// Pause between censuses of processing records.
-    pub interval: Duration,
-    /// A processing record without a live lease older than this is stuck
-    /// (`stuck_after_leases` × the longest route lease).
-    pub stuck_after: Duration,
-}
-
-impl Default for MonitorSettings {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            interval: Duration::from_secs(30),
-            stuck_after: Duration::from_secs(90),
-        }
-    }
-}
-
-/// Where in the file a value sits, for messages.
-struct Source<'a> {
-    file: &'a Path,
-    text: &'a str,
-}
-
-impl Source<'_> {
-    fn line(&self, span: std::ops::Range<usize>) -> usize {
-        self.text[..span.start.min(self.text.len())]
-            .matches('\n')
-            .count()
-            + 1
-    }
-
-    fn error<T: std::fmt::Debug>(
-        &self,
-        key: &str,
-        value: &Spanned<T>,
-        why: impl std::fmt::Display,
-    ) -> ConfigError {
-        ConfigError(format!(
-            "{}:{}: {key} = {:?}: {why}",
-            self.file.display(),
-            self.line(value.span()),
-            value.get_ref()
-        ))
-    }
-}
+use file::{CacheConfig, CleanupConfig, FileConfig, LimitsConfig, MonitorConfig, Source};
+use policy::{apply, lookup, tenant_source};
+use secrets::{admin_token, exposed, hash_secret, seal_keys};
+use values::{duration, located, parse_addr, parse_upstream, positive, whole};
 
 /// Loads and validates: the file (if any), then the overrides.
 pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, ConfigError> {
     let (path, text) = match file {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|e| {
-                ConfigError(format!("cannot read config file {}: {e}", path.display()))
+                ConfigError::caused(
+                    format!("cannot read config file {}: {e}", path.display()),
+                    e,
+                )
             })?;
             (path.to_path_buf(), text)
         }
@@ -344,8 +57,8 @@ pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, Conf
 /// the overrides. Reads no file itself, except the one
 /// `encryption_keys_file` names.
 pub fn parse(file: &Path, text: &str, overrides: &Overrides) -> Result<Settings, ConfigError> {
-    let parsed: FileConfig =
-        toml::from_str(text).map_err(|e| ConfigError(format!("{}: {e}", file.display())))?;
+    let parsed: FileConfig = toml::from_str(text)
+        .map_err(|e| ConfigError::caused(format!("{}: {e}", file.display()), e))?;
     if parsed.admin_token.is_some()
         && let Some(why) = exposed(file)
     {
@@ -367,15 +80,12 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         }
     };
     let upstream = pick(&o.upstream, "upstream", &file.upstream).ok_or_else(|| {
-        ConfigError("no upstream: pass --upstream URL, set IDEM_UPSTREAM, or write upstream = \"http://…\" in the config file".to_owned())
+        ConfigError::new("no upstream: pass --upstream URL, set IDEM_UPSTREAM, or write upstream = \"http://…\" in the config file".to_owned())
     })?;
     let upstream = parse_upstream(&upstream.0).map_err(|why| {
         let err = located(upstream.1, &why, "--upstream / IDEM_UPSTREAM");
         // Never a password in a message.
-        ConfigError(
-            err.0
-                .replace(&upstream.0, &idem::store::redact_url(&upstream.0)),
-        )
+        err.map_message(|m| m.replace(&upstream.0, &idem::store::redact_url(&upstream.0)))
     })?;
     let listen =
         pick(&o.listen, "listen", &file.listen).unwrap_or((DEFAULT_LISTEN.to_owned(), None));
@@ -387,7 +97,7 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         .map_err(|why| located(admin.1, &why, "--admin-listen / IDEM_ADMIN_LISTEN"))?;
     let admin_token = admin_token(src, o.admin_token.as_deref(), &file)?;
     if admin_token.is_none() && !admin_listen.ip().is_loopback() {
-        return Err(ConfigError(format!(
+        return Err(ConfigError::new(format!(
             "admin_listen {admin_listen} is not a loopback address: set an admin token (--admin-token or IDEM_ADMIN_TOKEN) before exposing the admin API"
         )));
     }
@@ -398,7 +108,7 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         .unwrap_or_else(|| DEFAULT_STORE.to_owned());
     let shutdown_grace = match &file.shutdown_grace {
         Some(v) => duration(src, "shutdown_grace", v)?,
-        None => Duration::from_secs(30),
+        None => defaults::SHUTDOWN_GRACE,
     };
     let workers = match &file.workers {
         Some(v) => usize::try_from(*v.get_ref())
@@ -415,7 +125,7 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
     };
     let store_timeout = match &file.store_timeout {
         Some(v) => positive(src, "store_timeout", v, duration(src, "store_timeout", v)?)?,
-        None => Duration::from_secs(5),
+        None => defaults::STORE_TIMEOUT,
     };
     let tenant = match &file.tenant {
         None => TenantSource::Authorization,
@@ -452,12 +162,12 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         }
     }
     if defaults_cfg.reconcile.is_some() {
-        return Err(ConfigError(format!(
+        return Err(ConfigError::new(format!(
             "{}: [defaults.reconcile]: a lookup belongs to one route; write it as [route.reconcile] under that [[route]]",
             src.file.display()
         )));
     }
-    let mut upstream_timeout = Duration::from_secs(30);
+    let mut upstream_timeout = defaults::UPSTREAM_TIMEOUT;
     if let Some(v) = &defaults_cfg.upstream_timeout {
         upstream_timeout = positive(
             src,
@@ -478,16 +188,15 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
                 "upstream_timeout is set once, in [defaults]",
             ));
         }
-        let method = r
-            .method
-            .as_ref()
-            .ok_or_else(|| ConfigError(format!("{}: {at} has no method", src.file.display())))?;
+        let method = r.method.as_ref().ok_or_else(|| {
+            ConfigError::new(format!("{}: {at} has no method", src.file.display()))
+        })?;
         let m = Method::from_bytes(method.get_ref().to_ascii_uppercase().as_bytes())
             .map_err(|_| src.error(&format!("{at}.method"), method, "not an HTTP method"))?;
         let path = r
             .path
             .as_ref()
-            .ok_or_else(|| ConfigError(format!("{}: {at} has no path", src.file.display())))?;
+            .ok_or_else(|| ConfigError::new(format!("{}: {at} has no path", src.file.display())))?;
         let mut policy = apply(src, &at, r, defaults.clone())?;
         if let Some(rc) = &r.reconcile {
             let at = format!("{at}.reconcile");
@@ -516,11 +225,8 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         .policies()
         .map(|p| p.engine.lease)
         .max()
-        .unwrap_or(Duration::from_secs(30));
-    // Listing processing records on plain Redis scans every key: the
-    // monitor is off there unless asked for.
-    let redis = store.starts_with("redis://") || store.starts_with("rediss://");
-    let (cleanup, monitor) = jobs(src, &file.cleanup, &file.monitor, longest_lease, !redis)?;
+        .unwrap_or(idem::Policy::default().lease);
+    let (cleanup, monitor) = jobs(src, &file.cleanup, &file.monitor, longest_lease)?;
     let cache = cache(src, file.cache.as_ref())?;
     let limits = limits(src, file.limits.as_ref())?;
     let keys = seal_keys(
@@ -561,207 +267,6 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         hash_secret,
         accept_v1_until,
     })
-}
-
-/// The fewest characters an admin token may have: a guessable one would
-/// open the records (and the operator actions) to anyone who can reach the
-/// admin listener.
-pub const MIN_ADMIN_TOKEN: usize = 32;
-
-/// The admin token: `--admin-token`/`IDEM_ADMIN_TOKEN`, else `admin_token`,
-/// else the first line of the file `admin_token_file` names. At least
-/// [`MIN_ADMIN_TOKEN`] visible characters; errors never quote it.
-fn admin_token(
-    src: &Source<'_>,
-    given: Option<&str>,
-    file: &FileConfig,
-) -> Result<Option<String>, ConfigError> {
-    if let (Some(_), Some(path)) = (&file.admin_token, &file.admin_token_file) {
-        return Err(src.error(
-            "admin_token_file",
-            path,
-            "set admin_token or admin_token_file, not both",
-        ));
-    }
-    let (token, from) = match (given, &file.admin_token, &file.admin_token_file) {
-        (Some(t), _, _) => (t.to_owned(), "--admin-token / IDEM_ADMIN_TOKEN".to_owned()),
-        (None, Some(t), _) => (t.get_ref().clone(), "admin_token".to_owned()),
-        (None, None, Some(path)) => {
-            let text = read_secret_file(src, "admin_token_file", path, "the admin token file")?;
-            (
-                text.lines().next().unwrap_or("").trim().to_owned(),
-                format!("admin_token_file {}", path.get_ref()),
-            )
-        }
-        (None, None, None) => return Ok(None),
-    };
-    if token.is_empty() && file.admin_token_file.is_none() {
-        return Ok(None);
-    }
-    if token.chars().count() < MIN_ADMIN_TOKEN || !token.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(ConfigError(format!(
-            "{from}: an admin token must be at least {MIN_ADMIN_TOKEN} visible ASCII characters (openssl rand -hex 32)"
-        )));
-    }
-    Ok(Some(token))
-}
-
-/// The environment variable holding the hash secret.
-pub const HASH_SECRET_ENV: &str = "IDEM_HASH_SECRET";
-
-/// `IDEM_HASH_SECRET`, if set and not blank.
-pub fn hash_secret_from_env() -> Option<String> {
-    std::env::var(HASH_SECRET_ENV)
-        .ok()
-        .filter(|k| !k.trim().is_empty())
-}
-
-/// A hash secret file: the secret as hex on a line of its own, `#`
-/// comment lines, and optionally `accept_v1_until = <RFC 3339 time>`
-/// (written by the gateway when it made the secret beside a database
-/// that already held records). Errors never quote the secret.
-pub fn parse_secret_file(text: &str) -> Result<(HashSecret, Option<SystemTime>), String> {
-    let mut secret = None;
-    let mut until = None;
-    for line in text.lines().map(str::trim) {
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        if let Some(value) = line
-            .strip_prefix("accept_v1_until")
-            .and_then(|r| r.trim_start().strip_prefix('='))
-        {
-            let value = value.trim().trim_matches('"');
-            until = Some(
-                humantime::parse_rfc3339(value)
-                    .map_err(|e| format!("accept_v1_until {value:?}: {e}"))?,
-            );
-        } else if secret.is_some() {
-            return Err("more than one secret line".to_owned());
-        } else {
-            secret = Some(HashSecret::from_hex(line).map_err(|e| e.to_string())?);
-        }
-    }
-    let secret = secret.ok_or("no secret in it (openssl rand -hex 32)")?;
-    Ok((secret, until))
-}
-
-/// The hash secret: `IDEM_HASH_SECRET`, else the file `hash_secret_file`
-/// names. Errors name the source, never the secret.
-fn hash_secret(
-    src: &Source<'_>,
-    env: Option<&str>,
-    file: Option<&Spanned<String>>,
-) -> Result<(Option<Arc<HashSecret>>, Option<SystemTime>), ConfigError> {
-    match (env, file) {
-        (Some(hex), _) => HashSecret::from_hex(hex)
-            .map(|s| (Some(Arc::new(s)), None))
-            .map_err(|e| ConfigError(format!("{HASH_SECRET_ENV}: {e}"))),
-        (None, Some(path)) => {
-            let text = read_secret_file(src, "hash_secret_file", path, "the hash secret file")?;
-            parse_secret_file(&text)
-                .map(|(s, until)| (Some(Arc::new(s)), until))
-                .map_err(|e| src.error("hash_secret_file", path, e))
-        }
-        (None, None) => Ok((None, None)),
-    }
-}
-
-/// The environment variable holding the sealing keys (never a flag: a
-/// command line is visible to every user in `ps`).
-pub const ENCRYPTION_KEYS_ENV: &str = "IDEM_ENCRYPTION_KEYS";
-
-/// `IDEM_ENCRYPTION_KEYS`, if set and not blank.
-pub fn encryption_keys_from_env() -> Option<String> {
-    std::env::var(ENCRYPTION_KEYS_ENV)
-        .ok()
-        .filter(|k| !k.trim().is_empty())
-}
-
-/// The keys in the environment, parsed: for one-off commands, which read
-/// no config file.
-pub fn env_seal_keys() -> Result<Option<Arc<SealKeys>>, ConfigError> {
-    encryption_keys_from_env()
-        .map(|spec| env_keys(&spec))
-        .transpose()
-}
-
-fn env_keys(spec: &str) -> Result<Arc<SealKeys>, ConfigError> {
-    SealKeys::parse(spec)
-        .map(Arc::new)
-        .map_err(|e| ConfigError(format!("{ENCRYPTION_KEYS_ENV}: {e}")))
-}
-
-/// The sealing keys: `IDEM_ENCRYPTION_KEYS`, else the file named by
-/// `encryption_keys_file` (same format, one key per line). Errors name the
-/// source, never a key.
-fn seal_keys(
-    src: &Source<'_>,
-    env: Option<&str>,
-    file: Option<&Spanned<String>>,
-) -> Result<Option<Arc<SealKeys>>, ConfigError> {
-    match (env, file) {
-        (Some(spec), _) => env_keys(spec).map(Some),
-        (None, Some(path)) => {
-            let text =
-                read_secret_file(src, "encryption_keys_file", path, "the sealing keys file")?;
-            SealKeys::parse(&text)
-                .map(|keys| Some(Arc::new(keys)))
-                .map_err(|e| src.error("encryption_keys_file", path, e))
-        }
-        (None, None) => Ok(None),
-    }
-}
-
-/// The text of the secret file `path` (config key `key`), with a warning
-/// when other local users may read it; errors name the key and the file,
-/// never the content.
-fn read_secret_file(
-    src: &Source<'_>,
-    key: &str,
-    path: &Spanned<String>,
-    what: &str,
-) -> Result<String, ConfigError> {
-    let text = std::fs::read_to_string(path.get_ref())
-        .map_err(|e| src.error(key, path, format!("cannot read it: {e}")))?;
-    if let Some(why) = exposed(Path::new(path.get_ref())) {
-        tracing::warn!(reason = "secret_file_exposed", file = %path.get_ref(), "{what} {why}: chmod 600 it");
-    }
-    Ok(text)
-}
-
-/// Why a file holding a secret is exposed to other local users (its
-/// group or others may read it), or `None`.
-fn exposed(path: &Path) -> Option<String> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(path).ok()?.permissions().mode();
-        (mode & 0o044 != 0).then(|| {
-            format!(
-                "is readable by {} (mode {:o})",
-                match (mode & 0o040 != 0, mode & 0o004 != 0) {
-                    (true, true) => "its group and every local user",
-                    (true, false) => "its group",
-                    _ => "every local user",
-                },
-                mode & 0o777
-            )
-        })
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = path;
-        None
-    }
-}
-
-/// A count from 1 to `max`, or an error naming the key, the value and the range.
-fn whole(src: &Source<'_>, key: &str, v: &Spanned<i64>, max: usize) -> Result<usize, ConfigError> {
-    usize::try_from(*v.get_ref())
-        .ok()
-        .filter(|n| (1..=max).contains(n))
-        .ok_or_else(|| src.error(key, v, format!("must be a whole number from 1 to {max}")))
 }
 
 /// `[limits]`, each value checked against a sane range.
@@ -849,25 +354,36 @@ fn jobs(
     cleanup: &Option<CleanupConfig>,
     monitor: &Option<MonitorConfig>,
     longest_lease: Duration,
-    monitor_by_default: bool,
 ) -> Result<(Option<CleanupSettings>, MonitorSettings), ConfigError> {
     let count =
         |key: &str, v: &Option<Spanned<i64>>, default: usize| -> Result<usize, ConfigError> {
             v.as_ref()
                 .map_or(Ok(default), |n| whole(src, key, n, 1_000_000))
         };
-    let every =
-        |key: &str, v: &Option<Spanned<String>>, default: u64| -> Result<Duration, ConfigError> {
-            match v {
-                None => Ok(Duration::from_secs(default)),
-                Some(v) => positive(src, key, v, duration(src, key, v)?),
-            }
-        };
+    let every = |key: &str,
+                 v: &Option<Spanned<String>>,
+                 default: Duration|
+     -> Result<Duration, ConfigError> {
+        match v {
+            None => Ok(default),
+            Some(v) => positive(src, key, v, duration(src, key, v)?),
+        }
+    };
+    let (cleanup_default, monitor_default) =
+        (CleanupSettings::default(), MonitorSettings::default());
     let c = cleanup.as_ref();
     let cleanup = if c.and_then(|c| c.enabled).unwrap_or(true) {
         Some(CleanupSettings {
-            interval: every("cleanup.interval", &c.and_then(|c| c.interval.clone()), 60)?,
-            batch: count("cleanup.batch", &c.and_then(|c| c.batch.clone()), 1000)?,
+            interval: every(
+                "cleanup.interval",
+                &c.and_then(|c| c.interval.clone()),
+                cleanup_default.interval,
+            )?,
+            batch: count(
+                "cleanup.batch",
+                &c.and_then(|c| c.batch.clone()),
+                cleanup_default.batch,
+            )?,
         })
     } else {
         None
@@ -876,395 +392,26 @@ fn jobs(
     let leases = count(
         "monitor.stuck_after_leases",
         &m.and_then(|m| m.stuck_after_leases.clone()),
-        3,
+        defaults::STUCK_AFTER_LEASES as usize,
     )?;
     let monitor = MonitorSettings {
-        enabled: m.and_then(|m| m.enabled).unwrap_or(monitor_by_default),
-        interval: every("monitor.interval", &m.and_then(|m| m.interval.clone()), 30)?,
+        enabled: m.and_then(|m| m.enabled),
+        interval: every(
+            "monitor.interval",
+            &m.and_then(|m| m.interval.clone()),
+            monitor_default.interval,
+        )?,
         stuck_after: longest_lease.saturating_mul(u32::try_from(leases).unwrap_or(u32::MAX)),
     };
     Ok((cleanup, monitor))
 }
 
-/// A message for a value that came from the file (with its line) or from a
-/// flag / environment variable.
-fn located(from_file: Option<ConfigError>, why: &str, flag: &str) -> ConfigError {
-    match from_file {
-        Some(ConfigError(prefix)) => ConfigError(format!("{prefix}{why}")),
-        None => ConfigError(format!("{flag}: {why}")),
-    }
-}
-
-fn parse_upstream(text: &str) -> Result<Uri, String> {
-    let uri: Uri = text.parse().map_err(|e| format!("not a URL ({e})"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => return Err("https upstreams are not supported yet; put the gateway next to the service and use http://".to_owned()),
-        _ => return Err("the upstream must be an http:// URL such as http://127.0.0.1:3000".to_owned()),
-    }
-    match uri.authority() {
-        None => return Err("the upstream URL has no host".to_owned()),
-        Some(a) if a.as_str().contains('@') => {
-            return Err("the upstream URL carries a user or password; idem sends no credentials of its own upstream (clients' headers are forwarded): write http://host:port".to_owned());
-        }
-        Some(_) => {}
-    }
-    if uri
-        .path_and_query()
-        .is_some_and(|p| p.as_str() != "/" && !p.as_str().is_empty())
-    {
-        return Err("the upstream is an origin (scheme, host, port) without a path".to_owned());
-    }
-    Ok(uri)
-}
-
-fn parse_addr(text: &str) -> Result<SocketAddr, String> {
-    text.parse()
-        .map_err(|_| format!("{text:?} is not an address like 127.0.0.1:8080"))
-}
-
-fn duration(src: &Source<'_>, key: &str, v: &Spanned<String>) -> Result<Duration, ConfigError> {
-    humantime::parse_duration(v.get_ref().trim()).map_err(|e| {
-        src.error(
-            key,
-            v,
-            format!("not a duration like \"30s\" or \"24h\" ({e})"),
-        )
-    })
-}
-
-fn positive<T>(
-    src: &Source<'_>,
-    key: &str,
-    v: &Spanned<T>,
-    d: Duration,
-) -> Result<Duration, ConfigError>
-where
-    T: std::fmt::Debug,
-{
-    if d.is_zero() {
-        return Err(src.error(key, v, "must be greater than zero"));
-    }
-    Ok(d)
-}
-
-/// Parses `1MiB`, `512 KiB`, `10MB`, `1048576` into bytes.
-pub fn parse_size(text: &str) -> Result<usize, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| "not a size like \"1MiB\" or \"64KiB\"".to_owned())?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "kb" => 1_000,
-        "kib" => 1 << 10,
-        "mb" => 1_000_000,
-        "mib" => 1 << 20,
-        "gb" => 1_000_000_000,
-        "gib" => 1 << 30,
-        other => {
-            return Err(format!(
-                "unknown unit {other:?}; use B, KiB, MiB, GiB, KB, MB or GB"
-            ));
-        }
-    };
-    n.checked_mul(mult)
-        .and_then(|b| usize::try_from(b).ok())
-        .ok_or_else(|| "too large".to_owned())
-}
-
-fn size(src: &Source<'_>, key: &str, v: &Spanned<String>) -> Result<usize, ConfigError> {
-    match parse_size(v.get_ref()) {
-        Ok(0) => Err(src.error(key, v, "must be greater than zero")),
-        Ok(n) => Ok(n),
-        Err(why) => Err(src.error(key, v, why)),
-    }
-}
-
-fn header_names(
-    src: &Source<'_>,
-    key: &str,
-    v: &Spanned<Vec<String>>,
-) -> Result<Vec<HeaderName>, ConfigError> {
-    v.get_ref()
-        .iter()
-        .map(|h| {
-            HeaderName::from_bytes(h.trim().to_ascii_lowercase().as_bytes())
-                .map_err(|_| src.error(key, v, format!("{h:?} is not a header name")))
-        })
-        .collect()
-}
-
-fn tenant_source(src: &Source<'_>, t: &TenantConfig) -> Result<TenantSource, ConfigError> {
-    let from = t.from.get_ref().as_str();
-    let name = |example: &str| {
-        let name = t.name.as_ref().ok_or_else(|| {
-            src.error(
-                "tenant.from",
-                &t.from,
-                format!("from = \"{from}\" needs name = \"{example}\""),
-            )
-        })?;
-        Ok::<_, ConfigError>((name, name.get_ref().trim().to_owned()))
-    };
-    let header = |(name, text): (&Spanned<String>, String)| {
-        HeaderName::from_bytes(text.to_ascii_lowercase().as_bytes())
-            .map_err(|_| src.error("tenant.name", name, "not a header name"))
-    };
-    if from != "trusted_header"
-        && let Some(v) = &t.trusted_proxies
-    {
-        return Err(src.error(
-            "tenant.trusted_proxies",
-            v,
-            "only from = \"trusted_header\" trusts proxies",
-        ));
-    }
-    match from {
-        "authorization" => Ok(TenantSource::Authorization),
-        "header" => Ok(TenantSource::Header(header(name("X-Api-Key")?)?)),
-        "cookie" => {
-            let (span, text) = name("session")?;
-            if text.is_empty()
-                || !text
-                    .bytes()
-                    .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b))
-            {
-                return Err(src.error("tenant.name", span, "not a cookie name"));
-            }
-            Ok(TenantSource::Cookie(text))
-        }
-        "trusted_header" => {
-            let name = header(name("X-Authenticated-User")?)?;
-            let Some(list) = &t.trusted_proxies else {
-                return Err(src.error(
-                    "tenant.from",
-                    &t.from,
-                    "from = \"trusted_header\" needs trusted_proxies = [\"10.0.0.0/8\", …]: the addresses of the proxies that set the header (anyone else could write it)",
-                ));
-            };
-            let proxies = list
-                .get_ref()
-                .iter()
-                .map(|p| {
-                    p.parse::<ipnet::IpNet>()
-                        .or_else(|_| p.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
-                        .map_err(|_| {
-                            src.error(
-                                "tenant.trusted_proxies",
-                                list,
-                                format!("{p:?} is not an address or a CIDR range"),
-                            )
-                        })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            if proxies.is_empty() {
-                return Err(src.error("tenant.trusted_proxies", list, "name at least one proxy"));
-            }
-            Ok(TenantSource::TrustedHeader { name, proxies })
-        }
-        "none" => Ok(TenantSource::Single("default".to_owned())),
-        _ => Err(src.error(
-            "tenant.from",
-            &t.from,
-            "expected \"authorization\", \"header\", \"cookie\", \"trusted_header\" or \"none\"",
-        )),
-    }
-}
-
-/// `[route.reconcile]`, validated.
-fn lookup(src: &Source<'_>, at: &str, cfg: &ReconcileConfig) -> Result<Lookup, ConfigError> {
-    let key = |k: &str| format!("{at}.{k}");
-    let path = cfg.path.as_ref().ok_or_else(|| {
-        ConfigError(format!(
-            "{}: {at} has no path: write path = \"/v1/payments/by-key/{{key}}\", the upstream's lookup of an operation by its Idempotency-Key",
-            src.file.display()
-        ))
-    })?;
-    let method = match &cfg.method {
-        Some(m) => Method::from_bytes(m.get_ref().to_ascii_uppercase().as_bytes())
-            .ok()
-            .filter(|m| {
-                [Method::GET, Method::POST, Method::HEAD].contains(m) || m.as_str() == "QUERY"
-            })
-            .ok_or_else(|| {
-                src.error(&key("method"), m, "expected \"GET\" (or POST, HEAD, QUERY)")
-            })?,
-        None => Method::GET,
-    };
-    let mut lookup =
-        Lookup::new(method, path.get_ref()).map_err(|e| src.error(&key("path"), path, e))?;
-    if let Some(v) = &cfg.status {
-        let status = StatusCode::from_u16(*v.get_ref())
-            .ok()
-            .filter(|s| s.is_success())
-            .ok_or_else(|| {
-                src.error(
-                    &key("status"),
-                    v,
-                    "must be a 2xx status (what the original request answers, e.g. 201)",
-                )
-            })?;
-        lookup = lookup.with_status(status);
-    }
-    let mut schedule = *lookup.schedule();
-    let every =
-        |name: &str, v: &Option<Spanned<String>>| -> Result<Option<Duration>, ConfigError> {
-            v.as_ref()
-                .map(|v| positive(src, &key(name), v, duration(src, &key(name), v)?))
-                .transpose()
-        };
-    if let Some(d) = every("first", &cfg.first)? {
-        schedule = schedule.with_first(d);
-    }
-    if let Some(d) = every("max_pause", &cfg.max_pause)? {
-        schedule = schedule.with_max_pause(d);
-    }
-    if let Some(d) = every("settle", &cfg.settle)? {
-        schedule = schedule.with_settle(d);
-    }
-    if let Some(d) = every("give_up", &cfg.give_up)? {
-        schedule = schedule.with_give_up(d);
-    }
-    Ok(lookup.with_schedule(schedule))
-}
-
-/// Applies the keys present in `cfg` on top of `base`.
-fn apply(
-    src: &Source<'_>,
-    at: &str,
-    cfg: &PolicyConfig,
-    base: RoutePolicy,
-) -> Result<RoutePolicy, ConfigError> {
-    let key = |k: &str| format!("{at}.{k}");
-    let mut p = base;
-    let mut engine: Policy = p.engine.clone();
-    if let Some(v) = &cfg.retention {
-        engine = engine.with_retention(positive(
-            src,
-            &key("retention"),
-            v,
-            duration(src, &key("retention"), v)?,
-        )?);
-    }
-    if let Some(v) = &cfg.lease {
-        engine = engine.with_lease(positive(
-            src,
-            &key("lease"),
-            v,
-            duration(src, &key("lease"), v)?,
-        )?);
-    }
-    let wait = match &cfg.in_flight_wait {
-        Some(v) => Some(positive(
-            src,
-            &key("in_flight_wait"),
-            v,
-            duration(src, &key("in_flight_wait"), v)?,
-        )?),
-        None => None,
-    };
-    match cfg.on_in_flight.as_ref().map(|v| (v, v.get_ref().as_str())) {
-        Some((_, "reject")) => engine = engine.with_on_in_flight(InFlight::Reject),
-        Some((_, "wait")) => {
-            engine =
-                engine.with_on_in_flight(InFlight::Wait(wait.unwrap_or(Duration::from_secs(5))))
-        }
-        Some((v, _)) => {
-            return Err(src.error(&key("on_in_flight"), v, "expected \"reject\" or \"wait\""));
-        }
-        None => {
-            if let (Some(w), InFlight::Wait(_)) = (wait, engine.on_in_flight) {
-                engine = engine.with_on_in_flight(InFlight::Wait(w));
-            }
-        }
-    }
-    match cfg
-        .on_store_error
-        .as_ref()
-        .map(|v| (v, v.get_ref().as_str()))
-    {
-        Some((_, "closed")) => engine = engine.with_fail_mode(FailMode::Closed),
-        Some((_, "open")) => engine = engine.with_fail_mode(FailMode::Open),
-        Some((v, _)) => {
-            return Err(src.error(&key("on_store_error"), v, "expected \"closed\" or \"open\""));
-        }
-        None => {}
-    }
-    match cfg
-        .on_lease_expiry
-        .as_ref()
-        .map(|v| (v, v.get_ref().as_str()))
-    {
-        Some((_, "retry")) => engine = engine.with_on_lease_expiry(LeaseExpiry::Retry),
-        Some((_, "hold")) => engine = engine.with_on_lease_expiry(LeaseExpiry::Hold),
-        Some((v, _)) => {
-            return Err(src.error(&key("on_lease_expiry"), v, "expected \"retry\" or \"hold\""));
-        }
-        None => {}
-    }
-    match cfg
-        .on_missing_tenant
-        .as_ref()
-        .map(|v| (v, v.get_ref().as_str()))
-    {
-        Some((_, "refuse")) => p = p.with_on_missing_tenant(MissingTenant::Refuse),
-        Some((_, "pass")) => p = p.with_on_missing_tenant(MissingTenant::Pass),
-        Some((v, _)) => {
-            return Err(src.error(
-                &key("on_missing_tenant"),
-                v,
-                "expected \"refuse\" or \"pass\"",
-            ));
-        }
-        None => {}
-    }
-    if let Some(v) = &cfg.release_statuses {
-        if let Some(bad) = v.get_ref().iter().find(|s| !(100..=599).contains(*s)) {
-            return Err(src.error(
-                &key("release_statuses"),
-                v,
-                format!("{bad} is not an HTTP status"),
-            ));
-        }
-        engine = engine.with_release_statuses(v.get_ref().clone());
-    }
-    p = p.with_engine(engine);
-    if let Some(v) = cfg.require_key {
-        p = p.with_require_key(v);
-    }
-    if let Some(v) = &cfg.max_request_body {
-        p = p.with_max_request_body(size(src, &key("max_request_body"), v)?);
-    }
-    if let Some(v) = &cfg.max_stored_response {
-        p = p.with_max_stored_response(size(src, &key("max_stored_response"), v)?);
-    }
-    if let Some(v) = &cfg.mismatch_status {
-        let status = StatusCode::from_u16(*v.get_ref())
-            .ok()
-            .filter(|s| s.is_client_error())
-            .ok_or_else(|| {
-                src.error(
-                    &key("mismatch_status"),
-                    v,
-                    "must be a 4xx status (422 per the IETF draft, 400 as Stripe does)",
-                )
-            })?;
-        p = p.with_mismatch_status(status);
-    }
-    if let Some(v) = &cfg.fingerprint_headers {
-        p.fingerprint_headers = header_names(src, &key("fingerprint_headers"), v)?;
-    }
-    if let Some(v) = &cfg.unstored_headers {
-        p.unstored_headers = header_names(src, &key("unstored_headers"), v)?;
-    }
-    Ok(p)
-}
-
 #[cfg(test)]
 mod tests {
+    use http::{HeaderName, StatusCode};
+    use idem::{FailMode, InFlight, LeaseExpiry};
+    use idem_http::MissingTenant;
+
     use super::*;
 
     #[test]
@@ -1346,7 +493,7 @@ mod tests {
     fn from_text(text: &str) -> Result<Settings, ConfigError> {
         let path = Path::new("idem.toml");
         let parsed: FileConfig =
-            toml::from_str(text).map_err(|e| ConfigError(format!("idem.toml: {e}")))?;
+            toml::from_str(text).map_err(|e| ConfigError::new(format!("idem.toml: {e}")))?;
         build(parsed, &Source { file: path, text }, &Overrides::default())
     }
 
@@ -1435,14 +582,17 @@ on_store_error = "open"
     fn an_upstream_with_credentials_is_refused() {
         let err =
             from_text("upstream = \"http://user:secret@127.0.0.1:3000\"\n").expect_err("userinfo");
-        assert!(err.0.contains("carries a user or password"), "{err}");
         assert!(
-            err.0
+            err.message().contains("carries a user or password"),
+            "{err}"
+        );
+        assert!(
+            err.message()
                 .starts_with("idem.toml:1: upstream = \"http://user:***@127.0.0.1:3000\""),
             "{err}"
         );
         assert!(
-            !err.0.contains("secret"),
+            !err.message().contains("secret"),
             "no password in the message: {err}"
         );
     }
@@ -1505,12 +655,15 @@ on_store_error = "open"
             ),
         ] {
             let err = from_text(&format!("{route}{tail}")).expect_err(tail);
-            assert!(err.0.contains(want), "{tail}: {err}");
+            assert!(err.message().contains(want), "{tail}: {err}");
         }
         let err =
             from_text("upstream = \"http://x:1\"\n[defaults.reconcile]\npath = \"/v1/{key}\"\n")
                 .expect_err("defaults");
-        assert!(err.0.contains("a lookup belongs to one route"), "{err}");
+        assert!(
+            err.message().contains("a lookup belongs to one route"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -1723,7 +876,7 @@ on_store_error = "open"
             ("[cache]\nttl = \"1s\"\n", "unknown field `ttl`"),
         ] {
             let err = from_text(&format!("upstream = \"http://x:1\"\n{text}")).expect_err(text);
-            assert!(err.0.contains(needle), "{text}: {}", err.0);
+            assert!(err.message().contains(needle), "{text}: {}", err.message());
         }
     }
 
@@ -1786,7 +939,7 @@ on_store_error = "open"
             ("workers = \"many\"\n", "line 2, column 11"),
         ] {
             let err = from_text(&format!("upstream = \"http://x:1\"\n{text}")).expect_err(text);
-            assert!(err.0.contains(needle), "{text}: {}", err.0);
+            assert!(err.message().contains(needle), "{text}: {}", err.message());
         }
     }
 

@@ -1,6 +1,6 @@
 //! The reverse proxy the idempotency layer wraps: HTTP/1.1 keep-alive
 //! connections to one upstream origin, each driven by the request that
-//! uses it ([`crate::upstream`]).
+//! uses it (`upstream`).
 //!
 //! It tells the layer what happened to a request it could not complete,
 //! through [`UpstreamOutcome`]: refused or unreachable before sending →
@@ -9,6 +9,10 @@
 //! `502` and [`UpstreamOutcome::MaybeSent`] (the record stays
 //! `outcome_unknown`).
 
+mod upstream;
+
+pub use upstream::{ExchangeError, ProxyBody, Upstream, UpstreamBody};
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -16,72 +20,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri};
-use http_body::{Body, Frame, SizeHint};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use idem_http::{BoxError, PeerAddr, Problem, ProblemKind, UpstreamOutcome, hop_by_hop_names};
+use http_body::Body;
+use idem_http::{PeerAddr, Problem, ProblemKind, UpstreamOutcome, hop_by_hop_names};
 use tower::Service;
 
-use crate::limits::{ClientBody, Slot};
-use crate::upstream::{ExchangeError, Upstream, UpstreamBody};
-
-/// A request or response body on the gateway: straight from a connection,
-/// or in memory (a buffered request, a problem answer).
-#[derive(Debug)]
-pub enum ProxyBody {
-    /// A request body streamed from a client, with its read time-out.
-    Client(ClientBody),
-    /// Streamed from hyper without a read time-out.
-    Incoming(Incoming),
-    /// An upstream's response, driving its connection as it is read.
-    Upstream(UpstreamBody),
-    /// In memory.
-    Full(Full<Bytes>),
-}
-
-impl From<Bytes> for ProxyBody {
-    fn from(bytes: Bytes) -> Self {
-        Self::Full(Full::new(bytes))
-    }
-}
-
-impl Body for ProxyBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            Self::Client(b) => Pin::new(b).poll_frame(cx),
-            Self::Incoming(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-            Self::Upstream(b) => Pin::new(b).poll_frame(cx),
-            Self::Full(b) => Pin::new(b).poll_frame(cx).map_err(|never| match never {}),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            Self::Client(b) => b.is_end_stream(),
-            Self::Incoming(b) => b.is_end_stream(),
-            Self::Upstream(b) => b.is_end_stream(),
-            Self::Full(b) => b.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            Self::Client(b) => b.size_hint(),
-            Self::Incoming(b) => b.size_hint(),
-            Self::Upstream(b) => b.size_hint(),
-            Self::Full(b) => b.size_hint(),
-        }
-    }
-}
+use crate::serve::limits::Slot;
 
 /// Forwards requests to one upstream origin. Cloned for every request
 /// (tower's clone-and-swap): one `Arc`.
@@ -104,20 +49,6 @@ impl Proxy {
             timeout,
         }
     }
-}
-
-/// Removes connection-level headers, including those named by `Connection`.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    for name in hop_by_hop_names(headers) {
-        headers.remove(name);
-    }
-}
-
-fn failure(problem: Problem, outcome: UpstreamOutcome) -> Response<ProxyBody> {
-    let (parts, body) = problem.to_response().into_parts();
-    let mut resp = Response::from_parts(parts, ProxyBody::Full(body));
-    resp.extensions_mut().insert(outcome);
-    resp
 }
 
 impl Service<Request<ProxyBody>> for Proxy {
@@ -215,4 +146,18 @@ impl Service<Request<ProxyBody>> for Proxy {
             Ok(resp)
         })
     }
+}
+
+/// Removes connection-level headers, including those named by `Connection`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    for name in hop_by_hop_names(headers) {
+        headers.remove(name);
+    }
+}
+
+fn failure(problem: Problem, outcome: UpstreamOutcome) -> Response<ProxyBody> {
+    let (parts, body) = problem.to_response().into_parts();
+    let mut resp = Response::from_parts(parts, ProxyBody::Full(body));
+    resp.extensions_mut().insert(outcome);
+    resp
 }

@@ -30,13 +30,14 @@ use http::header::{HOST, HeaderValue};
 use http::uri::{Authority, PathAndQuery};
 use http::{Request, Response, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, Connection, SendRequest};
 use hyper_util::rt::TokioIo;
 use idem_http::BoxError;
 use tokio::net::TcpStream;
 
-use crate::proxy::ProxyBody;
+use crate::serve::body::ClientBody;
 
 /// How long a new connection may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -322,5 +323,60 @@ impl Body for UpstreamBody {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+/// A request or response body on the gateway: straight from a connection,
+/// or in memory (a buffered request, a problem answer).
+#[derive(Debug)]
+pub enum ProxyBody {
+    /// A request body streamed from a client, with its read time-out.
+    Client(ClientBody),
+    /// Streamed from hyper without a read time-out.
+    Incoming(Incoming),
+    /// An upstream's response, driving its connection as it is read.
+    Upstream(UpstreamBody),
+    /// In memory.
+    Full(Full<Bytes>),
+}
+
+impl From<Bytes> for ProxyBody {
+    fn from(bytes: Bytes) -> Self {
+        Self::Full(Full::new(bytes))
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            Self::Client(b) => Pin::new(b).poll_frame(cx),
+            Self::Incoming(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            Self::Upstream(b) => Pin::new(b).poll_frame(cx),
+            Self::Full(b) => Pin::new(b).poll_frame(cx).map_err(|never| match never {}),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Client(b) => b.is_end_stream(),
+            Self::Incoming(b) => b.is_end_stream(),
+            Self::Upstream(b) => b.is_end_stream(),
+            Self::Full(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Client(b) => b.size_hint(),
+            Self::Incoming(b) => b.size_hint(),
+            Self::Upstream(b) => b.size_hint(),
+            Self::Full(b) => b.size_hint(),
+        }
     }
 }

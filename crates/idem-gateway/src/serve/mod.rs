@@ -1,5 +1,10 @@
 //! `idem serve`: the listener, the admin listener, graceful shutdown.
 
+pub mod body;
+pub mod deadlines;
+pub mod limits;
+pub mod workers;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,15 +23,17 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tower::{Layer, ServiceExt};
 
+use self::body::ClientBody;
+use self::deadlines::{Activity, Deadlines, Tracked};
+use self::limits::{Admission, ConnectionPlace, PerPeer};
+use self::workers::{ServeConnection, Workers, close_within};
 use crate::admin::AdminState;
+use crate::config::LimitsSettings;
 use crate::config::Settings;
-use crate::limits::{
-    Activity, Admission, CONNECTIONS_REFUSED_TOTAL, ClientBody, ConnectionPlace, Deadlines,
-    LimitsSettings, PerPeer, Tracked,
-};
+use crate::error::GatewayError;
 use crate::proxy::{Proxy, ProxyBody};
 use crate::store::{GatewayStore, StoreUrl};
-use crate::workers::{ServeConnection, Workers, close_within};
+use idem::metrics::CONNECTIONS_REFUSED_TOTAL;
 
 /// How often an HTTP/2 client is pinged, and how long its answer may take.
 const HTTP2_PING_EVERY: Duration = Duration::from_secs(20);
@@ -41,21 +48,6 @@ const RECONCILE_SCAN_EVERY: Duration = Duration::from_secs(10);
 /// The request pipeline: the idempotency layer around the proxy.
 pub type Gateway = Idempotency<Proxy, GatewayStore, TenantSource>;
 
-/// An error and its causes on one line.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        let s = e.to_string();
-        if !out.contains(&s) {
-            out.push_str(": ");
-            out.push_str(&s);
-        }
-        cur = e.source();
-    }
-    out
-}
-
 /// A bound, not yet running gateway.
 #[derive(Debug)]
 pub struct Server {
@@ -68,7 +60,7 @@ pub struct Server {
 }
 
 /// Opens the store and binds both listeners; errors name what failed.
-pub async fn bind(settings: &Settings) -> Result<Server, String> {
+pub async fn bind(settings: &Settings) -> Result<Server, GatewayError> {
     // Before anything records: the layer registers its counters on the
     // first request.
     crate::metrics::install();
@@ -77,30 +69,42 @@ pub async fn bind(settings: &Settings) -> Result<Server, String> {
         .policies()
         .map(|p| p.engine.retention)
         .max()
-        .unwrap_or(Duration::from_secs(86_400));
-    let hashing = StoreUrl::parse(&settings.store)?.hashing(
+        .unwrap_or(idem::Policy::default().retention);
+    let url = StoreUrl::parse(&settings.store)?;
+    let mut settings = settings.clone();
+    settings.monitor.enabled = Some(settings.monitor.enabled.unwrap_or(url.lists_cheaply()));
+    let hashing = url.hashing(
         settings.hash_secret.clone(),
         settings.accept_v1_until,
         retention,
     )?;
-    let store = GatewayStore::open(
+    let store = crate::store::open(
         &settings.store,
         settings.cache,
         settings.store_timeout,
         settings.seal.clone(),
     )
     .await?;
-    let listener = TcpListener::bind(settings.listen)
-        .await
-        .map_err(|e| format!("cannot listen on {}: {e}", settings.listen))?;
+    let listener =
+        TcpListener::bind(settings.listen)
+            .await
+            .map_err(|source| GatewayError::Listen {
+                addr: settings.listen,
+                admin: false,
+                source,
+            })?;
     let admin = TcpListener::bind(settings.admin_listen)
         .await
-        .map_err(|e| format!("cannot listen on {} (admin): {e}", settings.admin_listen))?;
+        .map_err(|source| GatewayError::Listen {
+            addr: settings.admin_listen,
+            admin: true,
+            source,
+        })?;
     let proxy = Proxy::new(&settings.upstream, settings.upstream_timeout);
     // Held records left by a gateway that died are found by listing the
     // store, where the monitor may list it (not on plain Redis); elsewhere
     // a client's retry brings them to the reconciliation.
-    let scans = settings.monitor.enabled.then_some(RECONCILE_SCAN_EVERY);
+    let scans = (settings.monitor.enabled == Some(true)).then_some(RECONCILE_SCAN_EVERY);
     let layer = IdempotencyLayer::new(store.clone())
         .with_routes(settings.routes.clone())
         .with_tenant(settings.tenant.clone())
@@ -120,7 +124,7 @@ pub async fn bind(settings: &Settings) -> Result<Server, String> {
         gateway,
         store,
         admin_router,
-        settings: settings.clone(),
+        settings,
     })
 }
 
@@ -190,7 +194,7 @@ impl Server {
                     // One address holds at most its share of connections:
                     // past it, a new one is closed at once.
                     let Some(mine) = peer_connections.take(peer.ip()) else {
-                        metrics::counter!(CONNECTIONS_REFUSED_TOTAL).increment(1);
+                        metrics::counter!(CONNECTIONS_REFUSED_TOTAL.name).increment(1);
                         tracing::debug!(reason = "peer_connections", %peer, "connection closed: its peer holds max_connections_per_peer already");
                         drop(stream);
                         continue;
@@ -283,7 +287,7 @@ fn client_connections(
                     // shed request would add work exactly when there is
                     // too much.
                     tracing::debug!(reason = "overloaded", %peer, "request shed: every in-flight slot is taken");
-                    return Ok(track(crate::limits::overloaded()));
+                    return Ok(track(limits::overloaded()));
                 };
                 let mut req = req.map(|b| match (body_timeout, body_total) {
                     (None, None) => ProxyBody::Incoming(b),
@@ -359,49 +363,4 @@ fn connection_builder(limits: &LimitsSettings) -> auto::Builder<TokioExecutor> {
         .keep_alive_interval(Some(HTTP2_PING_EVERY))
         .keep_alive_timeout(HTTP2_PING_EVERY);
     builder
-}
-
-/// Completes on SIGTERM or SIGINT. The handlers are installed when this
-/// is called, not when the future is first polled: call it before saying
-/// "ready", or a signal sent right after that line would find the default
-/// action (the process killed, with no clean stop). Needs a Tokio runtime.
-pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
-    #[cfg(unix)]
-    let (mut term, mut int) = {
-        use tokio::signal::unix::{SignalKind, signal};
-        (
-            signal(SignalKind::terminate()).ok(),
-            signal(SignalKind::interrupt()).ok(),
-        )
-    };
-    async move {
-        #[cfg(unix)]
-        {
-            let term = async {
-                match term.as_mut() {
-                    Some(s) => {
-                        s.recv().await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
-            let int = async {
-                match int.as_mut() {
-                    Some(s) => {
-                        s.recv().await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
-            tokio::select! {
-                () = int => tracing::info!("SIGINT received"),
-                () = term => tracing::info!("SIGTERM received"),
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-            tracing::info!("interrupt received");
-        }
-    }
 }

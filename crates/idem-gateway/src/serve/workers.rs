@@ -26,7 +26,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use crate::limits::ConnectionPlace;
+use super::limits::ConnectionPlace;
 
 /// Serves one client connection on the calling worker's event loop; the
 /// connection is watched by that worker's graceful shutdown.
@@ -272,7 +272,7 @@ mod tests {
             let client = TcpStream::connect(addr).await.expect("connect");
             let (stream, peer) = listener.accept().await.expect("accept");
             let permit = Arc::clone(&open).acquire_owned().await.expect("permit");
-            let place = ConnectionPlace::new(permit, crate::limits::PeerPlace::uncapped());
+            let place = ConnectionPlace::new(permit, crate::serve::limits::PeerPlace::uncapped());
             workers.dispatch(stream, peer, place);
             clients.push(client);
         }

@@ -1,0 +1,122 @@
+//! The command line: one subcommand per file, behind one `Command` enum. Each
+//! subcommand's arguments live with the code that runs it; this module
+//! parses them, sets up logging and dispatches.
+
+mod cleanup;
+mod demo;
+mod migrate;
+mod outbox;
+mod records;
+mod relay;
+mod serve;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::error::GatewayError;
+
+pub use demo::DemoArgs;
+
+/// idem makes retries safe: a retried request never repeats its side effect,
+/// and the caller gets the original answer back.
+#[derive(Debug, Parser)]
+#[command(name = "idem", version, about)]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, global = true, env = "IDEM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Log filter, e.g. `info` or `info,idem_http=debug`.
+    #[arg(long, global = true, env = "IDEM_LOG", default_value = "info")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the gateway in front of an upstream.
+    Serve(serve::ServeArgs),
+    /// Start a toy payments upstream, the gateway in front of it on the
+    /// embedded store, and a retry storm; print what happened.
+    Demo(demo::DemoArgs),
+    /// Create or upgrade the store's schema (PostgreSQL, SQLite) and exit.
+    Migrate(migrate::MigrateArgs),
+    /// Inspect and act on idempotency records in a store.
+    #[command(subcommand)]
+    Records(records::RecordsCommand),
+    /// Delete expired completed and failed records in batches (never
+    /// processing ones); safe to interrupt and run again.
+    Cleanup(cleanup::CleanupArgs),
+    /// Publish the PostgreSQL outbox to NATS JetStream, in order per
+    /// aggregate; run several for availability.
+    Relay(relay::RelayArgs),
+    /// Inspect the outbox; replay or discard dead rows.
+    #[command(subcommand)]
+    Outbox(outbox::OutboxCommand),
+    /// Probe any HTTP endpoint from the outside: is it really idempotent?
+    /// Exit 0 when every selected probe passes, 1 when one fails, 2 when
+    /// the check cannot run.
+    Check(idem_check::CheckArgs),
+}
+
+/// Parses the command line, sets up logging and runs the command; the
+/// process's exit status comes back.
+pub async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(err) = init_logs(cli.log_format, &cli.log) {
+        eprintln!("idem: {}", crate::error::error_chain(&err));
+        return ExitCode::from(2);
+    }
+    let result = match cli.command {
+        Command::Serve(args) => serve::run(args).await,
+        Command::Demo(args) => demo::run(args).await,
+        Command::Migrate(args) => migrate::run(args).await,
+        Command::Records(command) => records::run(command).await,
+        Command::Relay(args) => relay::run(args).await,
+        Command::Outbox(command) => outbox::run(command).await,
+        Command::Check(args) => return idem_check::main(args).await,
+        Command::Cleanup(args) => match cleanup::run(args).await {
+            // Interrupted: the conventional SIGINT status, so cron and
+            // scripts can tell it did not finish.
+            Ok(false) => return ExitCode::from(130),
+            other => other.map(|_| ()),
+        },
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("idem: {}", crate::error::error_chain(&err));
+            ExitCode::from(err.exit_code())
+        }
+    }
+}
+
+fn init_logs(format: LogFormat, filter: &str) -> Result<(), GatewayError> {
+    let targets: tracing_subscriber::filter::Targets = filter
+        .parse()
+        .map_err(|e| GatewayError::Invalid(format!("--log / IDEM_LOG {filter:?}: {e}")))?;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let registry = tracing_subscriber::registry().with(targets);
+    match format {
+        LogFormat::Text => registry
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .init(),
+        LogFormat::Json => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_writer(std::io::stderr),
+            )
+            .init(),
+    }
+    Ok(())
+}

@@ -1,0 +1,158 @@
+//! [`GatewayError`]: everything the `idem` binary can fail with, each
+//! cause kept as its source, and [`error_chain`], the one way the binary
+//! renders an error and its causes on one line.
+//!
+//! ```
+//! use idem_gateway::error::{GatewayError, error_chain};
+//!
+//! let io = std::io::Error::other("disk full");
+//! let err = GatewayError::io("cannot write the hash secret idem.db.secret", io);
+//! assert_eq!(error_chain(&err), "cannot write the hash secret idem.db.secret: disk full");
+//! ```
+
+use std::net::SocketAddr;
+
+use crate::config::ConfigError;
+
+/// What went wrong in a command of the `idem` binary. Displayed alone it
+/// says what failed; [`error_chain`] adds its causes. A command that fails
+/// exits with status 1 (see [`GatewayError::exit_code`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GatewayError {
+    /// The configuration (file, flags or environment) is wrong; the
+    /// message names the file, line, key, value and reason.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A value given on the command line or in a request file cannot be
+    /// used; the message names the flag and what was expected.
+    #[error("{0}")]
+    Invalid(String),
+    /// A parameter of an operator's request (an answer recorded by hand)
+    /// cannot be used.
+    #[error(transparent)]
+    Answer(#[from] crate::records::InvalidParameter),
+    /// A store URL that cannot be understood, or a store that cannot be
+    /// used as asked (no such database file, no shared hash secret).
+    #[error("{0}")]
+    StoreUrl(String),
+    /// A store operation failed.
+    #[error(transparent)]
+    Store(#[from] idem::StoreError),
+    /// An operator action on a record was refused or failed.
+    #[error(transparent)]
+    Operator(#[from] idem::operator::OperatorError),
+    /// The embedded store's URL cannot be used.
+    #[error(transparent)]
+    Sqlite(#[from] idem_sqlite::SqliteError),
+    /// The embedded store failed to open.
+    #[error("store {url}")]
+    SqliteOpen {
+        /// The store URL.
+        url: String,
+        /// Why.
+        #[source]
+        source: idem_sqlite::SqliteError,
+    },
+    /// PostgreSQL failed (connect, migrate, a query of the outbox).
+    #[error(transparent)]
+    Postgres(#[from] idem_postgres::PgError),
+    /// The outbox could not be read or changed.
+    #[error(transparent)]
+    Outbox(#[from] idem_postgres::MessagingError),
+    /// Redis failed (connect, parse its URL).
+    #[error(transparent)]
+    Redis(#[from] idem_redis::RedisError),
+    /// A message broker failed or refused.
+    #[error(transparent)]
+    Publish(#[from] idem_messaging::PublishError),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}{}", if *.admin { " (admin)" } else { "" })]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// Whether it is the admin listener.
+        admin: bool,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file, socket or terminal failed.
+    #[error("{context}")]
+    Io {
+        /// What was being done, naming the file where there is one.
+        context: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `idem demo` saw a payment charged twice, or another answer than
+    /// the contract's.
+    #[error("the demo found a problem: {0}")]
+    DemoFailed(String),
+    /// A background task the command waited for panicked or was cancelled.
+    #[error("{context}")]
+    Task {
+        /// What the task was doing.
+        context: String,
+        /// Why.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+}
+
+impl GatewayError {
+    /// A file, socket or terminal failure while doing `context`.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// The process exit status for this error: 1 for every failure (2 is
+    /// kept for a command line that cannot even be read, 130 for an
+    /// interrupted command).
+    pub fn exit_code(&self) -> u8 {
+        1
+    }
+}
+
+/// An error and its causes on one line, each cause once (a cause whose
+/// text its parent already carries is not repeated).
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        let s = e.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cur = e.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chain_names_each_cause_once() {
+        let err = GatewayError::Listen {
+            addr: "127.0.0.1:9090".parse().expect("an address"),
+            admin: true,
+            source: std::io::Error::new(std::io::ErrorKind::AddrInUse, "address in use"),
+        };
+        assert_eq!(
+            error_chain(&err),
+            "cannot listen on 127.0.0.1:9090 (admin): address in use"
+        );
+        let transparent = GatewayError::Store(idem::StoreError::unavailable("down"));
+        assert_eq!(
+            error_chain(&transparent),
+            idem::StoreError::unavailable("down").to_string()
+        );
+    }
+}

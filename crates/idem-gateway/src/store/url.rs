@@ -1,0 +1,198 @@
+//! [`StoreUrl`]: the only code that knows the store URL schemes, what
+//! each backend needs to be opened, and how its hashes are keyed.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use idem::HashSecret;
+use idem::{DynStore, MemoryStore, Tiered};
+use idem_http::Hashing;
+use idem_postgres::{PgOptions, PgStore};
+use idem_redis::{RedisOptions, RedisStore};
+use idem_sqlite::SqliteStore;
+
+use idem::store::redact_url as redact;
+
+use super::hashing::embedded_secret;
+use crate::error::GatewayError;
+
+/// A store URL, understood but not yet connected.
+#[derive(Debug, Clone)]
+pub enum StoreUrl {
+    /// `sqlite://…`.
+    Sqlite(String),
+    /// `memory://`.
+    Memory,
+    /// `postgres://…`.
+    Postgres(Box<PgOptions>),
+    /// `redis://…`.
+    Redis(Box<RedisOptions>),
+    /// `tiered:redis://…,postgres://…`.
+    Tiered(Box<RedisOptions>, Box<PgOptions>),
+}
+
+impl StoreUrl {
+    /// Parses a store URL; the error is one line, password redacted.
+    pub fn parse(url: &str) -> Result<Self, GatewayError> {
+        if let Some(rest) = url.strip_prefix("tiered:") {
+            let (fast, durable) = rest.split_once(',').ok_or_else(|| {
+                GatewayError::StoreUrl(format!(
+                    "store {}: write tiered:redis://…,postgres://…",
+                    redact_tiered(url)
+                ))
+            })?;
+            let fast = RedisOptions::from_url(fast.trim())?;
+            let durable = PgOptions::from_url(durable.trim())?;
+            return Ok(Self::Tiered(Box::new(fast), Box::new(durable)));
+        }
+        let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
+        match scheme {
+            "sqlite" => Ok(Self::Sqlite(url.to_owned())),
+            "memory" => Ok(Self::Memory),
+            "postgres" | "postgresql" => PgOptions::from_url(url)
+                .map(|o| Self::Postgres(Box::new(o)))
+                .map_err(GatewayError::from),
+            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => RedisOptions::from_url(url)
+                .map(|o| Self::Redis(Box::new(o)))
+                .map_err(GatewayError::from),
+            _ => Err(GatewayError::StoreUrl(format!(
+                "store {}: unknown store URL scheme {scheme:?}; expected sqlite://, postgres://, redis://, tiered:redis://…,postgres://… or memory://",
+                redact(url)
+            ))),
+        }
+    }
+
+    /// The backend's name: `sqlite`, `memory`, `postgres`, `redis`, `tiered`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Sqlite(_) => "sqlite",
+            Self::Memory => "memory",
+            Self::Postgres(_) => "postgres",
+            Self::Redis(_) => "redis",
+            Self::Tiered(..) => "tiered",
+        }
+    }
+
+    /// The same store, opened only if it already exists: an SQLite file
+    /// that is not there is an error (instead of a new empty database), and
+    /// a PostgreSQL schema is not migrated. For operator commands.
+    pub fn existing(self) -> Result<Self, GatewayError> {
+        Ok(match self {
+            Self::Sqlite(url) => {
+                let opts = idem_sqlite::SqliteOptions::from_url(&url)?;
+                if !opts.path().is_file() {
+                    return Err(GatewayError::StoreUrl(format!(
+                        "{url}: no database file at {} (idem serve creates it; check the path)",
+                        opts.path().display()
+                    )));
+                }
+                Self::Sqlite(url)
+            }
+            Self::Postgres(o) => Self::Postgres(Box::new((*o).with_migrate(false))),
+            Self::Tiered(fast, durable) => {
+                Self::Tiered(fast, Box::new((*durable).with_migrate(false)))
+            }
+            other => other,
+        })
+    }
+
+    /// Whether listing the store's records is cheap enough for the
+    /// stuck-record monitor to run by default: not on Redis alone, where a
+    /// listing scans every key (the tiered store lists through PostgreSQL).
+    pub fn lists_cheaply(&self) -> bool {
+        !matches!(self, Self::Redis(_))
+    }
+
+    /// Whether the store is a server that may come and go (retried), as
+    /// opposed to a file or memory (opened once, fatal on error).
+    pub fn is_remote(&self) -> bool {
+        matches!(self, Self::Postgres(_) | Self::Redis(_) | Self::Tiered(..))
+    }
+
+    /// How this store's tenants and fingerprints are hashed, given the
+    /// configured secret (see [`Hashing`]):
+    ///
+    /// * a configured secret keys them;
+    /// * the embedded store keeps a secret of its own beside its
+    ///   database (`<file>.secret`, mode 0600), made at first start;
+    /// * `memory://` makes one per process (its records die with it);
+    /// * a shared store refuses to start without one: gateways that share
+    ///   a store must share the secret, or none finds the others' records.
+    ///
+    /// `accept_v1_until` (or a secret made beside a database that already
+    /// held records: the longest `retention` from now) keeps finding
+    /// records written before keyed hashing until then.
+    pub fn hashing(
+        &self,
+        secret: Option<Arc<HashSecret>>,
+        accept_v1_until: Option<SystemTime>,
+        retention: Duration,
+    ) -> Result<Hashing, GatewayError> {
+        let (secret, until) = match (secret, self) {
+            (Some(secret), _) => (secret, accept_v1_until),
+            (None, Self::Memory) => (Arc::new(HashSecret::generate().0), None),
+            (None, Self::Sqlite(url)) => {
+                let opts = idem_sqlite::SqliteOptions::from_url(url)?;
+                let (secret, until) = embedded_secret(opts.path(), retention)?;
+                (secret, accept_v1_until.or(until))
+            }
+            (None, shared) => {
+                return Err(GatewayError::StoreUrl(format!(
+                    "a {} store is shared by every gateway that uses it, and they must share one hash secret for tenants and fingerprints: set {} (openssl rand -hex 32) or hash_secret_file in the config file. Upgrading a store that already holds records? Also set accept_v1_until = \"{}\" (now plus the longest retention) so their retries still find them",
+                    shared.kind(),
+                    crate::config::HASH_SECRET_ENV,
+                    humantime::format_rfc3339_seconds(SystemTime::now() + retention),
+                )));
+            }
+        };
+        let hashing = Hashing::keyed(secret);
+        Ok(match until {
+            Some(until) if SystemTime::now() < until => {
+                tracing::info!(until = %humantime::format_rfc3339_seconds(until), "records written before keyed hashing are looked for until then (one extra store read per new key)");
+                hashing.with_earlier_until(until)
+            }
+            _ => hashing,
+        })
+    }
+
+    /// Connects (and, for PostgreSQL, migrates unless `migrate=false`).
+    pub async fn connect(&self) -> Result<DynStore, GatewayError> {
+        match self {
+            Self::Sqlite(url) => {
+                let url = url.clone();
+                tokio::task::spawn_blocking(move || {
+                    SqliteStore::open_url(&url)
+                        .map(DynStore::new)
+                        .map_err(|source| GatewayError::SqliteOpen { url, source })
+                })
+                .await
+                .map_err(|source| GatewayError::Task {
+                    context: "opening the store failed".to_owned(),
+                    source,
+                })?
+            }
+            Self::Memory => Ok(DynStore::new(MemoryStore::new())),
+            Self::Postgres(o) => PgStore::connect_with((**o).clone())
+                .await
+                .map(|store| {
+                    crate::metrics::watch_group_commit(&store);
+                    DynStore::new(store)
+                })
+                .map_err(GatewayError::from),
+            Self::Redis(o) => RedisStore::connect_with((**o).clone())
+                .await
+                .map(DynStore::new)
+                .map_err(GatewayError::from),
+            Self::Tiered(fast, durable) => {
+                let durable = PgStore::connect_with((**durable).clone()).await?;
+                let fast = RedisStore::connect_with((**fast).clone()).await?;
+                crate::metrics::watch_group_commit(&durable);
+                Ok(DynStore::new(Tiered::new(fast, durable)))
+            }
+        }
+    }
+}
+
+fn redact_tiered(url: &str) -> String {
+    url.split(',').map(redact).collect::<Vec<_>>().join(",")
+}
