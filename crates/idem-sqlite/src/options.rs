@@ -9,6 +9,9 @@ use idem::store::backend::{QueryOption, QueryOptionError, QueryOptions};
 use crate::error::SqliteError;
 
 /// The options a store URL may carry.
+/// The longest busy time-out SQLite takes (an `int` of milliseconds).
+pub(crate) const MAX_BUSY_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
+
 const KNOWN: [&str; 4] = ["synchronous", "max_batch", "readers", "busy_timeout_ms"];
 
 /// How commits reach the disk.
@@ -107,7 +110,16 @@ impl SqliteOptions {
             }
             "max_batch" => self.max_batch = option.positive_usize()?,
             "readers" => self.readers = option.positive_usize()?,
-            "busy_timeout_ms" => self.busy_timeout = option.positive_millis()?,
+            "busy_timeout_ms" => {
+                let timeout = option.positive_millis()?;
+                if timeout > MAX_BUSY_TIMEOUT {
+                    return Err(option.invalid_value(format!(
+                        "at most {} (SQLite's limit, about 24 days)",
+                        MAX_BUSY_TIMEOUT.as_millis()
+                    )));
+                }
+                self.busy_timeout = timeout;
+            }
             _ => return Err(option.unknown(&KNOWN)),
         }
         Ok(())
@@ -159,9 +171,10 @@ impl SqliteOptions {
         self.busy_timeout
     }
 
-    /// Sets how long to wait for a lock held by another process.
+    /// Sets how long to wait for a lock held by another process (at most
+    /// about 24 days, SQLite's limit; a longer one is cut to it).
     pub fn with_busy_timeout(mut self, timeout: Duration) -> Self {
-        self.busy_timeout = timeout;
+        self.busy_timeout = timeout.min(MAX_BUSY_TIMEOUT);
         self
     }
 
@@ -197,6 +210,12 @@ mod tests {
     }
 
     #[test]
+    fn busy_timeouts_past_sqlites_limit_are_cut_to_it() {
+        let o = SqliteOptions::new("x.db").with_busy_timeout(Duration::MAX);
+        assert_eq!(o.busy_timeout(), MAX_BUSY_TIMEOUT);
+    }
+
+    #[test]
     fn bad_urls_say_what_is_wrong() {
         for (url, needle) in [
             ("postgres://x", "must start with sqlite://"),
@@ -207,6 +226,12 @@ mod tests {
             ("sqlite://x.db?synchronous=off", "full or normal"),
             ("sqlite://x.db?fast", "has no value"),
             ("sqlite://x.db?colour=blue", "unknown option"),
+            // SQLite takes a busy time-out in an int of milliseconds;
+            // rusqlite panics past it.
+            (
+                "sqlite://x.db?busy_timeout_ms=2147483648",
+                "at most 2147483647",
+            ),
         ] {
             let err = SqliteOptions::from_url(url).expect_err(url).to_string();
             assert!(err.contains(needle), "{url}: {err}");

@@ -280,6 +280,12 @@ impl<'a> QueryOption<'a> {
             .ok_or_else(|| self.invalid(value, "a positive integer".to_owned()))
     }
 
+    /// Its value refused by a rule of the store's own: `expected` says what
+    /// it must be.
+    pub fn invalid_value(&self, expected: String) -> QueryOptionError {
+        self.invalid(self.value().unwrap_or(""), expected)
+    }
+
     fn invalid(&self, value: &str, expected: String) -> QueryOptionError {
         QueryOptionError::Invalid {
             name: self.name.to_owned(),
