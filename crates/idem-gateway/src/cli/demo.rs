@@ -273,7 +273,7 @@ pub(super) async fn run(args: DemoArgs) -> Result<(), GatewayError> {
     let store = args
         .store
         .clone()
-        .unwrap_or_else(|| format!("sqlite://{}", temp_db.display()));
+        .unwrap_or_else(|| crate::store::StoreUrl::embedded(&temp_db));
     // The demo's gateway is configured as a user would: a file (here, its
     // text) and flags; everything else takes the defaults.
     let settings = crate::config::parse(

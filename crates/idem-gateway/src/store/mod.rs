@@ -243,6 +243,11 @@ mod tests {
             StoreUrl::parse("sqlite://idem.db"),
             Ok(StoreUrl::Sqlite(_))
         ));
+        let embedded = StoreUrl::embedded(std::path::Path::new("/tmp/idem demo.db"));
+        assert!(
+            matches!(StoreUrl::parse(&embedded), Ok(StoreUrl::Sqlite(ref u)) if *u == embedded),
+            "{embedded}"
+        );
         assert!(matches!(StoreUrl::parse("memory://"), Ok(StoreUrl::Memory)));
         assert!(matches!(
             StoreUrl::parse("postgres://u@127.0.0.1/test"),

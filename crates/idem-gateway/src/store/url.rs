@@ -62,6 +62,11 @@ impl StoreUrl {
         }
     }
 
+    /// The URL of the embedded store in the database file `path`.
+    pub fn embedded(path: &std::path::Path) -> String {
+        format!("sqlite://{}", path.display())
+    }
+
     /// The backend's name: `sqlite`, `memory`, `postgres`, `redis`, `tiered`.
     pub fn kind(&self) -> &'static str {
         match self {
