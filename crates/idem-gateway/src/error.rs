@@ -16,7 +16,8 @@ use crate::config::ConfigError;
 
 /// What went wrong in a command of the `idem` binary. Displayed alone it
 /// says what failed; [`error_chain`] adds its causes. A command that fails
-/// exits with status 1 (see [`GatewayError::exit_code`]).
+/// with one exits with status 1 (2 is kept for a command line that cannot
+/// even be read, 130 for an interrupted command).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GatewayError {
@@ -108,13 +109,6 @@ impl GatewayError {
             context: context.into(),
             source,
         }
-    }
-
-    /// The process exit status for this error: 1 for every failure (2 is
-    /// kept for a command line that cannot even be read, 130 for an
-    /// interrupted command).
-    pub fn exit_code(&self) -> u8 {
-        1
     }
 }
 

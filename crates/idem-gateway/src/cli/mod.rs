@@ -94,7 +94,7 @@ pub async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("idem: {}", crate::error::error_chain(&err));
-            ExitCode::from(err.exit_code())
+            ExitCode::FAILURE
         }
     }
 }
