@@ -106,6 +106,35 @@ impl PathPattern {
         parts.next().is_none()
     }
 
+    /// Whether every path `other` matches is also matched by this pattern
+    /// (same number of segments; each of ours a parameter or the same
+    /// literal, compared regardless of ASCII case when `ignore_case`). A
+    /// route whose pattern an earlier route of the same method covers can
+    /// never be chosen, because the first match wins.
+    ///
+    /// ```
+    /// use idem_http::PathPattern;
+    /// let any = PathPattern::parse("/v1/orders/{id}")?;
+    /// let one = PathPattern::parse("/v1/orders/refunds")?;
+    /// assert!(any.covers(&one, false));
+    /// assert!(!one.covers(&any, false));
+    /// # Ok::<(), idem_http::PatternError>(())
+    /// ```
+    pub fn covers(&self, other: &PathPattern, ignore_case: bool) -> bool {
+        self.segments.len() == other.segments.len()
+            && self
+                .segments
+                .iter()
+                .zip(&other.segments)
+                .all(|pair| match pair {
+                    (Segment::Param(_), _) => true,
+                    (Segment::Literal(a), Segment::Literal(b)) => {
+                        a == b || (ignore_case && a.eq_ignore_ascii_case(b))
+                    }
+                    (Segment::Literal(_), Segment::Param(_)) => false,
+                })
+    }
+
     /// The pattern as written.
     pub fn as_str(&self) -> &str {
         &self.text

@@ -198,7 +198,8 @@ impl Routes {
         self
     }
 
-    /// Adds a route (first match wins).
+    /// Adds a route (first match wins). A route that an earlier one
+    /// [shadows](Self::shadowing) is refused: it could never be chosen.
     pub fn route(
         mut self,
         method: Method,
@@ -206,6 +207,12 @@ impl Routes {
         policy: RoutePolicy,
     ) -> Result<Self, PatternError> {
         let pattern = PathPattern::parse(pattern)?;
+        if self.shadowing(&method, &pattern).is_some() {
+            return Err(PatternError {
+                pattern: pattern.as_str().to_owned(),
+                reason: "an earlier route of the same method matches every path this one does, so this one would never be chosen (the first match wins)",
+            });
+        }
         if let Some(lookup) = &policy.lookup
             && lookup
                 .params()
@@ -223,6 +230,16 @@ impl Routes {
             policy: Arc::new(policy),
         });
         Ok(self)
+    }
+
+    /// The index of the earlier route that would take every request a
+    /// route `method pattern` would match, if there is one: such a route is
+    /// unreachable. (A configuration error to report with its line: the
+    /// gateway asks before [`route`](Self::route) refuses it.)
+    pub fn shadowing(&self, method: &Method, pattern: &PathPattern) -> Option<usize> {
+        self.routes
+            .iter()
+            .position(|r| r.method == method && r.pattern.covers(pattern, self.ignore_case))
     }
 
     /// The default policy.
@@ -314,6 +331,45 @@ mod tests {
         assert_eq!(p.param_names().collect::<Vec<_>>(), ["id"]);
         assert_eq!(p.param("id", "/v1/orders/42/capture"), Some("42"));
         assert_eq!(p.param("other", "/v1/orders/42/capture"), None);
+    }
+
+    #[test]
+    fn a_route_that_an_earlier_one_shadows_is_refused() {
+        let p = RoutePolicy::default;
+        let routes = Routes::default()
+            .route(Method::POST, "/v1/orders/{id}", p())
+            .expect("valid");
+        // Same method, and every path it matches the first takes.
+        for shadowed in [
+            "/v1/orders/{id}",
+            "/v1/orders/{other}",
+            "/v1/orders/refunds",
+        ] {
+            let err = routes
+                .clone()
+                .route(Method::POST, shadowed, p())
+                .expect_err(shadowed);
+            assert!(err.to_string().contains("never be chosen"), "{err}");
+            let pattern = PathPattern::parse(shadowed).expect("valid");
+            assert_eq!(routes.shadowing(&Method::POST, &pattern), Some(0));
+        }
+        // Another method, another length, or a narrower earlier route: reachable.
+        let routes = routes
+            .route(Method::PUT, "/v1/orders/{id}", p())
+            .and_then(|r| r.route(Method::POST, "/v1/orders/{id}/capture", p()))
+            .and_then(|r| r.route(Method::POST, "/v1/refunds/{id}", p()))
+            .expect("reachable");
+        let specific_first = Routes::default()
+            .route(Method::POST, "/v1/orders/refunds", p())
+            .and_then(|r| r.route(Method::POST, "/v1/orders/{id}", p()));
+        assert!(specific_first.is_ok());
+        // Case-insensitive tables compare literals regardless of case.
+        let ci = Routes::default()
+            .with_ignore_case(true)
+            .route(Method::POST, "/v1/Payments", p())
+            .expect("valid");
+        assert!(ci.route(Method::POST, "/v1/payments", p()).is_err());
+        assert_eq!(routes.labels().count(), 6);
     }
 
     #[test]

@@ -7,7 +7,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use http::Method;
 use idem_http::{PathPattern, RoutePolicy, Routes, TenantSource};
 use toml::Spanned;
 
@@ -29,12 +28,12 @@ pub use settings::{
     CacheSettings, CleanupSettings, LimitsSettings, MonitorSettings, Overrides, SealSettings,
     Settings,
 };
-pub use values::{Refused, parse_size};
+pub use values::{Refused, log_filter, parse_size};
 
 use file::{CacheConfig, CleanupConfig, FileConfig, LimitsConfig, MonitorConfig, Source};
 use policy::{apply, lookup, tenant_source};
 use secrets::{admin_token, exposed, hash_secret, seal_keys};
-use values::{duration, located, parse_addr, parse_upstream, positive, whole};
+use values::{duration, located, parse_addr, parse_method, parse_upstream, positive, whole};
 
 /// Loads and validates: the file (if any), then the overrides.
 pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, ConfigError> {
@@ -191,12 +190,26 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         let method = r.method.as_ref().ok_or_else(|| {
             ConfigError::new(format!("{}: {at} has no method", src.file.display()))
         })?;
-        let m = Method::from_bytes(method.get_ref().to_ascii_uppercase().as_bytes())
-            .map_err(|_| src.error(&format!("{at}.method"), method, "not an HTTP method"))?;
+        let m = parse_method(method.get_ref())
+            .map_err(|why| src.error(&format!("{at}.method"), method, why))?;
         let path = r
             .path
             .as_ref()
             .ok_or_else(|| ConfigError::new(format!("{}: {at} has no path", src.file.display())))?;
+        if let Ok(pattern) = PathPattern::parse(path.get_ref())
+            && let Some(earlier) = routes.shadowing(&m, &pattern)
+        {
+            let first = &file.route[earlier];
+            return Err(src.error(
+                &format!("{at}.path"),
+                path,
+                format!(
+                    "this route is never chosen: route[{earlier}] (line {}, {m} {:?}) comes first and matches every path it does; remove this one, or move it above route[{earlier}] if it is meant to be the more specific",
+                    first.path.as_ref().map_or(0, |p| src.line(p.span())),
+                    first.path.as_ref().map_or("", |p| p.get_ref().as_str()),
+                ),
+            ));
+        }
         let mut policy = apply(src, &at, r, defaults.clone())?;
         if let Some(rc) = &r.reconcile {
             let at = format!("{at}.reconcile");
@@ -408,7 +421,7 @@ fn jobs(
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderName, StatusCode};
+    use http::{HeaderName, Method, StatusCode};
     use idem::{FailMode, InFlight, LeaseExpiry};
     use idem_http::MissingTenant;
 
@@ -690,6 +703,26 @@ on_store_error = "open"
                 "idem.toml:3: route[0].method = \"P OST\": not an HTTP method",
             ),
             (
+                "upstream = \"http://x:1\"\n[[route]]\nmethod = \"PSOT\"\npath = \"/v1\"\n",
+                "idem.toml:3: route[0].method = \"PSOT\": not an HTTP method (did you mean \"POST\"?)",
+            ),
+            (
+                "upstream = \"http://x:1\"\n[[route]]\nmethod = \"FROBNICATE\"\npath = \"/v1\"\n",
+                "idem.toml:3: route[0].method = \"FROBNICATE\": not an HTTP method",
+            ),
+            (
+                "upstream = \"http://x:1\"\n[[route]]\nmethod = \"POST\"\npath = \"/v1/p\"\n[[route]]\nmethod = \"post\"\npath = \"/v1/p\"\n",
+                "idem.toml:7: route[1].path = \"/v1/p\": this route is never chosen: route[0] (line 4, POST \"/v1/p\") comes first",
+            ),
+            (
+                "upstream = \"http://x:1\"\n[[route]]\nmethod = \"POST\"\npath = \"/v1/{id}\"\n[[route]]\nmethod = \"POST\"\npath = \"/v1/refunds\"\n",
+                "idem.toml:7: route[1].path = \"/v1/refunds\": this route is never chosen: route[0] (line 4, POST \"/v1/{id}\")",
+            ),
+            (
+                "upstream = \"http://x:1\"\nlisten = \"nosuchhost.invalid:8080\"\n",
+                "idem.toml:2: listen = \"nosuchhost.invalid:8080\": \"nosuchhost.invalid:8080\" is not an address like 127.0.0.1:8080 or localhost:8080 (\"nosuchhost.invalid\" does not resolve",
+            ),
+            (
                 "upstream = \"http://x:1\"\n[[route]]\npath = \"/v1\"\n",
                 "route[0] has no method",
             ),
@@ -740,6 +773,64 @@ on_store_error = "open"
                 err.starts_with(expected) || err.contains(expected),
                 "{text:?}\n got: {err}\nwant: {expected}"
             );
+        }
+    }
+
+    #[test]
+    fn listen_takes_a_host_name_and_routes_any_case_of_a_registered_method() {
+        let s = from_text(
+            "upstream = \"http://x:1\"\nlisten = \"localhost:8080\"\n[[route]]\nmethod = \"propfind\"\npath = \"/dav/{f}\"\n[[route]]\nmethod = \"POST\"\npath = \"/v1/refunds\"\n[[route]]\nmethod = \"POST\"\npath = \"/v1/{id}\"\n",
+        )
+        .expect("valid");
+        assert!(s.listen.ip().is_loopback(), "{}", s.listen);
+        assert_eq!(s.listen.port(), 8080);
+        let m = Method::from_bytes(b"PROPFIND").expect("method");
+        assert!(s.routes.matching(&m, "/dav/x").is_some());
+        // The specific route first, then the general one: both reachable.
+        assert_eq!(
+            s.routes
+                .matching(&Method::POST, "/v1/refunds")
+                .expect("route")
+                .index,
+            1
+        );
+        assert_eq!(
+            s.routes
+                .matching(&Method::POST, "/v1/7")
+                .expect("route")
+                .index,
+            2
+        );
+    }
+
+    #[test]
+    fn log_filters_are_levels_or_target_equals_level() {
+        for good in [
+            "info",
+            "WARN",
+            "warn,idem_http=debug",
+            "idem=trace, hyper=off",
+            "info,",
+        ] {
+            assert!(log_filter(good).is_ok(), "{good}");
+        }
+        for (bad, want) in [
+            ("inf0", "\"inf0\" is not a level (did you mean \"info\"?)"),
+            (
+                "idem_http",
+                "\"idem_http\" is not a level: write one of off, error, warn, info, debug, trace, or TARGET=LEVEL",
+            ),
+            (
+                "info,idem=verbose",
+                "\"idem=verbose\": \"verbose\" is not a level; write idem=LEVEL",
+            ),
+            (
+                "warn,idem=debgu",
+                "\"debgu\" is not a level (did you mean \"debug\"?)",
+            ),
+        ] {
+            let err = log_filter(bad).expect_err(bad);
+            assert!(err.to_string().contains(want), "{bad}: {err}");
         }
     }
 

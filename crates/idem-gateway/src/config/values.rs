@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use http::{HeaderName, Uri};
+use http::{HeaderName, Method, Uri};
 use toml::Spanned;
 
 use super::error::ConfigError;
@@ -75,9 +75,109 @@ pub(super) fn parse_upstream(text: &str) -> Result<Uri, Refused> {
     Ok(uri)
 }
 
+/// A listening address: `127.0.0.1:8080`, `[::1]:8080`, or a host name and
+/// port (`localhost:8080`), resolved once at start (IPv4 first, as most
+/// clients try it first).
 pub(super) fn parse_addr(text: &str) -> Result<SocketAddr, Refused> {
-    text.parse()
-        .map_err(|_| Refused(format!("{text:?} is not an address like 127.0.0.1:8080")))
+    use std::net::ToSocketAddrs;
+    if let Ok(addr) = text.parse() {
+        return Ok(addr);
+    }
+    let refused = |why: &str| {
+        Refused(format!(
+            "{text:?} is not an address like 127.0.0.1:8080 or localhost:8080{why}"
+        ))
+    };
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Err(refused(" (no port)"));
+    };
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return Err(refused(""));
+    }
+    let addrs: Vec<SocketAddr> = text
+        .to_socket_addrs()
+        .map_err(|e| refused(&format!(" ({host:?} does not resolve: {e})")))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| addrs.first())
+        .copied()
+        .ok_or_else(|| refused(&format!(" ({host:?} resolves to no address)")))
+}
+
+/// The HTTP methods IANA registers (RFC 9110 §16.1's registry, with
+/// WebDAV's, RFC 5789's PATCH and the QUERY draft's), the only ones a
+/// route may name: a typo such as `PSOT` would make a route that never
+/// matches, and every POST it meant to protect would pass unprotected.
+const METHODS: &[&str] = &[
+    "ACL",
+    "BASELINE-CONTROL",
+    "BIND",
+    "CHECKIN",
+    "CHECKOUT",
+    "CONNECT",
+    "COPY",
+    "DELETE",
+    "GET",
+    "HEAD",
+    "LABEL",
+    "LINK",
+    "LOCK",
+    "MERGE",
+    "MKACTIVITY",
+    "MKCALENDAR",
+    "MKCOL",
+    "MKREDIRECTREF",
+    "MKWORKSPACE",
+    "MOVE",
+    "OPTIONS",
+    "ORDERPATCH",
+    "PATCH",
+    "POST",
+    "PRI",
+    "PROPFIND",
+    "PROPPATCH",
+    "PUT",
+    "QUERY",
+    "REBIND",
+    "REPORT",
+    "SEARCH",
+    "TRACE",
+    "UNBIND",
+    "UNCHECKOUT",
+    "UNLINK",
+    "UNLOCK",
+    "UPDATE",
+    "UPDATEREDIRECTREF",
+    "VERSION-CONTROL",
+];
+
+/// A route's method, any case, refused unless registered; a near miss is
+/// named (`PSOT`: did you mean "POST"?).
+pub(super) fn parse_method(text: &str) -> Result<Method, Refused> {
+    let upper = text.trim().to_ascii_uppercase();
+    if METHODS.contains(&upper.as_str())
+        && let Ok(m) = Method::from_bytes(upper.as_bytes())
+    {
+        return Ok(m);
+    }
+    Err(Refused(format!(
+        "not an HTTP method{}",
+        did_you_mean(&upper, METHODS.iter().copied())
+    )))
+}
+
+/// `" (did you mean \"POST\"?)"` when one of `known` is within two edits
+/// of `word` (a transposition counts as one), else nothing.
+pub(crate) fn did_you_mean<'a>(word: &str, known: impl IntoIterator<Item = &'a str>) -> String {
+    known
+        .into_iter()
+        .map(|k| (strsim::damerau_levenshtein(word, k), k))
+        .filter(|(d, _)| *d <= 2 && *d < word.len())
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| format!(" (did you mean {k:?}?)"))
+        .unwrap_or_default()
 }
 
 pub(super) fn duration(
@@ -157,3 +257,45 @@ pub(super) fn header_names(
         })
         .collect()
 }
+
+/// The `--log` filter (`info`, `warn,idem_http=debug`), checked before it
+/// is used: a bare word must be a level, since tracing would read `inf0` as
+/// the name of a module to trace and then log nothing else at all.
+pub fn log_filter(text: &str) -> Result<tracing_subscriber::filter::Targets, Refused> {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    let is_level = |l: &str| l.parse::<tracing_subscriber::filter::LevelFilter>().is_ok();
+    for directive in text.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let (target, level) = match directive.split_once('=') {
+            Some((t, l)) => (Some(t.trim()), l.trim()),
+            None => (None, directive),
+        };
+        if !is_level(level) {
+            let hint = did_you_mean(&level.to_ascii_lowercase(), LEVELS);
+            return Err(Refused(match target {
+                Some(t) => format!(
+                    "{directive:?}: {level:?} is not a level{hint}; write {t}=LEVEL with LEVEL one of off, error, warn, info, debug, trace"
+                ),
+                None if hint.is_empty() => format!(
+                    "{directive:?} is not a level: write one of off, error, warn, info, debug, trace, or TARGET=LEVEL such as idem_http=debug"
+                ),
+                None => format!("{directive:?} is not a level{hint}"),
+            }));
+        }
+    }
+    // The NATS client logs every reconnect attempt at INFO; the relay says
+    // an outage once, in its own words. Its lines stay a target away.
+    let text = if text.contains(QUIET_CLIENT) {
+        text.to_owned()
+    } else {
+        format!("{text},{QUIET_CLIENT}=warn")
+    };
+    text.parse().map_err(|e| {
+        Refused(format!(
+            "{text:?} is not a log filter ({e}); write e.g. info or warn,idem_http=debug"
+        ))
+    })
+}
+
+/// The client library whose own event lines `--log` leaves out unless it
+/// names it (`--log info,async_nats=info`).
+const QUIET_CLIENT: &str = "async_nats";
