@@ -37,6 +37,9 @@ pub enum GatewayError {
     /// used as asked (no such database file, no shared hash secret).
     #[error("{0}")]
     StoreUrl(String),
+    /// The embedded store is already served by another gateway.
+    #[error("{0}")]
+    InUse(String),
     /// A store operation failed.
     #[error(transparent)]
     Store(#[from] idem::StoreError),
@@ -103,6 +106,18 @@ pub enum GatewayError {
 }
 
 impl GatewayError {
+    /// Whether the same step may succeed if tried again later: a store or
+    /// broker that is down or restarting, not one that refuses for good
+    /// (bad credentials, no such database) or a mistake in the command.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Postgres(err) => err.is_transient(),
+            Self::Redis(err) => err.is_transient(),
+            Self::Store(err) => err.is_transient(),
+            _ => false,
+        }
+    }
+
     /// A file, socket or terminal failure while doing `context`.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Self::Io {
@@ -119,7 +134,11 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
     let mut cur = err.source();
     while let Some(e) = cur {
         let s = e.to_string();
-        if !out.contains(&s) {
+        // A driver's wrapping of a message already said ("error returned
+        // from database: role \"x\" does not exist") adds only its label.
+        let said = |t: &str| out.contains(t);
+        let rewrapped = s.split_once(": ").is_some_and(|(_, rest)| said(rest));
+        if !said(&s) && !rewrapped {
             out.push_str(": ");
             out.push_str(&s);
         }

@@ -281,7 +281,7 @@ async fn run_batch<I, O, F, Fut>(
                 let _ = reply.send(Ok(Answer::Alone(None)));
             }
         }
-        Err(err) => answer_all(replies, &StoreError::from(PgError::Sqlx(err))),
+        Err(err) => answer_all(replies, &StoreError::from(PgError::from(err))),
     }
 }
 

@@ -56,12 +56,74 @@ pub enum PgError {
     /// made by someone else).
     #[error("reservation gave up after {0} rounds of concurrent changes to the same record")]
     Contention(u32),
+    /// The database has no idem tables yet (or not this one): the schema
+    /// was never migrated.
+    #[error("{}", not_migrated(.relation))]
+    NotMigrated {
+        /// The missing table, as PostgreSQL named it.
+        relation: String,
+        /// The driver's error.
+        #[source]
+        source: sqlx::Error,
+    },
     /// Any other driver error.
     #[error(transparent)]
-    Sqlx(#[from] sqlx::Error),
+    Sqlx(sqlx::Error),
+}
+
+/// Every driver error enters here, so that a missing idem table reads as
+/// the missing migration it is, whatever the query.
+impl From<sqlx::Error> for PgError {
+    fn from(source: sqlx::Error) -> Self {
+        match missing_idem_relation(&source) {
+            Some(relation) => Self::NotMigrated { relation, source },
+            None => Self::Sqlx(source),
+        }
+    }
+}
+
+/// The one message for a database without the idem schema: what is
+/// missing, and how to create it.
+fn not_migrated(relation: &str) -> String {
+    format!(
+        "the idem schema is not in this database (relation {relation:?} does not exist): create it once with `idem migrate --store URL` (or PgStore::migrate, or connect with migrate=true)"
+    )
+}
+
+/// The idem table an `undefined_table` (42P01) error names, if any: the
+/// sign of a schema never migrated. A missing table of the caller's own is
+/// not ours to explain.
+fn missing_idem_relation(err: &sqlx::Error) -> Option<String> {
+    let sqlx::Error::Database(db) = err else {
+        return None;
+    };
+    if db.code().as_deref() != Some("42P01") {
+        return None;
+    }
+    let message = db.message();
+    let relation = message.split('"').nth(1)?;
+    let table = relation.rsplit('.').next().unwrap_or(relation);
+    table.starts_with("idem_").then(|| relation.to_owned())
 }
 
 impl PgError {
+    /// Whether trying again later may succeed: the server is down, busy
+    /// or restarting, or the connection broke. Not for a refusal that
+    /// stays until someone changes something (bad credentials, no such
+    /// database, a schema never migrated or too new).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Connect { source: None, .. } | Self::Contention(_) => true,
+            Self::Connect {
+                source: Some(source),
+                ..
+            }
+            | Self::Migrate { source, .. }
+            | Self::Sqlx(source) => sqlx_is_transient(source),
+            _ => false,
+        }
+    }
+
     /// A connection failure, explained in one line.
     pub(crate) fn connect(url: &str, source: sqlx::Error) -> Self {
         Self::Connect {
@@ -95,10 +157,28 @@ pub enum MessagingError {
         /// Why.
         reason: String,
     },
+    /// The database has no idem tables yet: the schema was never migrated.
+    #[error("{}", not_migrated(.relation))]
+    NotMigrated {
+        /// The missing table, as PostgreSQL named it.
+        relation: String,
+        /// The driver's error.
+        #[source]
+        source: sqlx::Error,
+    },
     /// The database failed; the transaction should be rolled back and the
     /// message handled again later.
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
+}
+
+impl From<sqlx::Error> for MessagingError {
+    fn from(source: sqlx::Error) -> Self {
+        match missing_idem_relation(&source) {
+            Some(relation) => Self::NotMigrated { relation, source },
+            None => Self::Database(source),
+        }
+    }
 }
 
 impl MessagingError {
@@ -113,7 +193,7 @@ impl MessagingError {
     /// connection, a serialization failure, a deadlock).
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::InvalidMessage { .. } => false,
+            Self::InvalidMessage { .. } | Self::NotMigrated { .. } => false,
             Self::Database(sqlx::Error::Database(db)) => {
                 db.code().as_deref().is_some_and(transient_code)
             }
@@ -191,19 +271,7 @@ fn sqlx_is_corrupt(err: &sqlx::Error) -> bool {
 impl From<PgError> for StoreError {
     fn from(err: PgError) -> Self {
         match &err {
-            PgError::Connect { source: None, .. } | PgError::Contention(_) => {
-                StoreError::Unavailable(Box::new(err))
-            }
-            PgError::Connect {
-                source: Some(source),
-                ..
-            }
-            | PgError::Migrate { source, .. }
-            | PgError::Sqlx(source)
-                if sqlx_is_transient(source) =>
-            {
-                StoreError::Unavailable(Box::new(err))
-            }
+            _ if err.is_transient() => StoreError::Unavailable(Box::new(err)),
             PgError::Sqlx(source) if sqlx_is_corrupt(source) => StoreError::Corrupt(Box::new(err)),
             PgError::Corrupt(_) | PgError::SchemaTooNew { .. } => {
                 StoreError::Corrupt(Box::new(err))
@@ -215,7 +283,7 @@ impl From<PgError> for StoreError {
 
 /// A driver error as a [`StoreError`].
 pub(crate) fn to_store(err: sqlx::Error) -> StoreError {
-    PgError::Sqlx(err).into()
+    PgError::from(err).into()
 }
 
 #[cfg(test)]

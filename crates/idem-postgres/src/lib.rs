@@ -278,10 +278,12 @@ impl PgStore {
     /// many processes at once (they take turns on an advisory lock), and a
     /// no-op when the schema is current. Fails with
     /// [`PgError::SchemaTooNew`] if a newer idem migrated the database.
-    pub fn migrate(&self) -> impl Future<Output = Result<(), PgError>> + Send + '_ {
+    pub fn migrate(
+        &self,
+    ) -> impl Future<Output = Result<idem::store::Migrated, PgError>> + Send + '_ {
         // Boxed as `dyn Send` so the compiler checks `Send` here, with
         // concrete lifetimes: callers can spawn it (rust-lang/rust#102211).
-        let fut: Pin<Box<dyn Future<Output = Result<(), PgError>> + Send + '_>> =
+        let fut: Pin<Box<dyn Future<Output = Result<idem::store::Migrated, PgError>> + Send + '_>> =
             Box::pin(async move {
                 let conn = self.pool.acquire().await?;
                 schema::migrate(conn, self.schema.clone()).await

@@ -6,6 +6,7 @@
 //! (sqlx's `_sqlx_migrations`) never sees foreign versions, and no
 //! compile-time macro crate is needed.
 
+use idem::store::Migrated;
 use idem::{
     Fingerprint, IdempotencyKey, Lease, OwnerToken, Record, RecordState, Scope, StoredResponse,
     Timestamp,
@@ -58,8 +59,13 @@ const CREATE_VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migra
 pub(crate) async fn migrate(
     mut conn: PoolConnection<Postgres>,
     schema: Option<String>,
-) -> Result<(), PgError> {
+) -> Result<Migrated, PgError> {
     let mut tx = conn.begin().await?;
+    // `IF NOT EXISTS` on what exists is a NOTICE ("already exists,
+    // skipping"), which the driver logs: not news on a second run.
+    sqlx::query("SET LOCAL client_min_messages = warning")
+        .execute(&mut *tx)
+        .await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(MIGRATION_LOCK)
         .execute(&mut *tx)
@@ -97,7 +103,10 @@ pub(crate) async fn migrate(
             .map_err(failed)?;
     }
     tx.commit().await?;
-    Ok(())
+    Ok(Migrated {
+        from: found,
+        to: SCHEMA_VERSION,
+    })
 }
 
 /// A schema name as a quoted SQL identifier.

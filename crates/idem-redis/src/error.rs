@@ -79,14 +79,22 @@ fn is_transient(err: &redis::RedisError) -> bool {
 
 /// Transient conditions become [`StoreError::Unavailable`], unreadable
 /// records [`StoreError::Corrupt`], the rest [`StoreError::Backend`].
+impl RedisError {
+    /// Whether trying again later may succeed (the server is down,
+    /// loading, failing over, or the connection broke); not for a refusal
+    /// that stays, such as a wrong password.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Connect { source, .. } | Self::Redis(source) => is_transient(source),
+            _ => false,
+        }
+    }
+}
+
 impl From<RedisError> for StoreError {
     fn from(err: RedisError) -> Self {
         match &err {
-            RedisError::Connect { source, .. } | RedisError::Redis(source)
-                if is_transient(source) =>
-            {
-                StoreError::Unavailable(Box::new(err))
-            }
+            _ if err.is_transient() => StoreError::Unavailable(Box::new(err)),
             RedisError::Redis(source) if source.kind() == ErrorKind::TypeError => {
                 StoreError::Corrupt(Box::new(err))
             }

@@ -108,8 +108,9 @@ impl Inbox {
     }
 }
 
-/// Creates (or upgrades) the idem tables in `conn`'s database.
-pub fn migrate(conn: &mut Connection) -> Result<(), SqliteError> {
+/// Creates (or upgrades) the idem tables in `conn`'s database, and says
+/// what it did.
+pub fn migrate(conn: &mut Connection) -> Result<idem::store::Migrated, SqliteError> {
     crate::schema::migrate(conn)
 }
 

@@ -70,6 +70,7 @@ pub struct SqliteStore {
     reader_slots: Arc<Semaphore>,
     stats: Arc<Stats>,
     path: PathBuf,
+    migrated: idem::store::Migrated,
 }
 
 /// Group-commit counters since the store was opened.
@@ -103,7 +104,7 @@ impl SqliteStore {
         };
         create_private(opts.path()).map_err(opened)?;
         let mut conn = open_connection(&opts, true).map_err(opened)?;
-        schema::migrate(&mut conn).map_err(opened)?;
+        let migrated = schema::migrate(&mut conn).map_err(opened)?;
         conn.pragma_update(
             None,
             "wal_autocheckpoint",
@@ -136,7 +137,13 @@ impl SqliteStore {
             readers: Arc::new(Mutex::new(readers)),
             stats,
             path: opts.path().to_path_buf(),
+            migrated,
         })
+    }
+
+    /// What opening did to the schema (opening migrates it).
+    pub fn migrated(&self) -> idem::store::Migrated {
+        self.migrated
     }
 
     /// The database file.

@@ -1,5 +1,6 @@
 //! Schema migrations, named queries and row mapping.
 
+use idem::store::Migrated;
 use idem::{
     Fingerprint, IdempotencyKey, Lease, OwnerToken, Record, RecordState, Scope, StoredResponse,
     Timestamp,
@@ -20,7 +21,7 @@ pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// Brings the database to [`SCHEMA_VERSION`], in one write transaction so
 /// that concurrent openers serialise and a failed migration leaves nothing
 /// half-done.
-pub(crate) fn migrate(conn: &mut Connection) -> Result<(), SqliteError> {
+pub(crate) fn migrate(conn: &mut Connection) -> Result<Migrated, SqliteError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let found: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     if found > SCHEMA_VERSION {
@@ -38,7 +39,10 @@ pub(crate) fn migrate(conn: &mut Connection) -> Result<(), SqliteError> {
         tx.pragma_update(None, "user_version", i as i64 + 1)?;
     }
     tx.commit()?;
-    Ok(())
+    Ok(Migrated {
+        from: found,
+        to: SCHEMA_VERSION,
+    })
 }
 
 const COLUMNS: &str = "tenant, operation, key, fingerprint, state, created_at, updated_at, \

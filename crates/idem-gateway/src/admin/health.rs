@@ -16,7 +16,8 @@ pub(super) async fn readyz(State(state): State<AdminState>) -> Response {
         Ok(_) => (StatusCode::OK, "ready\n").into_response(),
         Err(err) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("store unavailable: {}\n", error_chain(&err)),
+            // The error says what is unavailable, once.
+            format!("not ready: {}\n", error_chain(&err)),
         )
             .into_response(),
     }

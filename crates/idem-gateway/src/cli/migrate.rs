@@ -2,6 +2,7 @@
 
 use idem::store::redact_url as redact;
 use idem_postgres::PgStore;
+use idem_sqlite::SqliteStore;
 
 use super::records::StoreArg;
 use crate::error::GatewayError;
@@ -20,13 +21,25 @@ pub(super) async fn run(args: MigrateArgs) -> Result<(), GatewayError> {
     let url = &args.store.store;
     let done = match StoreUrl::parse(url)? {
         StoreUrl::Sqlite(u) => {
-            // Opening applies the migrations.
-            StoreUrl::Sqlite(u.clone()).connect().await?;
-            format!("{u}: schema up to date")
+            // Opening migrates; a file that is not there yet is created.
+            let opened = u.clone();
+            let store = tokio::task::spawn_blocking(move || SqliteStore::open_url(&opened))
+                .await
+                .map_err(|source| GatewayError::Task {
+                    context: "opening the store failed".to_owned(),
+                    source,
+                })?
+                .map_err(|source| GatewayError::SqliteOpen {
+                    url: u.clone(),
+                    source,
+                })?;
+            format!("{u}: {}", store.migrated())
         }
         StoreUrl::Postgres(o) | StoreUrl::Tiered(_, o) => {
-            PgStore::connect_with((*o).with_migrate(true)).await?;
-            format!("{}: schema up to date", redact(url))
+            let store = PgStore::connect_with((*o).with_migrate(false)).await?;
+            let migrated = store.migrate().await?;
+            store.close().await;
+            format!("{}: {migrated}", redact(url))
         }
         StoreUrl::Redis(_) => format!("{}: Redis keeps no schema; nothing to migrate", redact(url)),
         StoreUrl::Memory => "memory://: nothing to migrate".to_owned(),

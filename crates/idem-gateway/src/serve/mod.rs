@@ -32,7 +32,7 @@ use crate::config::LimitsSettings;
 use crate::config::Settings;
 use crate::error::GatewayError;
 use crate::proxy::{Proxy, ProxyBody};
-use crate::store::{GatewayStore, StoreUrl};
+use crate::store::{GatewayStore, ServingLock, StoreUrl};
 use idem::metrics::CONNECTIONS_REFUSED_TOTAL;
 
 /// How often an HTTP/2 client is pinged, and how long its answer may take.
@@ -57,6 +57,8 @@ pub struct Server {
     store: GatewayStore,
     admin_router: axum::Router,
     settings: Settings,
+    /// Held while serving an embedded database (one gateway per file).
+    _lock: Option<ServingLock>,
 }
 
 /// Opens the store and binds both listeners; errors name what failed.
@@ -73,6 +75,7 @@ pub async fn bind(settings: &Settings) -> Result<Server, GatewayError> {
     let url = StoreUrl::parse(&settings.store)?;
     let mut settings = settings.clone();
     settings.monitor.enabled = Some(settings.monitor.enabled.unwrap_or(url.lists_cheaply()));
+    let lock = url.serving_lock()?;
     let hashing = url.hashing(
         settings.hash_secret.clone(),
         settings.accept_v1_until,
@@ -125,6 +128,7 @@ pub async fn bind(settings: &Settings) -> Result<Server, GatewayError> {
         store,
         admin_router,
         settings,
+        _lock: lock,
     })
 }
 
@@ -150,6 +154,7 @@ impl Server {
             store,
             admin_router,
             settings,
+            _lock: lock,
         } = self;
         let grace = settings.shutdown_grace;
         let limits = settings.limits;
@@ -252,6 +257,8 @@ impl Server {
         drop(gateway);
         // The last handle: dropping it closes the store (SQLite finishes its queue).
         drop(store);
+        // Only then may another gateway serve the file.
+        drop(lock);
     }
 }
 

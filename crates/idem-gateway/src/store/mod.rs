@@ -9,14 +9,18 @@
 //! | `memory://` | in process, nothing survives (tests, demos) |
 //!
 //! A URL that cannot be understood, or an embedded file that cannot be
-//! opened, stops the gateway at start with one line. A server that cannot
-//! be reached does not: the gateway starts, `/readyz` fails and protected
+//! opened, stops the gateway at start with one line; so does a server that
+//! refuses for good (wrong password, no such database), since waiting will
+//! not change its answer. A server that cannot be reached does not: the
+//! gateway starts, `/readyz` fails and protected
 //! routes answer per their fail mode, while the connection is retried in
 //! the background until it succeeds — no restart needed.
 
 mod hashing;
+mod lock;
 mod url;
 
+pub use lock::ServingLock;
 pub use url::StoreUrl;
 
 use std::future::Future;
@@ -64,7 +68,7 @@ pub async fn open(
     };
     match parsed.connect().await {
         Ok(s) => conn.set(s),
-        Err(err) if parsed.is_remote() => {
+        Err(err) if parsed.is_remote() && err.is_transient() => {
             let err = error_chain(&err);
             tracing::warn!(reason = "store_unreachable", %err, "store unreachable at start; serving per fail mode and retrying in the background");
             *conn.last_error.lock().unwrap_or_else(|p| p.into_inner()) = err;
@@ -263,6 +267,14 @@ mod tests {
         ));
         for (url, needle) in [
             ("mysql://u:pw@h/db", "unknown store URL scheme"),
+            (
+                "idem.db",
+                "a store is a URL with a scheme (for the embedded store's database file idem.db, write sqlite://idem.db)",
+            ),
+            (
+                "postgres:u:pw@h/db",
+                "(write it with ://, as in postgres://…)",
+            ),
             ("tiered:redis://127.0.0.1", "tiered:redis://"),
             ("tiered:postgres://u:pw@h/db,redis://h", "redis"),
         ] {

@@ -55,10 +55,35 @@ impl StoreUrl {
             "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => RedisOptions::from_url(url)
                 .map(|o| Self::Redis(Box::new(o)))
                 .map_err(GatewayError::from),
+            "" => Err(GatewayError::StoreUrl(format!(
+                "store {}: a store is a URL with a scheme{}; expected sqlite://, postgres://, redis://, tiered:redis://…,postgres://… or memory://",
+                redact(url),
+                Self::meant(url)
+            ))),
             _ => Err(GatewayError::StoreUrl(format!(
                 "store {}: unknown store URL scheme {scheme:?}; expected sqlite://, postgres://, redis://, tiered:redis://…,postgres://… or memory://",
                 redact(url)
             ))),
+        }
+    }
+
+    /// For a store written without a scheme, the URL it most likely meant:
+    /// a file path is the embedded store's database.
+    fn meant(url: &str) -> String {
+        let url = url.trim();
+        match url.split_once(':') {
+            Some(("postgres" | "postgresql" | "redis" | "sqlite" | "memory", _)) => {
+                format!(
+                    " (write it with ://, as in {}://…)",
+                    url.split(':').next().unwrap_or("")
+                )
+            }
+            Some(_) => String::new(),
+            None if url.is_empty() => String::new(),
+            None => format!(
+                " (for the embedded store's database file {url}, write {})",
+                Self::embedded(std::path::Path::new(url))
+            ),
         }
     }
 
@@ -158,6 +183,18 @@ impl StoreUrl {
             }
             _ => hashing,
         })
+    }
+
+    /// For the embedded store, the [`ServingLock`](super::ServingLock) a
+    /// serving gateway holds on its file; other stores need none.
+    pub fn serving_lock(&self) -> Result<Option<super::ServingLock>, GatewayError> {
+        match self {
+            Self::Sqlite(url) => {
+                let opts = idem_sqlite::SqliteOptions::from_url(url)?;
+                super::ServingLock::acquire(opts.path()).map(Some)
+            }
+            _ => Ok(None),
+        }
     }
 
     /// Connects (and, for PostgreSQL, migrates unless `migrate=false`).

@@ -481,3 +481,34 @@ mod tests {
         );
     }
 }
+
+/// What bringing a store's schema to this build's version did: the
+/// version found, and the version it left (the same when there was
+/// nothing to do). The PostgreSQL and SQLite stores both report it.
+///
+/// ```
+/// use idem::store::Migrated;
+/// assert_eq!(Migrated { from: 0, to: 5 }.to_string(), "schema created: migrations 1 to 5 applied");
+/// assert_eq!(Migrated { from: 5, to: 5 }.to_string(), "schema already at version 5; nothing to do");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Migrated {
+    /// The version found (0: no schema yet).
+    pub from: i64,
+    /// The version now, this build's.
+    pub to: i64,
+}
+
+impl std::fmt::Display for Migrated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.from, self.to) {
+            (from, to) if from == to => write!(f, "schema already at version {to}; nothing to do"),
+            (0, to) => write!(f, "schema created: migrations 1 to {to} applied"),
+            (from, to) => write!(
+                f,
+                "schema upgraded from version {from} to {to}: migrations {} to {to} applied",
+                from + 1
+            ),
+        }
+    }
+}
