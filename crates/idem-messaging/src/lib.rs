@@ -38,7 +38,7 @@ pub use nats::{JetStreamDelivery, JetStreamSource, JetStreamSourceOptions, NatsP
 pub use publisher::{Outgoing, PublishError, Published, Publisher};
 #[cfg(feature = "rabbitmq")]
 pub use rabbitmq::{RabbitDelivery, RabbitPublisher, RabbitSource, RabbitSourceOptions};
-pub use relay::{OnDead, Relay, RelayError, RelayOptions, RelayStats};
+pub use relay::{NotReady, OnDead, Readiness, Relay, RelayError, RelayOptions, RelayStats};
 
 use std::time::Duration;
 

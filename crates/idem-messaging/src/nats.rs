@@ -28,6 +28,7 @@ impl NatsPublisher {
         let client = async_nats::ConnectOptions::new()
             .connection_timeout(Duration::from_secs(5))
             .retry_on_initial_connect()
+            .event_callback(outage_log(url))
             .connect(url)
             .await
             .map_err(|e| {
@@ -355,4 +356,32 @@ impl Delivery for JetStreamDelivery {
 /// A header value on one line (NATS headers cannot hold line breaks).
 fn one_line(text: &str) -> String {
     text.replace(['\r', '\n'], " ")
+}
+
+/// The client's connection events as the relay's own log lines: one
+/// warning when NATS at `url` becomes unreachable (naming it, and what to
+/// check), one line when it is back; not one line per reconnect attempt.
+/// (The client also logs each event itself, at INFO under the target
+/// `async_nats`; the `idem` binary shows those only when asked.)
+fn outage_log(
+    url: &str,
+) -> impl Fn(async_nats::Event) -> std::future::Ready<()> + Send + Sync + 'static {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let url = idem::store::redact_url(url);
+    let down = AtomicBool::new(false);
+    move |event| {
+        // The swaps in the guards keep one line per change of state.
+        match event {
+            async_nats::Event::Connected if down.swap(false, Ordering::Relaxed) => {
+                tracing::info!(reason = "nats_connected", %url, "NATS reachable again");
+            }
+            async_nats::Event::Disconnected | async_nats::Event::ClientError(_)
+                if !down.swap(true, Ordering::Relaxed) =>
+            {
+                tracing::warn!(reason = "nats_unreachable", %url, %event, "NATS at {url} is unreachable; retrying in the background. Is nats-server running there, with JetStream (-js)?");
+            }
+            _ => {}
+        }
+        std::future::ready(())
+    }
 }

@@ -65,7 +65,6 @@
 //! read sends nothing; the fallback poll (`notify_fallback`, 1 s) finds it.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -380,13 +379,60 @@ pub struct Relay<P> {
     lock: Option<PgConnection>,
     owned: Vec<i32>,
     stats: RelayStats,
-    ready: Arc<AtomicBool>,
+    ready: Arc<Readiness>,
     /// Whether the current broker outage was logged (once per outage).
     outage_logged: bool,
     /// The aggregate the last read's walk stopped at.
     cursor: Mutex<Option<(String, String)>>,
     /// The message-id prefix (see [`RelayOptions::source`]).
     source: String,
+}
+
+/// Why a relay cannot do its work right now: which side failed, and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NotReady {
+    /// No round has run yet.
+    Starting,
+    /// The outbox's database failed (the error).
+    Database(String),
+    /// The broker is unreachable or refused (the error).
+    Broker(String),
+}
+
+impl std::fmt::Display for NotReady {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Starting => f.write_str("starting: no round has run yet"),
+            Self::Database(why) => write!(f, "the database is unreachable or failing: {why}"),
+            Self::Broker(why) => write!(f, "the broker is unreachable: {why}"),
+        }
+    }
+}
+
+/// A relay's readiness, shared with its `/readyz`: ready after a round
+/// that reached both the database and the broker, else why not.
+#[derive(Debug)]
+pub struct Readiness(std::sync::Mutex<Option<NotReady>>);
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Self(std::sync::Mutex::new(Some(NotReady::Starting)))
+    }
+}
+
+impl Readiness {
+    /// `Ok` when ready, else which side failed.
+    pub fn check(&self) -> Result<(), NotReady> {
+        match &*self.0.lock().unwrap_or_else(|p| p.into_inner()) {
+            None => Ok(()),
+            Some(why) => Err(why.clone()),
+        }
+    }
+
+    fn set(&self, state: Option<NotReady>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = state;
+    }
 }
 
 impl<P: Publisher> Relay<P> {
@@ -416,16 +462,27 @@ impl<P: Publisher> Relay<P> {
             lock: None,
             owned: Vec::new(),
             stats: RelayStats::default(),
-            ready: Arc::new(AtomicBool::new(false)),
+            ready: Arc::new(Readiness::default()),
             outage_logged: false,
             cursor: Mutex::new(None),
             source,
         }
     }
 
-    /// Whether the last round reached both the database and the broker.
-    pub fn readiness(&self) -> Arc<AtomicBool> {
+    /// Whether the last round reached both the database and the broker,
+    /// and if not, which of them failed.
+    pub fn readiness(&self) -> Arc<Readiness> {
         Arc::clone(&self.ready)
+    }
+
+    /// Ready when the broker is connected (the database just answered).
+    fn database_answered(&self) {
+        if self.publisher.is_connected() {
+            self.ready.set(None);
+        } else {
+            self.ready
+                .set(Some(NotReady::Broker("not connected".to_owned())));
+        }
     }
 
     /// Counts so far.
@@ -500,25 +557,22 @@ impl<P: Publisher> Relay<P> {
             };
             let worked = match batch {
                 Ok(batch) if batch.is_empty() => {
-                    self.ready
-                        .store(self.publisher.is_connected(), Ordering::Relaxed);
+                    self.database_answered();
                     false
                 }
                 Ok(batch) => match self.publish_round(batch, &marker).await {
                     Ok((n, next)) => {
                         prefetched = next;
-                        self.ready
-                            .store(self.publisher.is_connected(), Ordering::Relaxed);
                         n > 0
                     }
                     Err(err) => {
-                        self.ready.store(false, Ordering::Relaxed);
+                        self.ready.set(Some(NotReady::Database(err.to_string())));
                         tracing::warn!(reason = "relay_round_failed", %err, "retrying");
                         false
                     }
                 },
                 Err(err) => {
-                    self.ready.store(false, Ordering::Relaxed);
+                    self.ready.set(Some(NotReady::Database(err.to_string())));
                     tracing::warn!(reason = "relay_round_failed", %err, "retrying");
                     false
                 }
@@ -723,13 +777,14 @@ impl<P: Publisher> Relay<P> {
             marker.mark(done);
         }
         if let Some(why) = broker_down {
-            self.ready.store(false, Ordering::Relaxed);
+            self.ready.set(Some(NotReady::Broker(why.clone())));
             if !self.outage_logged {
                 self.outage_logged = true;
                 tracing::warn!(reason = "relay_broker_down", err = %why, "broker unreachable; rows stay pending until it is back");
             }
             return Ok((0, None));
         }
+        self.database_answered();
         if self.outage_logged && published > 0 {
             self.outage_logged = false;
             tracing::info!(

@@ -3,15 +3,19 @@
 //! [`idem_messaging::relay`] for the guarantees.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::http::StatusCode;
 use axum::routing::get;
-use idem_messaging::{NatsPublisher, Publisher, RabbitPublisher, Relay, RelayOptions};
+use idem_messaging::{
+    NatsPublisher, NotReady, Publisher, RabbitPublisher, Readiness, Relay, RelayOptions,
+};
 use idem_postgres::{PgOptions, PgStore};
 
 use crate::error::GatewayError;
+
+/// How long the start-up check of the broker's duplicate window waits.
+const START_CHECK: Duration = Duration::from_secs(5);
 
 /// What `idem relay` was asked to do.
 #[derive(Debug, Clone, clap::Args)]
@@ -66,22 +70,23 @@ pub(super) struct RelayArgs {
 /// The relay's admin routes: `/healthz`, and behind the admin rules
 /// `/readyz` (the last round reached the database and the broker) and
 /// `/metrics`.
-fn admin_router(ready: Arc<AtomicBool>, token: Option<Arc<str>>) -> axum::Router {
+fn admin_router(ready: Arc<Readiness>, broker: String, token: Option<Arc<str>>) -> axum::Router {
     let protected = axum::Router::new()
         .route(
             "/readyz",
             get(move || {
-                let ready = ready.load(Ordering::Relaxed);
-                async move {
-                    if ready {
-                        (StatusCode::OK, "ready\n")
-                    } else {
-                        (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "not ready: the database or the broker is unreachable\n",
-                        )
-                    }
-                }
+                let answer = match ready.check() {
+                    Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
+                    Err(why @ NotReady::Broker(_)) => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("not ready: {why} (broker {broker})\n"),
+                    ),
+                    Err(why) => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("not ready: {why}\n"),
+                    ),
+                };
+                async move { answer }
             }),
         )
         .route("/metrics", get(crate::admin::metrics));
@@ -206,14 +211,20 @@ impl Setup {
         let admin_addr = admin
             .local_addr()
             .map_err(|e| GatewayError::io("the admin listener's address", e))?;
-        let router = admin_router(relay.readiness(), token);
+        let router = admin_router(relay.readiness(), target.to_owned(), token);
         tokio::spawn(async move {
             if let Err(err) = axum::serve(admin, router).await {
                 tracing::error!(%err, "relay admin listener failed");
             }
         });
-        if let Some(warning) = relay.check_duplicate_window().await {
-            eprintln!("idem relay: WARNING: {warning}");
+        // A broker that is down at start must not hold the relay (and its
+        // readiness) before its first round: the check then waits for it.
+        match tokio::time::timeout(START_CHECK, relay.check_duplicate_window()).await {
+            Ok(Some(warning)) => eprintln!("idem relay: WARNING: {warning}"),
+            Ok(None) => {}
+            Err(_) => eprintln!(
+                "idem relay: WARNING: the broker did not answer within {START_CHECK:?}, so its duplicate window is unchecked; publishing starts when it is reachable (see /readyz)"
+            ),
         }
         // Before the ready line: a signal right after it must stop us cleanly.
         let stop = crate::shutdown::shutdown_signal();
