@@ -553,6 +553,23 @@ async fn records_and_cleanup_commands() {
         out.contains("cli-1") && out.contains("outcome unknown"),
         "{out}"
     );
+    // A row's ID column, pasted into a shell after `records show`, names
+    // its record: whole, not cut short, quoted where the shell needs it.
+    let row = out.lines().find(|l| l.contains("cli-1")).expect("row");
+    let pasted = row.split_once("outcome unknown").expect("note").1.trim();
+    let shown = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("\"$0\" records show --store \"$1\" {pasted}"))
+        .args([IDEM, store.as_str()])
+        .output()
+        .expect("run sh");
+    assert!(shown.status.success(), "{pasted}: {shown:?}");
+    let shown: Value = serde_json::from_slice(&shown.stdout).expect("JSON");
+    assert_eq!(shown["key"], "cli-1");
+    // `show` changes nothing, so it takes no fence.
+    let (code, _, err) = idem(&["records", "show", "t", "POST /x", "k", "--attempt", "1"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("unexpected argument '--attempt'"), "{err}");
     let (_, out, _) = idem(&["records", "list", "--json"]);
     let listed: Value = serde_json::from_str(&out).expect("JSON");
     let tenant = listed["records"][0]["tenant"]

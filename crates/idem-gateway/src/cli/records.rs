@@ -47,6 +47,8 @@ pub(super) enum RecordsCommand {
         store: StoreArg,
         #[command(flatten)]
         id: RecordId,
+        #[command(flatten)]
+        guard: AttemptArg,
     },
     /// Record the final answer of a processing record (reconcile an outcome_unknown one).
     Resolve {
@@ -54,6 +56,8 @@ pub(super) enum RecordsCommand {
         store: StoreArg,
         #[command(flatten)]
         id: RecordId,
+        #[command(flatten)]
+        guard: AttemptArg,
         #[command(flatten)]
         answer: ResolveArgs,
     },
@@ -73,10 +77,15 @@ pub(super) async fn run(command: RecordsCommand) -> Result<(), GatewayError> {
         RecordsCommand::Show { store, id, body } => {
             show(&open(&store.store).await?, &id, body).await
         }
-        RecordsCommand::Release { store, id } => release(&open(&store.store).await?, &id).await,
-        RecordsCommand::Resolve { store, id, answer } => {
-            resolve(&open(&store.store).await?, &id, &answer).await
+        RecordsCommand::Release { store, id, guard } => {
+            release(&open(&store.store).await?, &id, guard.attempt).await
         }
+        RecordsCommand::Resolve {
+            store,
+            id,
+            guard,
+            answer,
+        } => resolve(&open(&store.store).await?, &id, guard.attempt, &answer).await,
         RecordsCommand::Purge { store, id } => purge(&open(&store.store).await?, &id).await,
     }
 }
@@ -96,16 +105,23 @@ pub(super) async fn open(url: &str) -> Result<DynStore, GatewayError> {
     }
 }
 
-/// Which record a command acts on.
+/// Which record a command acts on: the three words of a row's ID column in
+/// `idem records list`, pasted as they are.
 #[derive(Debug, Clone, clap::Args)]
 pub(super) struct RecordId {
-    /// Tenant (for `from = "authorization"`: the SHA-256 hex of the
-    /// Authorization value, e.g. `printf '%s' 'Bearer sk_…' | sha256sum`).
+    /// Tenant, as `idem records list` shows it (for
+    /// `from = "authorization"`, the keyed hash of the Authorization value,
+    /// never the value itself).
     pub tenant: String,
     /// Operation, e.g. "POST /v1/payments".
     pub operation: String,
     /// The Idempotency-Key.
     pub key: String,
+}
+
+/// The fence of the commands that change a processing record.
+#[derive(Debug, Clone, clap::Args)]
+pub(super) struct AttemptArg {
     /// Act only if the record is still at this attempt (the one you
     /// looked at with `show`); another attempt that took over since is
     /// left alone.
@@ -293,12 +309,18 @@ async fn list(store: &DynStore, args: &ListArgs) -> Result<(), GatewayError> {
         return Ok(());
     }
     let now = Timestamp::now();
-    writeln!(
-        out,
-        "{:<10} {:>8} {:>7}  {:<16}  {:<28}  {:<24}  NOTE",
-        "STATE", "AGE", "ATTEMPT", "TENANT", "OPERATION", "KEY"
-    )
-    .map_err(|e| GatewayError::io("cannot write to standard output", e))?;
+    let write = |out: &mut std::io::StdoutLock<'_>, line: std::fmt::Arguments<'_>| {
+        writeln!(out, "{line}").map_err(|e| GatewayError::io("cannot write to standard output", e))
+    };
+    // The ID column last and whole: pasted after `idem records show`
+    // (or release, resolve, purge), it names the row's record.
+    write(
+        &mut out,
+        format_args!(
+            "{:<10} {:>5} {:>7}  {:<15}  ID (tenant operation key)",
+            "STATE", "AGE", "ATTEMPT", "NOTE"
+        ),
+    )?;
     for r in &records {
         let note = if r.is_outcome_unknown() {
             "outcome unknown"
@@ -307,33 +329,50 @@ async fn list(store: &DynStore, args: &ListArgs) -> Result<(), GatewayError> {
         } else {
             ""
         };
-        writeln!(
-            out,
-            "{:<10} {:>8} {:>7}  {:<16}  {:<28}  {:<24}  {note}",
-            r.state.as_str(),
-            age(now.since(r.created_at)),
-            r.lease.attempt,
-            short(r.scope.tenant(), 16),
-            short(r.scope.operation(), 28),
-            short(r.key.as_str(), 24),
-        )
-        .map_err(|e| GatewayError::io("cannot write to standard output", e))?;
+        write(
+            &mut out,
+            format_args!(
+                "{:<10} {:>5} {:>7}  {note:<15}  {}",
+                r.state.as_str(),
+                age(now.since(r.created_at)),
+                r.lease.attempt,
+                record_id_words(r.scope.tenant(), r.scope.operation(), r.key.as_str()),
+            ),
+        )?;
     }
     let more = if next.is_some() {
         " (more: raise --limit)"
     } else {
         ""
     };
-    writeln!(out, "{} record(s){more}", records.len())
-        .map_err(|e| GatewayError::io("cannot write to standard output", e))
+    write(&mut out, format_args!("{} record(s){more}", records.len()))
 }
 
-fn short(text: &str, width: usize) -> String {
-    if text.chars().count() <= width {
-        text.to_owned()
+/// A record's id as shell words, quoted where the shell would split or
+/// expand them, behind `--` when a word starts with `-` (so that it is not
+/// read as a flag).
+fn record_id_words(tenant: &str, operation: &str, key: &str) -> String {
+    let words = [tenant, operation, key];
+    let quoted = words.map(shell_word).join(" ");
+    if words.iter().any(|w| w.starts_with('-')) {
+        format!("-- {quoted}")
     } else {
-        let head: String = text.chars().take(width - 1).collect();
-        format!("{head}…")
+        quoted
+    }
+}
+
+/// One word for a POSIX shell: as it is when it holds only characters no
+/// shell treats specially, else in single quotes (a `'` inside written
+/// `'\''`).
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.,:/@%+=".contains(&b));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
     }
 }
 
@@ -360,9 +399,13 @@ async fn show(store: &DynStore, id: &RecordId, body: bool) -> Result<(), Gateway
 }
 
 /// `idem records release`.
-async fn release(store: &DynStore, id: &RecordId) -> Result<(), GatewayError> {
+async fn release(
+    store: &DynStore,
+    id: &RecordId,
+    attempt: Option<u32>,
+) -> Result<(), GatewayError> {
     let (scope, key) = id.parse()?;
-    let record = operator::release(store, &scope, &key, id.attempt).await?;
+    let record = operator::release(store, &scope, &key, attempt).await?;
     println!(
         "idem: released {scope} {key} (was attempt {}{}); the next request with this key runs again",
         record.lease.attempt,
@@ -376,10 +419,15 @@ async fn release(store: &DynStore, id: &RecordId) -> Result<(), GatewayError> {
 }
 
 /// `idem records resolve`.
-async fn resolve(store: &DynStore, id: &RecordId, args: &ResolveArgs) -> Result<(), GatewayError> {
+async fn resolve(
+    store: &DynStore,
+    id: &RecordId,
+    attempt: Option<u32>,
+    args: &ResolveArgs,
+) -> Result<(), GatewayError> {
     let (scope, key) = id.parse()?;
     let outcome = args.request()?.outcome(Duration::from_secs(86_400))?;
-    let record = operator::resolve(store, &scope, &key, &outcome, id.attempt).await?;
+    let record = operator::resolve(store, &scope, &key, &outcome, attempt).await?;
     println!(
         "idem: resolved {scope} {key} as {} {}; retries now get this answer",
         record.state, outcome.response.status
@@ -395,5 +443,24 @@ async fn purge(store: &DynStore, id: &RecordId) -> Result<(), GatewayError> {
         Ok(())
     } else {
         Err(operator::OperatorError::NotFound.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listed_ids_paste_back_as_the_same_three_words() {
+        assert_eq!(
+            record_id_words("t1", "POST /v1/payments", "k-1"),
+            "t1 'POST /v1/payments' k-1"
+        );
+        assert_eq!(
+            record_id_words("t1", "POST /v1/x", "-k"),
+            "-- t1 'POST /v1/x' -k"
+        );
+        assert_eq!(shell_word("it's $HOME"), r"'it'\''s $HOME'");
+        assert_eq!(shell_word("a*b"), "'a*b'");
     }
 }
