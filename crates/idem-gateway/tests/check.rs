@@ -192,7 +192,12 @@ async fn bad_input_gets_a_clear_message_and_sends_nothing_it_should_not() {
         out.contains("cannot reach http://127.0.0.1:1/v1/payments"),
         "{out}"
     );
-    assert!(out.contains("not run: cannot reach"), "{out}");
+    // Said once, with what to do; no block per probe.
+    assert!(
+        out.contains("no probe was run: start the API there"),
+        "{out}"
+    );
+    assert_eq!(out.matches("ERROR").count(), 1, "{out}");
 
     // A request that does not succeed proves nothing: an error, not a pass.
     let (code, out, _) = check(

@@ -40,11 +40,19 @@ pub(super) async fn judge(s: &Sender) -> Judged {
                 second.status
             ),
         )
+    } else if second.status == first.status {
+        (
+            Verdict::Fail,
+            format!(
+                "the same JSON written differently got the same status ({}) with another body: it was run again instead of replayed",
+                first.status
+            ),
+        )
     } else {
         (
             Verdict::Fail,
             format!(
-                "the same JSON written differently got another answer ({} vs {})",
+                "the same JSON written differently got another answer ({} where the first got {})",
                 second.status, first.status
             ),
         )

@@ -7,8 +7,12 @@ use crate::outcome::{Exchange, Probe, Verdict};
 
 const PROBE: Probe = Probe::MalformedKey;
 
-/// Sends one request with a malformed key and one with a key of over 300
-/// characters.
+/// The length of the oversized key: well past the 255 the IETF draft and
+/// DESIGN.md allow, and exactly what the docs say it sends.
+const OVERSIZED: usize = 300;
+
+/// Sends one request with a malformed key and one with a key of
+/// [`OVERSIZED`] characters (the run's key for the probe, padded).
 pub(super) async fn judge(s: &Sender) -> Judged {
     let bad = s
         .send(Variant {
@@ -18,7 +22,7 @@ pub(super) async fn judge(s: &Sender) -> Judged {
         .await;
     let long = s
         .send(Variant {
-            key: Some(format!("{}-{}", s.key(PROBE, 0), "x".repeat(300))),
+            key: Some(oversized(&s.key(PROBE, 0))),
             ..Variant::default()
         })
         .await;
@@ -38,11 +42,31 @@ pub(super) async fn judge(s: &Sender) -> Judged {
         (_, false) => (
             Verdict::Fail,
             format!(
-                "a {}-character key was answered {}: oversized keys are accepted",
-                300 + s.key(PROBE, 0).len() + 1,
+                "a {OVERSIZED}-character key was answered {}: oversized keys are accepted",
                 long.status
             ),
         ),
     };
     (verdict.0, verdict.1, vec![bad, long])
+}
+
+/// `key-xxx…` cut or padded to exactly [`OVERSIZED`] characters.
+fn oversized(key: &str) -> String {
+    let mut long: String = format!("{key}-").chars().take(OVERSIZED).collect();
+    while long.len() < OVERSIZED {
+        long.push('x');
+    }
+    long
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_oversized_key_is_as_long_as_the_docs_say() {
+        assert_eq!(oversized("idem-check-malformed-key-0").len(), OVERSIZED);
+        assert!(oversized("k").starts_with("k-x"));
+        assert_eq!(oversized(&"k".repeat(400)).len(), OVERSIZED);
+    }
 }

@@ -52,8 +52,11 @@ pub async fn run(target: Target, probes: &[Probe]) -> Vec<Outcome> {
         }
     };
     let mut outcomes = Vec::with_capacity(probes.len());
+    let mut gone = None;
     for &probe in probes {
-        if let Some(why) = unreachable(&outcomes) {
+        // Once a probe got no answer at all, the rest are not sent.
+        gone = gone.or_else(|| unreachable(&outcomes));
+        if let Some(why) = &gone {
             outcomes.push(Outcome {
                 probe,
                 verdict: Verdict::Error,
@@ -89,6 +92,16 @@ pub async fn run(target: Target, probes: &[Probe]) -> Vec<Outcome> {
         });
     }
     outcomes
+}
+
+/// Why the target could not be reached, if the first probe got no answer
+/// at all and so no other probe was run: the report then says that once.
+pub(crate) fn never_reached(outcomes: &[Outcome]) -> Option<String> {
+    let (first, rest) = outcomes.split_first()?;
+    let why = unreachable(std::slice::from_ref(first))?;
+    rest.iter()
+        .all(|o| o.verdict == Verdict::Error && o.evidence.is_empty())
+        .then_some(why)
 }
 
 /// Why the target is unreachable, if the last probe got no answer at all.

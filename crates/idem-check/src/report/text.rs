@@ -11,6 +11,13 @@ use crate::{Outcome, Verdict};
 /// The human report.
 pub fn text_report(url: &Uri, outcomes: &[Outcome]) -> String {
     let mut out = format!("idem check {url}\n\n");
+    if let Some(why) = crate::probe::never_reached(outcomes) {
+        let _ = writeln!(
+            out,
+            "ERROR {why}\n      no probe was run: start the API there (or correct --url) and run the check again"
+        );
+        return out;
+    }
     for o in outcomes {
         let mark = match o.verdict {
             Verdict::Pass => "PASS",
