@@ -717,14 +717,15 @@ async fn bad_configuration_is_refused_with_the_line_that_is_wrong() {
     );
 }
 
+/// The README's first command: quiet by default (its summary is its
+/// output; no log line, no progress line when not on a terminal, no colour
+/// codes), and the summary's rows add up to the requests sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_demo_runs_clean() {
+async fn the_demo_runs_clean_and_its_summary_adds_up() {
     let out = tokio::time::timeout(
         Duration::from_secs(120),
         Command::new(IDEM)
             .args([
-                "--log",
-                "error",
                 "demo",
                 "--payments",
                 "20",
@@ -733,21 +734,44 @@ async fn the_demo_runs_clean() {
                 "--latency-ms",
                 "60",
             ])
+            .env_remove("IDEM_LOG")
             .output(),
     )
     .await
     .expect("demo finishes")
     .expect("runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.trim().is_empty(), "quiet by default: {stderr}");
     assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        !stdout.contains('\u{1b}') && !stdout.contains('\r'),
+        "{stdout:?}"
     );
-    assert!(
-        stdout.contains("DOUBLE CHARGES                                      0"),
-        "{stdout}"
-    );
+    let value = |row: &str| -> u64 {
+        let line = stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(row))
+            .unwrap_or_else(|| panic!("no row {row:?} in {stdout}"));
+        line.split_whitespace()
+            .last()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"))
+    };
+    let parts: u64 = stdout
+        .lines()
+        .filter(|l| l.starts_with("    "))
+        .map(|l| {
+            l.split_whitespace()
+                .last()
+                .and_then(|v| v.parse::<u64>().ok())
+                .expect(l)
+        })
+        .sum();
+    assert_eq!(parts, value("requests sent to the gateway"), "{stdout}");
+    assert_eq!(value("charges made upstream"), 20, "{stdout}");
+    assert_eq!(value("DOUBLE CHARGES"), 0, "{stdout}");
+    assert_eq!(value("422: key reused"), 20, "{stdout}");
     assert!(stdout.contains("OK: 20 payments"), "{stdout}");
 }
 

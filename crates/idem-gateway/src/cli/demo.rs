@@ -5,7 +5,9 @@
 //! if any payment was charged twice.
 
 use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -121,9 +123,13 @@ async fn charge(
     Ok(resp)
 }
 
+/// What the clients saw, one count per answer (or its absence): the
+/// counts other than `sent` add up to `sent`.
 #[derive(Debug, Default)]
 struct Tally {
     sent: u64,
+    /// Final answers made by running the payment now.
+    fresh: u64,
     replayed: u64,
     in_progress: u64,
     reused: u64,
@@ -132,8 +138,20 @@ struct Tally {
 }
 
 impl Tally {
+    /// The requests the other counts account for: `sent`, unless one was
+    /// counted twice or not at all.
+    fn accounted(&self) -> u64 {
+        self.fresh
+            + self.replayed
+            + self.in_progress
+            + self.reused
+            + self.client_timeouts
+            + self.other
+    }
+
     fn add(&mut self, other: &Tally) {
         self.sent += other.sent;
+        self.fresh += other.fresh;
         self.replayed += other.replayed;
         self.in_progress += other.in_progress;
         self.reused += other.reused;
@@ -177,6 +195,7 @@ async fn send_until_final(
     body: &str,
     give_up: Option<Duration>,
     tally: &mut Tally,
+    sent: &AtomicU64,
 ) -> (StatusCode, Bytes) {
     let mut give_up = give_up;
     for _ in 0..200 {
@@ -189,6 +208,7 @@ async fn send_until_final(
             .body(Full::new(Bytes::from(body.to_owned())))
             .expect("valid demo request");
         tally.sent += 1;
+        sent.fetch_add(1, Ordering::Relaxed);
         let call = client.request(req);
         let resp = match give_up.take() {
             Some(limit) => match tokio::time::timeout(limit, call).await {
@@ -232,9 +252,12 @@ async fn send_until_final(
                 return (status, bytes);
             }
             _ => {
-                tally.replayed += u64::from(replayed);
                 if !status.is_success() {
                     tally.other += 1;
+                } else if replayed {
+                    tally.replayed += 1;
+                } else {
+                    tally.fresh += 1;
                 }
                 return (status, bytes);
             }
@@ -299,11 +322,18 @@ pub(super) async fn run(args: DemoArgs) -> Result<(), GatewayError> {
     }));
 
     println!(
-        "idem demo: toy payments upstream on {upstream_addr}, gateway on {gateway}, store {store}"
+        "idem demo: {} payments by 3 merchants, each sent {} times at once (one client gives up after {} ms and retries), then re-serialised, then with another amount",
+        args.payments,
+        args.duplicates,
+        args.latency_ms / 3
     );
-    println!(
-        "  {} payments by 3 merchants; each sent {} times at once (one client times out and retries), then re-serialised, then with another amount",
-        args.payments, args.duplicates
+    println!("  toy payments upstream {upstream_addr}, gateway {gateway}, store {store}");
+    let sent = Arc::new(AtomicU64::new(0));
+    let answered = Arc::new(AtomicU64::new(0));
+    let progress = show_progress(
+        Arc::clone(&sent),
+        Arc::clone(&answered),
+        u64::from(args.payments) * u64::from(args.duplicates),
     );
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     let started = Instant::now();
@@ -316,6 +346,7 @@ pub(super) async fn run(args: DemoArgs) -> Result<(), GatewayError> {
         });
         for d in 0..args.duplicates {
             let (client, payment) = (client.clone(), Arc::clone(&payment));
+            let (sent, answered) = (Arc::clone(&sent), Arc::clone(&answered));
             let give_up = (d == 0).then_some(Duration::from_millis(args.latency_ms / 3));
             storms.spawn(async move {
                 let mut tally = Tally::default();
@@ -326,8 +357,10 @@ pub(super) async fn run(args: DemoArgs) -> Result<(), GatewayError> {
                     &payment.body(),
                     give_up,
                     &mut tally,
+                    &sent,
                 )
                 .await;
+                answered.fetch_add(1, Ordering::Relaxed);
                 (payment, status, body, tally)
             });
         }
@@ -353,8 +386,16 @@ pub(super) async fn run(args: DemoArgs) -> Result<(), GatewayError> {
     // The same JSON re-serialised: a replay, not a new charge and not a 422.
     let mut reordered_ok = 0;
     for p in &payments {
-        let (status, body) =
-            send_until_final(&client, gateway, p, &p.body_reordered(), None, &mut tally).await;
+        let (status, body) = send_until_final(
+            &client,
+            gateway,
+            p,
+            &p.body_reordered(),
+            None,
+            &mut tally,
+            &sent,
+        )
+        .await;
         reordered_ok += u32::from(status == StatusCode::CREATED && answers[&p.key][0].1 == body);
     }
     // The same key with another amount: refused.
@@ -372,11 +413,17 @@ pub(super) async fn run(args: DemoArgs) -> Result<(), GatewayError> {
             &altered.body(),
             None,
             &mut tally,
+            &sent,
         )
         .await;
         refused += u32::from(status == StatusCode::UNPROCESSABLE_ENTITY);
     }
     let elapsed = started.elapsed();
+    if let Some(progress) = progress {
+        progress.abort();
+        // Clear the progress line.
+        print!("\r{:60}\r", "");
+    }
     let _ = stop.send(());
     let _ = serving.await;
     if args.store.is_none() {
@@ -388,42 +435,20 @@ pub(super) async fn run(args: DemoArgs) -> Result<(), GatewayError> {
     let charges = upstream.charges();
     let executed: u32 = charges.values().sum();
     let double = charges.values().filter(|&&n| n > 1).count();
-    let row = |name: &str, value: String| println!("  {name:<44} {value:>8}");
-    println!();
-    row("requests sent to the gateway", tally.sent.to_string());
-    row("executed upstream (charges made)", executed.to_string());
-    row(
-        "replayed (Idempotent-Replayed: true)",
-        tally.replayed.to_string(),
+    print!(
+        "{}",
+        summary(
+            &tally,
+            executed,
+            double,
+            reordered_ok,
+            args.payments,
+            identical
+        )
     );
-    row(
-        "rejected: still in progress (409)",
-        tally.in_progress.to_string(),
-    );
-    row(
-        "rejected: key reused with another body (422)",
-        tally.reused.to_string(),
-    );
-    row(
-        "client timeouts (then retried)",
-        tally.client_timeouts.to_string(),
-    );
-    row(
-        "re-serialised JSON answered as a replay",
-        format!("{reordered_ok}/{}", args.payments),
-    );
-    row(
-        "duplicates got byte-identical answers",
-        if identical {
-            "yes".to_owned()
-        } else {
-            "NO".to_owned()
-        },
-    );
-    row("other errors", tally.other.to_string());
-    row("DOUBLE CHARGES", double.to_string());
     println!("  ({:.1} s)", elapsed.as_secs_f64());
     if double > 0
+        || tally.accounted() != tally.sent
         || executed != args.payments
         || !identical
         || refused != args.payments
@@ -439,4 +464,105 @@ pub(super) async fn run(args: DemoArgs) -> Result<(), GatewayError> {
         args.payments, tally.sent
     );
     Ok(())
+}
+
+/// The summary table: every request sent, by what its client saw (the
+/// indented rows add up to the first), then what the upstream did.
+fn summary(
+    tally: &Tally,
+    executed: u32,
+    double: usize,
+    reordered_ok: u32,
+    payments: u32,
+    identical: bool,
+) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from("\n");
+    let mut row = |name: &str, value: String| {
+        let _ = writeln!(out, "  {name:<50} {value:>7}");
+    };
+    row("requests sent to the gateway", tally.sent.to_string());
+    row(
+        "  answered by running the payment (201)",
+        tally.fresh.to_string(),
+    );
+    row(
+        "  replayed: the stored answer, Idempotent-Replayed",
+        tally.replayed.to_string(),
+    );
+    row(
+        "  409: still in progress, retried after Retry-After",
+        tally.in_progress.to_string(),
+    );
+    row(
+        "  422: key reused with another amount, refused",
+        tally.reused.to_string(),
+    );
+    row(
+        "  given up by the client (timeout), then retried",
+        tally.client_timeouts.to_string(),
+    );
+    row("  other errors", tally.other.to_string());
+    row("charges made upstream", executed.to_string());
+    row(
+        "re-serialised JSON answered as a replay",
+        format!("{reordered_ok}/{payments}"),
+    );
+    row(
+        "duplicates got byte-identical answers",
+        if identical { "yes" } else { "NO" }.to_owned(),
+    );
+    row("DOUBLE CHARGES", double.to_string());
+    out
+}
+
+/// On a terminal, one line rewritten in place while the storm runs; none
+/// when the output is a file or a pipe.
+fn show_progress(
+    sent: Arc<AtomicU64>,
+    answered: Arc<AtomicU64>,
+    clients: u64,
+) -> Option<tokio::task::JoinHandle<()>> {
+    std::io::stdout().is_terminal().then(|| {
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(200));
+            loop {
+                every.tick().await;
+                let done = answered.load(Ordering::Relaxed).min(clients);
+                print!(
+                    "\r  {} requests sent, {done}/{clients} clients answered …",
+                    sent.load(Ordering::Relaxed)
+                );
+                let _ = std::io::stdout().flush();
+            }
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_rows_add_up_to_the_requests_sent() {
+        let tally = Tally {
+            sent: 21,
+            fresh: 3,
+            replayed: 10,
+            in_progress: 4,
+            reused: 2,
+            client_timeouts: 1,
+            other: 1,
+        };
+        assert_eq!(tally.accounted(), tally.sent);
+        let text = summary(&tally, 4, 0, 4, 4, true);
+        // Each count on a row of its own (tests/e2e.rs adds a real run's up).
+        for n in ["21", "3", "10", "4", "2", "1", "4/4", "yes"] {
+            assert!(
+                text.lines().any(|l| l.ends_with(&format!(" {n}"))),
+                "{n}: {text}"
+            );
+        }
+        assert!(text.contains("DOUBLE CHARGES"), "{text}");
+    }
 }

@@ -10,6 +10,7 @@ mod records;
 mod relay;
 mod serve;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -26,9 +27,13 @@ pub struct Cli {
     /// Log format.
     #[arg(long, global = true, env = "IDEM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
-    /// Log filter, e.g. `info` or `info,idem_http=debug`.
-    #[arg(long, global = true, env = "IDEM_LOG", default_value = "info")]
-    log: String,
+    /// Log filter: a level (error, warn, info, debug, trace, off), then
+    /// TARGET=LEVEL exceptions, e.g. `info,idem_http=debug`. The NATS
+    /// client's own reconnect lines show only when named
+    /// (`info,async_nats=info`).
+    /// [default: info; warn for `idem demo`, whose summary is its output]
+    #[arg(long, global = true, env = "IDEM_LOG")]
+    log: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -55,8 +60,8 @@ enum Command {
     /// Delete expired completed and failed records in batches (never
     /// processing ones); safe to interrupt and run again.
     Cleanup(cleanup::CleanupArgs),
-    /// Publish the PostgreSQL outbox to NATS JetStream, in order per
-    /// aggregate; run several for availability.
+    /// Publish the PostgreSQL outbox to a broker (NATS JetStream or
+    /// RabbitMQ), in order per aggregate; run several for availability.
     Relay(relay::RelayArgs),
     /// Inspect the outbox; replay or discard dead rows.
     #[command(subcommand)]
@@ -71,7 +76,12 @@ enum Command {
 /// process's exit status comes back.
 pub async fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(err) = init_logs(cli.log_format, &cli.log) {
+    let quiet = matches!(cli.command, Command::Demo(_));
+    let filter = cli
+        .log
+        .clone()
+        .unwrap_or_else(|| if quiet { "warn" } else { "info" }.to_owned());
+    if let Err(err) = init_logs(cli.log_format, &filter) {
         eprintln!("idem: {}", crate::error::error_chain(&err));
         return ExitCode::from(2);
     }
@@ -99,16 +109,29 @@ pub async fn main() -> ExitCode {
     }
 }
 
+/// Colour in log lines only on a terminal, and never with `NO_COLOR` set
+/// to anything but the empty string (no-color.org): a redirected log file
+/// gets no escape codes.
+fn colour(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 fn init_logs(format: LogFormat, filter: &str) -> Result<(), GatewayError> {
-    let targets: tracing_subscriber::filter::Targets = filter
-        .parse()
-        .map_err(|e| GatewayError::Invalid(format!("--log / IDEM_LOG {filter:?}: {e}")))?;
+    let targets = crate::config::log_filter(filter)
+        .map_err(|why| GatewayError::Invalid(format!("--log / IDEM_LOG: {why}")))?;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let registry = tracing_subscriber::registry().with(targets);
     match format {
         LogFormat::Text => registry
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(colour(
+                        std::io::stderr().is_terminal(),
+                        std::env::var_os("NO_COLOR"),
+                    ))
+                    .with_writer(std::io::stderr),
+            )
             .init(),
         LogFormat::Json => registry
             .with(
@@ -119,4 +142,17 @@ fn init_logs(format: LogFormat, filter: &str) -> Result<(), GatewayError> {
             .init(),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(colour(true, None));
+        assert!(colour(true, Some("".into())));
+        assert!(!colour(true, Some("1".into())));
+        assert!(!colour(false, None));
+    }
 }
