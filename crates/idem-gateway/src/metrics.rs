@@ -80,6 +80,7 @@ pub fn install() -> &'static PrometheusHandle {
             tracing::debug!("a metrics recorder is already installed; /metrics stays empty");
         }
         describe();
+        register_counters();
         metrics::gauge!(BUILD_INFO.name, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
         let upkeep = handle.clone();
         tokio::spawn(async move {
@@ -115,6 +116,19 @@ fn describe() {
             (Kind::Gauge, None) => metrics::describe_gauge!(m.name, m.help),
             (Kind::Histogram, Some(u)) => metrics::describe_histogram!(m.name, u, m.help),
             (Kind::Histogram, None) => metrics::describe_histogram!(m.name, m.help),
+        }
+    }
+}
+
+/// Registers every counter without labels at zero (`idem_requests_shed_total 0`
+/// before the first shed), so dashboards and alerts see a zero rather than
+/// nothing. Labelled ones are registered by who knows their labels: the
+/// layer per route and outcome, the store per operation. Gauges are left
+/// until their first reading: a zero there would be a claim.
+fn register_counters() {
+    for m in ALL {
+        if m.kind == Kind::Counter && m.labels.is_empty() {
+            metrics::counter!(m.name).increment(0);
         }
     }
 }

@@ -270,6 +270,30 @@ async fn dashboard_loads_updates_under_traffic_and_inspects_records() {
     stop.store(true, Ordering::Relaxed);
     let sent = load.await.expect("traffic");
     assert!(sent >= 20);
+    // Seconds after the traffic stopped, the latest sample is zero, but
+    // the legend gives the rate over the chart's window, as the chart does.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let legend = "document.querySelector('.legend[data-for=\"chart-requests\"]')";
+    browser
+        .until(
+            "the legend to show the window's rate",
+            &format!(
+                "const l = {legend}; const s = l && l.querySelector('span[data-series=\"executed\"]'); \
+                 return Boolean(s && parseFloat(s.textContent.split(' ').pop()) > 0 && l.querySelector('.window'))"
+            ),
+        )
+        .await;
+    let window = browser
+        .js(&format!(
+            "return {legend}.querySelector('.window').textContent"
+        ))
+        .await;
+    assert!(
+        window
+            .as_str()
+            .is_some_and(|w| w.starts_with("over the last ")),
+        "{window}"
+    );
 
     // The inspector finds a record the traffic left.
     let listed = send(

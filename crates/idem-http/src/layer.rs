@@ -231,6 +231,7 @@ impl<I, S, T> Layer<I> for IdempotencyLayer<S, T> {
     type Service = Idempotency<I, S, T>;
 
     fn layer(&self, inner: I) -> Self::Service {
+        self.shared.metrics.init(&self.shared.routes);
         Idempotency {
             inner,
             shared: Arc::clone(&self.shared),

@@ -49,8 +49,21 @@ impl RequestMetrics {
         decision: Decision,
         elapsed: Duration,
     ) {
+        let handles = self.handles(routes);
+        if let Some((count, latency)) = handles
+            .get(route)
+            .and_then(|per_route| per_route.get(decision as usize))
+        {
+            count.increment(1);
+            latency.record(elapsed.as_secs_f64());
+        }
+    }
+
+    /// Every route's request counters and latency histograms, one per
+    /// outcome, registered (at zero) on first use.
+    fn handles(&self, routes: &Routes) -> &[Vec<(Counter, Histogram)>] {
         self.register(routes);
-        let handles = self.handles.get_or_init(|| {
+        self.handles.get_or_init(|| {
             routes
                 .labels()
                 .map(|label| {
@@ -69,14 +82,14 @@ impl RequestMetrics {
                         .collect()
                 })
                 .collect()
-        });
-        if let Some((count, latency)) = handles
-            .get(route)
-            .and_then(|per_route| per_route.get(decision as usize))
-        {
-            count.increment(1);
-            latency.record(elapsed.as_secs_f64());
-        }
+        })
+    }
+
+    /// Registers every counter of every route at zero now (the layer does
+    /// when it makes its service), so that `/metrics` lists each route and
+    /// outcome, and alerts on a rate see a zero, before the first request.
+    pub(crate) fn init(&self, routes: &Routes) {
+        self.handles(routes);
     }
 
     /// Registers every route's re-run counters at zero, so that dashboards

@@ -446,17 +446,38 @@ function drawChart(canvas, { times, series, stacked = false, fmt, fmtRight, floo
   }
 }
 
-// Draws chart `id` and its HTML legend (swatch, name, latest value).
+// Draws chart `id` and its HTML legend (swatch, name, value). A chart of
+// per-second rates (`opts.dts`: each point's seconds) shows each series'
+// rate over the whole window, events ÷ seconds, so the legend agrees with
+// the chart beside it; other charts show the latest value.
 function chart(id, opts) {
   drawChart($(id), opts);
   const box = document.querySelector(`.legend[data-for="${id}"]`);
-  box.replaceChildren(...opts.series.map((s) => {
+  const windowSecs = opts.dts ? opts.dts.reduce((a, dt) => a + dt, 0) : 0;
+  const value = (s) => (opts.dts ? windowRate(s.values, opts.dts) : last(s.values));
+  const spans = opts.series.map((s) => {
     const span = document.createElement('span');
     const swatch = document.createElement('i');
     swatch.style.background = s.color;
-    span.append(swatch, `${s.label} ${(s.right ? opts.fmtRight : opts.fmt)(last(s.values))}`);
+    span.dataset.series = s.label;
+    span.append(swatch, `${s.label} ${(s.right ? opts.fmtRight : opts.fmt)(value(s))}`);
     return span;
-  }));
+  });
+  if (opts.dts && windowSecs > 0) spans.push(cell('span', `over the last ${Math.round(windowSecs)} s`, 'window'));
+  box.replaceChildren(...spans);
+}
+
+// The rate over a window of per-second `rates`, each held for `dts[i]`
+// seconds: the events they stand for, divided by the window's seconds.
+function windowRate(rates, dts) {
+  let events = 0;
+  let secs = 0;
+  rates.forEach((r, i) => {
+    if (r === null || !Number.isFinite(r)) return;
+    events += r * dts[i];
+    secs += dts[i];
+  });
+  return secs > 0 ? events / secs : null;
 }
 
 const last = (arr) => (arr.length ? arr[arr.length - 1] : null);
@@ -478,7 +499,8 @@ function render() {
   const reqSeries = Object.entries(OUTCOMES).filter(([o]) => seen.has(o))
     .concat([...seen].filter((o) => !(o in OUTCOMES)).map((o) => [o, '#607d8b']))
     .map(([o, color]) => ({ label: o, color, values: byPoint.map((x, i) => (x[o] || 0) / pts[i].dt) }));
-  chart('chart-requests', { times, series: reqSeries, stacked: true, fmt: perSec });
+  const dts = pts.map((p) => p.dt);
+  chart('chart-requests', { times, series: reqSeries, stacked: true, fmt: perSec, dts });
 
   const rates = [
     { label: 'replay rate (replayed ÷ executed+replayed)', color: '#1565c0', values: windowed(replayRate) },
@@ -489,7 +511,7 @@ function render() {
   const conflicts = [
     ['mismatch', 'mismatch (422)'], ['in_progress', 'in progress (409)'], ['outcome_unknown', 'outcome unknown'],
   ].map(([o, label]) => ({ label, color: OUTCOMES[o], values: byPoint.map((x, i) => (x[o] || 0) / pts[i].dt) }));
-  chart('chart-conflicts', { times, series: conflicts, fmt: perSec });
+  chart('chart-conflicts', { times, series: conflicts, fmt: perSec, dts });
 
   const toMs = (q) => pts.map((p) => { const v = quantile(q, p.buckets); return v === null ? null : v * 1000; });
   const latency = [
