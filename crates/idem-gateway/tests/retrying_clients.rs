@@ -24,7 +24,7 @@ const PAY_SCRIPT: &str = concat!(
     "/tests/clients/pay_with_requests.py"
 );
 
-/// The README's payments route, and its lookup when `reconcile`.
+/// The payments route of docs/HTTP.md, and its lookup when `reconcile`.
 fn config(reconcile: bool, extra: &str) -> String {
     let mut c = format!(
         "{extra}\n[[route]]\nmethod = \"POST\"\npath = \"/v1/payments\"\nrequire_key = true\n"

@@ -480,8 +480,9 @@ impl<P: Publisher> Relay<P> {
         if self.publisher.is_connected() {
             self.ready.set(None);
         } else {
-            self.ready
-                .set(Some(NotReady::Broker("not connected".to_owned())));
+            self.ready.set(Some(NotReady::Broker(
+                "not connected; the client keeps trying to reconnect".to_owned(),
+            )));
         }
     }
 

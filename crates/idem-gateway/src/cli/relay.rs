@@ -148,6 +148,7 @@ pub(super) async fn run(args: RelayArgs) -> Result<(), GatewayError> {
         admin,
         token,
         store_url: args.store.clone(),
+        broker_url: idem::store::redact_url(&args.broker),
     };
     if nats {
         let publisher = NatsPublisher::connect(&args.broker, &args.stream).await?;
@@ -185,6 +186,8 @@ struct Setup {
     admin: tokio::net::TcpListener,
     token: Option<Arc<str>>,
     store_url: String,
+    /// The broker's URL, password redacted, for `/readyz`.
+    broker_url: String,
 }
 
 impl Setup {
@@ -199,6 +202,7 @@ impl Setup {
             admin,
             token,
             store_url,
+            broker_url,
         } = self;
         let relay = Relay::new(
             store.pool().clone(),
@@ -211,7 +215,7 @@ impl Setup {
         let admin_addr = admin
             .local_addr()
             .map_err(|e| GatewayError::io("the admin listener's address", e))?;
-        let router = admin_router(relay.readiness(), target.to_owned(), token);
+        let router = admin_router(relay.readiness(), broker_url, token);
         tokio::spawn(async move {
             if let Err(err) = axum::serve(admin, router).await {
                 tracing::error!(%err, "relay admin listener failed");
