@@ -64,8 +64,8 @@ fn publish_group_commit() {
 const UPKEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// Installs the process-wide Prometheus recorder (once; later calls return
-/// the same handle) and spawns its upkeep. Call it before serving: the
-/// layer registers its counters on the first request. Needs a Tokio
+/// the same handle) and spawns its upkeep. Call it before building the
+/// layer's service: the layer registers its counters then. Needs a Tokio
 /// runtime.
 pub fn install() -> &'static PrometheusHandle {
     HANDLE.get_or_init(|| {

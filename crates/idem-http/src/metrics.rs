@@ -15,8 +15,9 @@
 //! [`UNMATCHED_ROUTE`](crate::routes::UNMATCHED_ROUTE) or
 //! [`NO_ROUTE`](crate::routes::NO_ROUTE) — never a raw path, a key or a
 //! tenant, so the label set stays small. `outcome` is
-//! [`Decision::as_str`]. The handles are registered on the first request,
-//! so install the recorder before serving.
+//! [`Decision::as_str`]. The handles are registered (at zero) when the
+//! layer makes its service, so install the metrics recorder before
+//! building the service: counters registered before it stay no-ops.
 
 use std::sync::OnceLock;
 use std::time::Duration;

@@ -192,7 +192,8 @@ impl Routes {
     /// Matches routes' literal segments regardless of ASCII case
     /// (`/V1/Payments` takes `/v1/payments`'s policy); parameters and the
     /// fingerprint keep the case sent. Off by default: most servers treat
-    /// paths as case-sensitive.
+    /// paths as case-sensitive. Set it before adding routes: [`route`](Self::route)
+    /// refuses a shadowed route by the table's rule at the time.
     pub fn with_ignore_case(mut self, ignore_case: bool) -> Self {
         self.ignore_case = ignore_case;
         self

@@ -32,7 +32,13 @@ impl NatsPublisher {
             .connect(url)
             .await
             .map_err(|e| {
-                PublishError::broker_down_with(format!("cannot connect to NATS at {url}"), e)
+                PublishError::broker_down_with(
+                    format!(
+                        "cannot connect to NATS at {}",
+                        idem::store::redact_broker_url(url)
+                    ),
+                    e,
+                )
             })?;
         let jetstream = async_nats::jetstream::new(client.clone());
         Ok(Self {
@@ -367,7 +373,7 @@ fn outage_log(
     url: &str,
 ) -> impl Fn(async_nats::Event) -> std::future::Ready<()> + Send + Sync + 'static {
     use std::sync::atomic::{AtomicBool, Ordering};
-    let url = idem::store::redact_url(url);
+    let url = idem::store::redact_broker_url(url);
     let down = AtomicBool::new(false);
     move |event| {
         // The swaps in the guards keep one line per change of state.

@@ -543,6 +543,7 @@ impl<P: Publisher> Relay<P> {
             if last_rebalance.is_none_or(|t| t.elapsed() >= self.options.rebalance) {
                 let before = self.owned.clone();
                 if let Err(err) = self.rebalance().await {
+                    self.ready.set(Some(NotReady::Database(err.to_string())));
                     tracing::warn!(reason = "relay_rebalance_failed", %err, "cannot hold partitions; retrying");
                     self.drop_lock_session().await;
                 }
@@ -558,7 +559,11 @@ impl<P: Publisher> Relay<P> {
             };
             let worked = match batch {
                 Ok(batch) if batch.is_empty() => {
-                    self.database_answered();
+                    // An empty read without a lock session asked nothing
+                    // of the database (it holds no partitions): no news.
+                    if self.lock.is_some() {
+                        self.database_answered();
+                    }
                     false
                 }
                 Ok(batch) => match self.publish_round(batch, &marker).await {

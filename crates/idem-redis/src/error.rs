@@ -77,8 +77,6 @@ fn is_transient(err: &redis::RedisError) -> bool {
         )
 }
 
-/// Transient conditions become [`StoreError::Unavailable`], unreadable
-/// records [`StoreError::Corrupt`], the rest [`StoreError::Backend`].
 impl RedisError {
     /// Whether trying again later may succeed (the server is down,
     /// loading, failing over, or the connection broke); not for a refusal
@@ -91,6 +89,8 @@ impl RedisError {
     }
 }
 
+/// Transient conditions become [`StoreError::Unavailable`], unreadable
+/// records [`StoreError::Corrupt`], the rest [`StoreError::Backend`].
 impl From<RedisError> for StoreError {
     fn from(err: RedisError) -> Self {
         match &err {

@@ -427,7 +427,7 @@ pub(super) async fn run(args: DemoArgs) -> Result<(), GatewayError> {
     let _ = stop.send(());
     let _ = serving.await;
     if args.store.is_none() {
-        for suffix in ["", "-wal", "-shm"] {
+        for suffix in ["", "-wal", "-shm", ".secret", ".lock"] {
             let _ = std::fs::remove_file(format!("{}{suffix}", temp_db.display()));
         }
     }

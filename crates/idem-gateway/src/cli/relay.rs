@@ -121,7 +121,7 @@ pub(super) async fn run(args: RelayArgs) -> Result<(), GatewayError> {
     if !nats && !args.broker.starts_with("amqp://") {
         return Err(GatewayError::Invalid(format!(
             "--broker {}: use nats://host:port (JetStream) or amqp://user:password@host:port/vhost (RabbitMQ)",
-            idem::store::redact_url(&args.broker)
+            idem::store::redact_broker_url(&args.broker)
         )));
     }
     if args.prefix.is_empty() || args.prefix.contains(['*', '>', '#', ' ']) {
@@ -148,7 +148,7 @@ pub(super) async fn run(args: RelayArgs) -> Result<(), GatewayError> {
         admin,
         token,
         store_url: args.store.clone(),
-        broker_url: idem::store::redact_url(&args.broker),
+        broker_url: idem::store::redact_broker_url(&args.broker),
     };
     if nats {
         let publisher = NatsPublisher::connect(&args.broker, &args.stream).await?;
@@ -159,7 +159,9 @@ pub(super) async fn run(args: RelayArgs) -> Result<(), GatewayError> {
         }
         let target = format!(
             "{} stream {} (subjects {}.>)",
-            args.broker, args.stream, args.prefix
+            idem::store::redact_broker_url(&args.broker),
+            args.stream,
+            args.prefix
         );
         setup.drive(publisher, &target).await
     } else {
@@ -169,7 +171,7 @@ pub(super) async fn run(args: RelayArgs) -> Result<(), GatewayError> {
         );
         let target = format!(
             "{} exchange {} (routing keys {}.<aggregate_type>.<message_type>)",
-            idem::store::redact_url(&args.broker),
+            idem::store::redact_broker_url(&args.broker),
             args.exchange,
             args.prefix
         );

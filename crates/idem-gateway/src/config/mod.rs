@@ -719,8 +719,8 @@ on_store_error = "open"
                 "idem.toml:7: route[1].path = \"/v1/refunds\": this route is never chosen: route[0] (line 4, POST \"/v1/{id}\")",
             ),
             (
-                "upstream = \"http://x:1\"\nlisten = \"nosuchhost.invalid:8080\"\n",
-                "idem.toml:2: listen = \"nosuchhost.invalid:8080\": \"nosuchhost.invalid:8080\" is not an address like 127.0.0.1:8080 or localhost:8080 (\"nosuchhost.invalid\" does not resolve",
+                "upstream = \"http://x:1\"\nlisten = \"localhost:99999\"\n",
+                "idem.toml:2: listen = \"localhost:99999\": \"localhost:99999\" is not an address like 127.0.0.1:8080 or localhost:8080",
             ),
             (
                 "upstream = \"http://x:1\"\n[[route]]\npath = \"/v1\"\n",
@@ -831,6 +831,33 @@ on_store_error = "open"
         ] {
             let err = log_filter(bad).expect_err(bad);
             assert!(err.to_string().contains(want), "{bad}: {err}");
+        }
+        // What tracing then does with them: spaces and empty directives do
+        // not change the meaning; the NATS client is quiet unless named,
+        // and never louder than the rest.
+        use tracing::Level;
+        let enables = |filter: &str, target: &str, level: Level| {
+            log_filter(filter)
+                .expect(filter)
+                .would_enable(target, &level)
+        };
+        assert!(enables("idem_http=debug, warn", "hyper", Level::WARN));
+        assert!(!enables("idem_http=debug, warn", "hyper", Level::INFO));
+        assert!(enables("idem_http=debug, warn", "idem_http", Level::DEBUG));
+        assert!(enables("info,", "idem", Level::INFO));
+        assert!(!enables("info", "async_nats", Level::INFO));
+        assert!(enables("info", "async_nats", Level::WARN));
+        assert!(!enables("off", "async_nats", Level::WARN));
+        assert!(!enables("error", "async_nats", Level::WARN));
+        assert!(enables("info,async_nats=info", "async_nats", Level::INFO));
+        assert!(!enables(
+            "info,my_async_nats_shim=debug",
+            "async_nats",
+            Level::INFO
+        ));
+        for (word, hint) in [("PSOT", true), ("PURGE", false), ("PROPFNID", true)] {
+            let said = super::values::did_you_mean(word, ["POST", "MERGE", "PROPFIND"]);
+            assert_eq!(!said.is_empty(), hint, "{word}: {said}");
         }
     }
 

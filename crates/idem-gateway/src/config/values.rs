@@ -174,7 +174,9 @@ pub(crate) fn did_you_mean<'a>(word: &str, known: impl IntoIterator<Item = &'a s
     known
         .into_iter()
         .map(|k| (strsim::damerau_levenshtein(word, k), k))
-        .filter(|(d, _)| *d <= 2 && *d < word.len())
+        // Two edits apart for longer words; one for short ones, where two
+        // make another word (PURGE is not a misspelt MERGE).
+        .filter(|(d, _)| *d <= if word.len() > 5 { 2 } else { 1 } && *d < word.len())
         .min_by_key(|(d, _)| *d)
         .map(|(_, k)| format!(" (did you mean {k:?}?)"))
         .unwrap_or_default()
@@ -262,34 +264,55 @@ pub(super) fn header_names(
 /// is used: a bare word must be a level, since tracing would read `inf0` as
 /// the name of a module to trace and then log nothing else at all.
 pub fn log_filter(text: &str) -> Result<tracing_subscriber::filter::Targets, Refused> {
+    use tracing_subscriber::filter::LevelFilter;
     const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
-    let is_level = |l: &str| l.parse::<tracing_subscriber::filter::LevelFilter>().is_ok();
-    for directive in text.split(',').map(str::trim).filter(|d| !d.is_empty()) {
-        let (target, level) = match directive.split_once('=') {
+    let level = |l: &str| l.parse::<LevelFilter>().ok();
+    // Trimmed and without empty directives: tracing would read " warn" as
+    // a target and an empty one as "error only".
+    let directives: Vec<&str> = text
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .collect();
+    let mut global = None;
+    let mut names_client = false;
+    for directive in &directives {
+        let (target, lvl) = match directive.split_once('=') {
             Some((t, l)) => (Some(t.trim()), l.trim()),
-            None => (None, directive),
+            None => (None, *directive),
         };
-        if !is_level(level) {
-            let hint = did_you_mean(&level.to_ascii_lowercase(), LEVELS);
+        let Some(parsed) = level(lvl) else {
+            let hint = did_you_mean(&lvl.to_ascii_lowercase(), LEVELS);
             return Err(Refused(match target {
                 Some(t) => format!(
-                    "{directive:?}: {level:?} is not a level{hint}; write {t}=LEVEL with LEVEL one of off, error, warn, info, debug, trace"
+                    "{directive:?}: {lvl:?} is not a level{hint}; write {t}=LEVEL with LEVEL one of off, error, warn, info, debug, trace"
                 ),
                 None if hint.is_empty() => format!(
                     "{directive:?} is not a level: write one of off, error, warn, info, debug, trace, or TARGET=LEVEL such as idem_http=debug"
                 ),
                 None => format!("{directive:?} is not a level{hint}"),
             }));
+        };
+        match target {
+            None => global = Some(parsed),
+            Some(t) => {
+                let t = t.split('[').next().unwrap_or(t);
+                names_client |= t == QUIET_CLIENT || t.starts_with(&format!("{QUIET_CLIENT}::"));
+            }
         }
     }
+    let mut cleaned = directives.join(",");
     // The NATS client logs every reconnect attempt at INFO; the relay says
-    // an outage once, in its own words. Its lines stay a target away.
-    let text = if text.contains(QUIET_CLIENT) {
-        text.to_owned()
-    } else {
-        format!("{text},{QUIET_CLIENT}=warn")
-    };
-    text.parse().map_err(|e| {
+    // an outage once, in its own words. Its lines stay a target away, and
+    // never louder than the rest (`--log off` stays off).
+    if !names_client {
+        let quiet = global.unwrap_or(LevelFilter::OFF).min(LevelFilter::WARN);
+        if !cleaned.is_empty() {
+            cleaned.push(',');
+        }
+        cleaned.push_str(&format!("{QUIET_CLIENT}={quiet}"));
+    }
+    cleaned.parse().map_err(|e| {
         Refused(format!(
             "{text:?} is not a log filter ({e}); write e.g. info or warn,idem_http=debug"
         ))

@@ -63,8 +63,8 @@ pub struct Server {
 
 /// Opens the store and binds both listeners; errors name what failed.
 pub async fn bind(settings: &Settings) -> Result<Server, GatewayError> {
-    // Before anything records: the layer registers its counters on the
-    // first request.
+    // Before anything records: the layer registers its counters when it
+    // makes its service.
     crate::metrics::install();
     let retention = settings
         .routes

@@ -29,7 +29,24 @@ pub struct ServingLock {
 impl ServingLock {
     /// Takes the lock of the database at `database`, or says who holds it.
     pub fn acquire(database: &Path) -> Result<Self, GatewayError> {
-        let mut name = database.as_os_str().to_owned();
+        // One file, one lock, however it is named: through a symlink, a
+        // relative path or another spelling of its directory.
+        let canonical = match database.canonicalize() {
+            Ok(path) => path,
+            Err(_) => match (database.parent(), database.file_name()) {
+                (Some(dir), Some(file)) => {
+                    let dir = if dir.as_os_str().is_empty() {
+                        Path::new(".")
+                    } else {
+                        dir
+                    };
+                    dir.canonicalize()
+                        .map_or_else(|_| database.to_path_buf(), |d| d.join(file))
+                }
+                _ => database.to_path_buf(),
+            },
+        };
+        let mut name = canonical.into_os_string();
         name.push(".lock");
         let path = PathBuf::from(name);
         let io = |what: &str, e| GatewayError::io(format!("{what} {}", path.display()), e);
@@ -86,7 +103,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let db = dir.path().join("idem.db");
         let first = ServingLock::acquire(&db).expect("first");
-        assert_eq!(first.path(), dir.path().join("idem.db.lock"));
+        let canonical_dir = dir.path().canonicalize().expect("dir");
+        assert_eq!(first.path(), canonical_dir.join("idem.db.lock"));
         let err = ServingLock::acquire(&db).expect_err("second");
         let msg = err.to_string();
         assert!(
@@ -97,6 +115,14 @@ mod tests {
             "{msg}"
         );
         assert!(msg.contains("one gateway per database file"), "{msg}");
+        // The same file through a symlink is the same lock.
+        std::fs::write(&db, b"").expect("create");
+        let link = dir.path().join("current.db");
+        std::os::unix::fs::symlink(&db, &link).expect("symlink");
+        assert!(
+            ServingLock::acquire(&link).is_err(),
+            "a symlink's lock is the file's"
+        );
         drop(first);
         ServingLock::acquire(&db).expect("free again");
     }

@@ -68,6 +68,38 @@ pub fn decide_existing(
     }
 }
 
+/// A broker URL (or a comma-separated list of them, as NATS takes) fit for
+/// messages and logs: each as [`redact_url`] makes it, and a user-info part
+/// without a password masked whole, since a broker reads it as a token
+/// (`nats://s3cr3t@host` is token authentication).
+///
+/// ```
+/// use idem::store::redact_broker_url;
+/// assert_eq!(redact_broker_url("nats://s3cr3t@h:4222"), "nats://***@h:4222");
+/// assert_eq!(
+///     redact_broker_url("nats://u:p1@a:4222,nats://u:p2@b:4222"),
+///     "nats://u:***@a:4222,nats://u:***@b:4222"
+/// );
+/// assert_eq!(redact_broker_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+/// ```
+pub fn redact_broker_url(url: &str) -> String {
+    url.split(',')
+        .map(|one| {
+            let one = redact_url(one.trim());
+            let (scheme, rest) = one.split_once("://").unwrap_or(("", one.as_str()));
+            let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+            match rest[..authority_end].rsplit_once('@') {
+                Some((userinfo, host)) if !userinfo.contains(':') => {
+                    let sep = if scheme.is_empty() { "" } else { "://" };
+                    format!("{scheme}{sep}***@{host}{}", &rest[authority_end..])
+                }
+                _ => one,
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// A store URL fit for messages and logs: any password replaced by `***`,
 /// both in the user-info part (`postgres://user:secret@host/db`) and in a
 /// `password=` query option. Every backend and the gateway use this one.

@@ -23,7 +23,7 @@ pub mod backend;
 pub mod op;
 
 pub use around::{Around, Hook};
-pub use backend::{ExistingDecision, Migrated, decide_existing, redact_url};
+pub use backend::{ExistingDecision, Migrated, decide_existing, redact_broker_url, redact_url};
 pub use op::Op;
 
 use std::error::Error as StdError;
