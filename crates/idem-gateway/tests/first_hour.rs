@@ -117,7 +117,6 @@ async fn config_mistakes_are_refused_at_start_with_their_line() {
 async fn a_second_gateway_on_one_sqlite_file_is_refused_naming_the_first() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
-    // A host name for the listener, as a newcomer writes it.
     let first = Gateway::builder(IDEM, dir.path())
         .upstream(&up.url())
         .start()
@@ -146,7 +145,8 @@ async fn a_second_gateway_on_one_sqlite_file_is_refused_naming_the_first() {
     let listed = idem(&["records", "list", "--store", &store]).await;
     assert!(listed.status.success(), "{}", text(&listed.stderr));
     assert!(first.terminate().await.success());
-    // Once it has stopped, the file is free; `localhost` is a fine address.
+    // Once it has stopped, the file is free; and a host name for the
+    // listener, as a newcomer writes it, is a fine address.
     let dir2 = dir.path().to_path_buf();
     let mut second = Command::new(IDEM)
         .args(["--log", "warn", "serve", "--upstream", &up.url()])

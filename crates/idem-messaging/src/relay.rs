@@ -413,11 +413,11 @@ impl std::fmt::Display for NotReady {
 /// A relay's readiness, shared with its `/readyz`: ready after a round
 /// that reached both the database and the broker, else why not.
 #[derive(Debug)]
-pub struct Readiness(std::sync::Mutex<Option<NotReady>>);
+pub struct Readiness(Mutex<Option<NotReady>>);
 
 impl Default for Readiness {
     fn default() -> Self {
-        Self(std::sync::Mutex::new(Some(NotReady::Starting)))
+        Self(Mutex::new(Some(NotReady::Starting)))
     }
 }
 

@@ -2,7 +2,6 @@
 
 use idem::store::redact_url as redact;
 use idem_postgres::PgStore;
-use idem_sqlite::SqliteStore;
 
 use super::records::StoreArg;
 use crate::error::GatewayError;
@@ -22,17 +21,7 @@ pub(super) async fn run(args: MigrateArgs) -> Result<(), GatewayError> {
     let done = match StoreUrl::parse(url)? {
         StoreUrl::Sqlite(u) => {
             // Opening migrates; a file that is not there yet is created.
-            let opened = u.clone();
-            let store = tokio::task::spawn_blocking(move || SqliteStore::open_url(&opened))
-                .await
-                .map_err(|source| GatewayError::Task {
-                    context: "opening the store failed".to_owned(),
-                    source,
-                })?
-                .map_err(|source| GatewayError::SqliteOpen {
-                    url: u.clone(),
-                    source,
-                })?;
+            let store = StoreUrl::open_embedded(&u).await?;
             format!("{u}: {}", store.migrated())
         }
         StoreUrl::Postgres(o) | StoreUrl::Tiered(_, o) => {

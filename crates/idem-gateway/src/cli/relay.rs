@@ -77,14 +77,16 @@ fn admin_router(ready: Arc<Readiness>, broker: String, token: Option<Arc<str>>) 
             get(move || {
                 let answer = match ready.check() {
                     Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
-                    Err(why @ NotReady::Broker(_)) => (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        format!("not ready: {why} (broker {broker})\n"),
-                    ),
-                    Err(why) => (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        format!("not ready: {why}\n"),
-                    ),
+                    Err(why) => {
+                        let at = match why {
+                            NotReady::Broker(_) => format!(" (broker {broker})"),
+                            _ => String::new(),
+                        };
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("not ready: {why}{at}\n"),
+                        )
+                    }
                 };
                 async move { answer }
             }),

@@ -197,22 +197,24 @@ impl StoreUrl {
         }
     }
 
+    /// Opens (creating and migrating) the embedded store at `url`, off the
+    /// async threads: the one way the gateway opens a SQLite file.
+    pub async fn open_embedded(url: &str) -> Result<SqliteStore, GatewayError> {
+        let url = url.to_owned();
+        tokio::task::spawn_blocking(move || {
+            SqliteStore::open_url(&url).map_err(|source| GatewayError::SqliteOpen { url, source })
+        })
+        .await
+        .map_err(|source| GatewayError::Task {
+            context: "opening the store failed".to_owned(),
+            source,
+        })?
+    }
+
     /// Connects (and, for PostgreSQL, migrates unless `migrate=false`).
     pub async fn connect(&self) -> Result<DynStore, GatewayError> {
         match self {
-            Self::Sqlite(url) => {
-                let url = url.clone();
-                tokio::task::spawn_blocking(move || {
-                    SqliteStore::open_url(&url)
-                        .map(DynStore::new)
-                        .map_err(|source| GatewayError::SqliteOpen { url, source })
-                })
-                .await
-                .map_err(|source| GatewayError::Task {
-                    context: "opening the store failed".to_owned(),
-                    source,
-                })?
-            }
+            Self::Sqlite(url) => Self::open_embedded(url).await.map(DynStore::new),
             Self::Memory => Ok(DynStore::new(MemoryStore::new())),
             Self::Postgres(o) => PgStore::connect_with((**o).clone())
                 .await

@@ -84,18 +84,7 @@ pub fn decide_existing(
 /// ```
 pub fn redact_broker_url(url: &str) -> String {
     url.split(',')
-        .map(|one| {
-            let one = redact_url(one.trim());
-            let (scheme, rest) = one.split_once("://").unwrap_or(("", one.as_str()));
-            let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-            match rest[..authority_end].rsplit_once('@') {
-                Some((userinfo, host)) if !userinfo.contains(':') => {
-                    let sep = if scheme.is_empty() { "" } else { "://" };
-                    format!("{scheme}{sep}***@{host}{}", &rest[authority_end..])
-                }
-                _ => one,
-            }
-        })
+        .map(|one| redact(one.trim(), true))
         .collect::<Vec<_>>()
         .join(",")
 }
@@ -104,6 +93,12 @@ pub fn redact_broker_url(url: &str) -> String {
 /// both in the user-info part (`postgres://user:secret@host/db`) and in a
 /// `password=` query option. Every backend and the gateway use this one.
 pub fn redact_url(url: &str) -> String {
+    redact(url, false)
+}
+
+/// [`redact_url`]; with `bare_user_secret`, a user-info part without a
+/// password is masked whole too (a broker's token).
+fn redact(url: &str, bare_user_secret: bool) -> String {
     let (scheme, rest) = match url.split_once("://") {
         Some((scheme, rest)) => (Some(scheme), rest),
         None => (None, url),
@@ -113,6 +108,7 @@ pub fn redact_url(url: &str) -> String {
     let authority = match authority.rsplit_once('@') {
         Some((userinfo, host)) => match userinfo.split_once(':') {
             Some((user, _password)) => format!("{user}:***@{host}"),
+            None if bare_user_secret => format!("***@{host}"),
             None => format!("{userinfo}@{host}"),
         },
         None => authority.to_owned(),
