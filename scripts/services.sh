@@ -76,13 +76,14 @@ else
 fi
 
 # The Python retrying clients of the gateway's tests: requests with
-# urllib3's Retry (PyPI).
-if ! python3 -c 'import requests, urllib3' >/dev/null 2>&1; then
-  echo "services: installing the Python test clients (requests, urllib3)"
-  python3 -m pip install --quiet --disable-pip-version-check 'requests>=2.32,<3' 'urllib3>=2.2,<3' >/dev/null 2>&1 || true
+# urllib3's Retry, and tenacity for a client that rebuilds its request on
+# each attempt (PyPI).
+if ! python3 -c 'import requests, urllib3, tenacity' >/dev/null 2>&1; then
+  echo "services: installing the Python test clients (requests, urllib3, tenacity)"
+  python3 -m pip install --quiet --disable-pip-version-check 'requests>=2.32,<3' 'urllib3>=2.2,<3' 'tenacity>=8.2,<10' >/dev/null 2>&1 || true
 fi
-if python3 -c 'import requests, urllib3' >/dev/null 2>&1; then
-  echo "services: $(python3 -c 'import requests, urllib3; print("requests", requests.__version__, "and urllib3", urllib3.__version__)') are installed"
+if python3 -c 'import requests, urllib3, tenacity' >/dev/null 2>&1; then
+  echo "services: $(python3 -c 'import importlib.metadata as m; print(", ".join(f"{p} {m.version(p)}" for p in ("requests", "urllib3", "tenacity")))') are installed"
 else
   echo "services: the Python test clients could not be installed" >&2
   status=1

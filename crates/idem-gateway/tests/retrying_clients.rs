@@ -9,7 +9,12 @@
 //!   twice and every lost answer is reconciled into a replay;
 //! * without one, no payment is charged twice either: the lost ones are
 //!   held, listed for an operator (`idem records list --state held`);
-//! * a gateway SIGKILLed mid-request charges once.
+//! * a gateway SIGKILLed mid-request charges once;
+//! * a client that rebuilds each attempt (tenacity around its own
+//!   function), stamping `sent_at` into the body and keying on
+//!   `X-Request-Id`, is charged once and told its answer on a route with
+//!   `key_header` and `fingerprint_exclude`; without the exclusion its
+//!   honest retries are refused as another request.
 
 use std::path::Path;
 use std::time::Duration;
@@ -61,9 +66,21 @@ fn held_keys(store: &str) -> Vec<String> {
 
 /// Runs the Python client: `payments` payments, urllib3 retrying.
 async fn pay_with_requests(python: &Path, url: &str, payments: u32) -> serde_json::Value {
+    run_client(python, PAY_SCRIPT, url, payments, &["--total", "10"]).await
+}
+
+/// Runs one of the Python clients in `tests/clients`, with a read time-out
+/// of 1 s: its report.
+async fn run_client(
+    python: &Path,
+    script: &str,
+    url: &str,
+    payments: u32,
+    args: &[&str],
+) -> serde_json::Value {
     let out = tokio::process::Command::new(python)
-        .args([PAY_SCRIPT, url, &payments.to_string()])
-        .args(["--read-timeout", "1", "--total", "10"])
+        .args([script, url, &payments.to_string(), "--read-timeout", "1"])
+        .args(args)
         .output()
         .await
         .expect("run the Python client");
@@ -123,6 +140,72 @@ async fn python_requests_through_the_default_gateway_never_charge_twice() {
             held.sort();
             lost.sort();
             assert_eq!(held, lost, "the held records are exactly the lost answers");
+        }
+    }
+}
+
+const TENACITY_SCRIPT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/clients/pay_with_tenacity.py"
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_restamps_each_retry_is_charged_once_where_the_route_leaves_the_stamp_out() {
+    let Some(python) = idem_testkit::services::python_with(&["requests", "tenacity"]) else {
+        return;
+    };
+    const PAYMENTS: u32 = 60;
+    for exclude in [true, false] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ledger = Ledger::start(FAULTS).await;
+        let mut route = String::from("key_header = \"X-Request-Id\"\n");
+        if exclude {
+            route.push_str("fingerprint_exclude = [\"/sent_at\"]\n");
+        }
+        let config = format!(
+            "[[route]]\nmethod = \"POST\"\npath = \"/v1/payments\"\nrequire_key = true\n{route}\n[route.reconcile]\npath = \"/v1/payments/by-key/{{key}}\"\nstatus = 201\n"
+        );
+        let gw = GatewayProcess::builder(IDEM, dir.path())
+            .config(&config)
+            .upstream(&ledger.url())
+            .store(&sqlite_store(dir.path()))
+            .start()
+            .await;
+        let url = format!("http://{}", gw.addr);
+        let report = run_client(
+            &python,
+            TENACITY_SCRIPT,
+            &url,
+            PAYMENTS,
+            &["--attempts", "10"],
+        )
+        .await;
+        let tally = ledger.tally();
+        eprintln!("fingerprint_exclude = {exclude}: client {report:#}\nledger {tally:?}");
+        let status = &report["status"];
+        assert_eq!(
+            tally.paid,
+            u64::from(PAYMENTS),
+            "every payment charged, keyed by X-Request-Id"
+        );
+        assert_eq!(tally.duplicates, 0, "no payment charged twice");
+        assert!(
+            report["attempts"].as_u64() > Some(u64::from(PAYMENTS)),
+            "the faults made the client retry"
+        );
+        if exclude {
+            assert_eq!(
+                status["201"],
+                u64::from(PAYMENTS),
+                "every client got its answer: {status}"
+            );
+        } else {
+            // The stamp is part of the request: a retry after the first
+            // attempt completed is another request under the same key.
+            assert!(
+                status["422"].as_u64() > Some(0),
+                "honest retries refused: {status}"
+            );
         }
     }
 }

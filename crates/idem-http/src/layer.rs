@@ -26,6 +26,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body::Body;
 use idem::reconcile::{Reconciler as _, Reconciliation};
@@ -43,7 +44,10 @@ use crate::metrics::RequestMetrics;
 use crate::pattern::normalize_path;
 use crate::problem::{Problem, ProblemKind, retry_after_secs};
 use crate::reconcile::{HttpLookup, LookupRequest, Sender};
-use crate::request::{Hashing, TenantExtractor, TenantSource, fingerprints, idempotency_key};
+use crate::request::{
+    Hashing, TenantExtractor, TenantSource, fingerprints, header_label, key_from_body,
+    key_from_headers,
+};
 use crate::routes::{MissingTenant, RouteMatch, RoutePolicy, Routes};
 
 /// Set by an inner service (the gateway's proxy) on responses it made
@@ -403,25 +407,42 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         let policy = Arc::clone(route.policy);
         let engine = &this.engines[route.index];
         let operation = route.operation.into_owned();
-        let key = match idempotency_key(req.headers()) {
-            Ok(Some(key)) => key,
-            Ok(None) if policy.require_key => {
-                tracing::info!(reason = "idempotency_missing_key", %operation);
-                return Ok(problem(
-                    Problem::new(
-                        ProblemKind::KeyMissing,
-                        format!("{operation} requires an Idempotency-Key header"),
-                    ),
-                    Decision::MissingKey,
-                ));
-            }
-            Ok(None) => return pass_through(inner, req, Decision::PassThrough).await,
+        let header_key = match key_from_headers(req.headers(), &policy.key_headers) {
+            Ok(key) => key,
             Err(p) => {
                 tracing::info!(reason = "idempotency_invalid_key", %operation, detail = p.detail());
                 return Ok(problem(p, Decision::InvalidKey));
             }
         };
         let (parts, body) = req.into_parts();
+        // Without a key header, a route with `key_from` reads the body
+        // first: whether the request is protected at all depends on it.
+        let (key, body) = match (header_key, &policy.key_from) {
+            (Some(key), _) => (key, Received::Unread(body)),
+            (None, None) => {
+                return no_key(inner, Request::from_parts(parts, body), &policy, &operation).await;
+            }
+            (None, Some(field)) => {
+                let bytes = match read_body(&parts, body, &policy).await {
+                    Ok(bytes) => bytes,
+                    Err(refused) => {
+                        tracing::info!(reason = refused.reason, %operation, detail = refused.problem.detail());
+                        return Ok(problem(refused.problem, Decision::BadRequest));
+                    }
+                };
+                match key_from_body(&parts, &bytes, field) {
+                    Ok(Some(key)) => (key, Received::Read(bytes)),
+                    Ok(None) => {
+                        let req = Request::from_parts(parts, ReqBody::from(bytes));
+                        return no_key(inner, req, &policy, &operation).await;
+                    }
+                    Err(p) => {
+                        tracing::info!(reason = "idempotency_invalid_key", %operation, detail = p.detail());
+                        return Ok(problem(p, Decision::InvalidKey));
+                    }
+                }
+            }
+        };
         let scope = match this.tenant.tenant(&parts).and_then(|t| {
             Scope::new(&this.hashing.tenant(&t), &operation)
                 .map_err(|e| Problem::new(ProblemKind::TenantInvalid, e.to_string()))
@@ -432,7 +453,7 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                     && policy.on_missing_tenant == MissingTenant::Pass =>
             {
                 tracing::warn!(reason = "idempotency_unprotected", %operation, %key, detail = p.detail(), "no tenant credential: forwarded unprotected (on_missing_tenant = pass)");
-                let req = Request::from_parts(parts, body);
+                let req = Request::from_parts(parts, body.into_body());
                 let mut resp = pass_through(inner, req, Decision::Unprotected).await?;
                 resp.headers_mut()
                     .insert(IDEMPOTENCY_STATUS, HeaderValue::from_static("unprotected"));
@@ -443,34 +464,15 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                 return Ok(problem(p, Decision::BadRequest));
             }
         };
-        if content_length(&parts.headers).is_some_and(|n| n > policy.max_request_body as u64) {
-            return Ok(too_large(&policy, &scope, &key));
-        }
-        let bytes = match read_request(body, policy.max_request_body).await {
-            Ok(bytes) => bytes,
-            Err(RequestBodyError::TooLarge) => return Ok(too_large(&policy, &scope, &key)),
-            Err(RequestBodyError::TimedOut(err)) => {
-                tracing::info!(reason = "idempotency_body_timeout", tenant = scope.tenant(), operation = scope.operation(), %key, %err);
-                return Ok(problem(
-                    Problem::new(
-                        ProblemKind::BodyTimeout,
-                        format!(
-                            "the request body stalled: {err}; nothing was recorded or forwarded"
-                        ),
-                    ),
-                    Decision::BadRequest,
-                ));
-            }
-            Err(RequestBodyError::Unreadable(err)) => {
-                tracing::info!(reason = "idempotency_body_unreadable", tenant = scope.tenant(), operation = scope.operation(), %key, %err);
-                return Ok(problem(
-                    Problem::new(
-                        ProblemKind::BodyUnreadable,
-                        format!("the request body could not be read to its end: {err}"),
-                    ),
-                    Decision::BadRequest,
-                ));
-            }
+        let bytes = match body {
+            Received::Read(bytes) => bytes,
+            Received::Unread(body) => match read_body(&parts, body, &policy).await {
+                Ok(bytes) => bytes,
+                Err(refused) => {
+                    tracing::info!(reason = refused.reason, tenant = scope.tenant(), operation = scope.operation(), %key, detail = refused.problem.detail());
+                    return Ok(problem(refused.problem, Decision::BadRequest));
+                }
+            },
         };
         let path = normalized.as_deref().unwrap_or(parts.uri.path());
         let (fp, earlier_fp) = match fingerprints(
@@ -479,6 +481,7 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
             path,
             &operation,
             &policy.fingerprint_headers,
+            &policy.fingerprint_body,
             &bytes,
         ) {
             Ok(fps) => fps,
@@ -653,22 +656,103 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
         .ok()
 }
 
-fn too_large<B>(
-    policy: &RoutePolicy,
-    scope: &Scope,
-    key: &idem::IdempotencyKey,
-) -> Response<ResponseBody<B>> {
-    tracing::info!(reason = "idempotency_body_too_large", tenant = scope.tenant(), operation = scope.operation(), %key, limit = policy.max_request_body);
-    problem(
-        Problem::new(
+/// A request body, read already or not yet.
+enum Received<B> {
+    Read(Bytes),
+    Unread(B),
+}
+
+impl<B: From<Bytes>> Received<B> {
+    /// The body to forward as it is.
+    fn into_body(self) -> B {
+        match self {
+            Self::Read(bytes) => B::from(bytes),
+            Self::Unread(body) => body,
+        }
+    }
+}
+
+/// Why a request body was not read: the log's reason and the answer.
+struct BodyRefused {
+    reason: &'static str,
+    problem: Problem,
+}
+
+/// Reads a protected request's body within the route's limit.
+async fn read_body<B>(parts: &Parts, body: B, policy: &RoutePolicy) -> Result<Bytes, BodyRefused>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let too_large = || BodyRefused {
+        reason: "idempotency_body_too_large",
+        problem: Problem::new(
             ProblemKind::BodyTooLarge,
             format!(
                 "the request body is larger than the {} bytes this route accepts",
                 policy.max_request_body
             ),
         ),
-        Decision::BadRequest,
-    )
+    };
+    if content_length(&parts.headers).is_some_and(|n| n > policy.max_request_body as u64) {
+        return Err(too_large());
+    }
+    match read_request(body, policy.max_request_body).await {
+        Ok(bytes) => Ok(bytes),
+        Err(RequestBodyError::TooLarge) => Err(too_large()),
+        Err(RequestBodyError::TimedOut(err)) => Err(BodyRefused {
+            reason: "idempotency_body_timeout",
+            problem: Problem::new(
+                ProblemKind::BodyTimeout,
+                format!("the request body stalled: {err}; nothing was recorded or forwarded"),
+            ),
+        }),
+        Err(RequestBodyError::Unreadable(err)) => Err(BodyRefused {
+            reason: "idempotency_body_unreadable",
+            problem: Problem::new(
+                ProblemKind::BodyUnreadable,
+                format!("the request body could not be read to its end: {err}"),
+            ),
+        }),
+    }
+}
+
+/// A protected route's request that carries no key: refused where the
+/// route requires one, passed through otherwise.
+async fn no_key<I, ReqBody, ResBody>(
+    inner: I,
+    req: Request<ReqBody>,
+    policy: &RoutePolicy,
+    operation: &str,
+) -> Answer<ResBody, I::Error>
+where
+    I: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    if !policy.require_key {
+        return pass_through(inner, req, Decision::PassThrough).await;
+    }
+    tracing::info!(reason = "idempotency_missing_key", %operation);
+    let headers: Vec<String> = policy.key_headers.iter().map(header_label).collect();
+    let mut wanted = match headers.as_slice() {
+        [] => String::new(),
+        [one] => format!("an {one} header"),
+        many => format!("one of the headers {}", many.join(", ")),
+    };
+    if let Some(field) = &policy.key_from {
+        let body = format!("the JSON body's {field}");
+        wanted = if wanted.is_empty() {
+            body
+        } else {
+            format!("{wanted} or {body}")
+        };
+    }
+    Ok(problem(
+        Problem::new(
+            ProblemKind::KeyMissing,
+            format!("{operation} requires a key: {wanted}"),
+        ),
+        Decision::MissingKey,
+    ))
 }
 
 async fn pass_through<I, ReqBody, ResBody>(

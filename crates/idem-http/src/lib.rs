@@ -44,6 +44,7 @@ pub mod layer;
 pub mod lookup;
 pub mod metrics;
 mod pattern;
+mod pointer;
 mod problem;
 mod reconcile;
 pub mod request;
@@ -55,6 +56,7 @@ pub use headers::{HOP_BY_HOP, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED, hop_by_ho
 pub use layer::{Idempotency, IdempotencyLayer, Reserved, UpstreamOutcome};
 pub use lookup::Lookup;
 pub use pattern::{PathPattern, PatternError, normalize_path};
+pub use pointer::{BodyFields, JsonPointer, PointerError};
 pub use problem::{
     PROBLEM_BASE, PROBLEM_JSON, Problem, ProblemKind, ProblemType, retry_after_secs,
 };

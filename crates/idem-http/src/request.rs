@@ -27,7 +27,7 @@ use idem::{Fingerprint, HashSecret, IdempotencyKey};
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 
-use crate::{Problem, ProblemKind};
+use crate::{BodyFields, JsonPointer, Problem, ProblemKind};
 
 /// The request header carrying the key.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -36,14 +36,32 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 /// well-formed (bare token, or structured-field string `"…"`), a problem
 /// when malformed or sent more than once.
 pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, Problem> {
-    let mut values = headers.get_all(&IDEMPOTENCY_KEY).iter();
-    let Some(value) = values.next() else {
+    key_from_headers(headers, std::slice::from_ref(&IDEMPOTENCY_KEY))
+}
+
+/// Reads the key from the first of `names` the request carries (a route's
+/// `key_header`), as [`idempotency_key`] reads `Idempotency-Key`: one
+/// value of that header, bare or a structured-field string.
+pub fn key_from_headers(
+    headers: &HeaderMap,
+    names: &[HeaderName],
+) -> Result<Option<IdempotencyKey>, Problem> {
+    let Some((name, mut values)) = names.iter().find_map(|name| {
+        let mut values = headers.get_all(name).iter();
+        values
+            .next()
+            .map(|first| (name, std::iter::once(first).chain(values)))
+    }) else {
         return Ok(None);
     };
+    let value = values.next().expect("found by its first value");
     if values.next().is_some() {
         return Err(Problem::new(
             ProblemKind::KeyAmbiguous,
-            "the request has more than one Idempotency-Key header; send exactly one",
+            format!(
+                "the request has more than one {} header; send exactly one",
+                header_label(name)
+            ),
         ));
     }
     let raw = value.as_bytes();
@@ -52,7 +70,64 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, Pr
         _ => IdempotencyKey::from_bytes(raw),
     }
     .map(Some)
-    .map_err(|e| Problem::new(ProblemKind::KeyInvalid, e.to_string()))
+    .map_err(|e| {
+        Problem::new(
+            ProblemKind::KeyInvalid,
+            format!("{}: {e}", header_label(name)),
+        )
+    })
+}
+
+/// Reads the key from the field `pointer` names in a JSON body (a route's
+/// `key_from`): a string, or an integer as written. `Ok(None)` when the
+/// body is not JSON or lacks the field; a problem when the field holds
+/// anything else, or its text is not a valid key.
+pub fn key_from_body(
+    parts: &Parts,
+    body: &[u8],
+    pointer: &JsonPointer,
+) -> Result<Option<IdempotencyKey>, Problem> {
+    if !is_json(&parts.headers) {
+        return Ok(None);
+    }
+    let doc = match idem::json_strict(body) {
+        Ok(doc) => doc,
+        Err(idem::JsonRefusal::NotJson) => return Ok(None),
+        Err(why) => return Err(ambiguous(&why)),
+    };
+    let text = match pointer.get(&doc) {
+        None => return Ok(None),
+        Some(serde_json::Value::String(s)) => Cow::Borrowed(s.as_str()),
+        Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => Cow::Owned(n.to_string()),
+        Some(_) => {
+            return Err(Problem::new(
+                ProblemKind::KeyInvalid,
+                format!("the body's {pointer} must be a string or an integer to be the key"),
+            ));
+        }
+    };
+    IdempotencyKey::from_bytes(text.as_bytes())
+        .map(Some)
+        .map_err(|e| {
+            Problem::new(
+                ProblemKind::KeyInvalid,
+                format!("the body's {pointer}: {e}"),
+            )
+        })
+}
+
+/// A header's name as people write it: `Idempotency-Key`, `X-Request-Id`.
+pub(crate) fn header_label(name: &HeaderName) -> String {
+    name.as_str()
+        .split('-')
+        .map(|word| {
+            let mut chars = word.chars();
+            chars.next().map_or_else(String::new, |first| {
+                first.to_ascii_uppercase().to_string() + chars.as_str()
+            })
+        })
+        .collect::<Vec<_>>()
+        .join("-")
 }
 
 /// Unquotes an RFC 8941 item whose value is a string (`"…"` with `\"` and
@@ -428,7 +503,16 @@ impl Hashing {
         headers: &[HeaderName],
         body: &[u8],
     ) -> Result<Fingerprint, Problem> {
-        fingerprints(self, parts, path, operation, headers, body).map(|(fp, _)| fp)
+        fingerprints(
+            self,
+            parts,
+            path,
+            operation,
+            headers,
+            &BodyFields::All,
+            body,
+        )
+        .map(|(fp, _)| fp)
     }
 }
 
@@ -439,9 +523,10 @@ impl Hashing {
 /// `path` (so one key on another resource is a different request), the
 /// query with repeated parameters in the order sent, the chosen headers
 /// (all values, in order), and the body: canonical JSON when the content
-/// type is JSON, bytes otherwise; keyed (`v2:`) with a secret, SHA-256
-/// (`v1:`) without. The earlier form: the same without the path, the
-/// query's parameters sorted, unkeyed.
+/// type is JSON (only the `fields` chosen), bytes otherwise; keyed (`v2:`)
+/// with a secret, SHA-256 (`v1:`) without. The earlier form: the same
+/// without the path, the query's parameters sorted, the whole body,
+/// unkeyed.
 ///
 /// A JSON body that is not UTF-8 is refused (JSON text is UTF-8 by
 /// definition), and so is one two readers could read as different
@@ -454,12 +539,14 @@ pub fn fingerprints(
     path: &str,
     operation: &str,
     headers: &[HeaderName],
+    fields: &BodyFields,
     body: &[u8],
 ) -> Result<(Fingerprint, Option<Fingerprint>), Problem> {
-    let body = body_digest(parts, body)?;
+    let raw = body;
+    let body = body_digest(parts, body, fields)?;
     let query = parts.uri.query().unwrap_or("");
     let params = || query.split('&').filter(|p| !p.is_empty());
-    let rest = |mut fp: idem::FingerprintBuilder| {
+    let rest = |mut fp: idem::FingerprintBuilder, body: (idem::BodyKind, [u8; 32])| {
         for name in headers {
             for value in parts.headers.get_all(name) {
                 fp = fp.part(name.as_str(), value.as_bytes());
@@ -471,12 +558,20 @@ pub fn fingerprints(
     let earlier = || {
         let mut sorted: Vec<&str> = params().collect();
         sorted.sort_unstable();
-        rest(
-            Fingerprint::builder()
-                .part("method", parts.method.as_str().as_bytes())
-                .part("operation", operation.as_bytes())
-                .part("query", sorted.join("&").as_bytes()),
-        )
+        // Earlier versions covered the whole body.
+        let whole = match fields {
+            BodyFields::All => Ok(body),
+            _ => body_digest(parts, raw, &BodyFields::All),
+        };
+        whole.map(|whole| {
+            rest(
+                Fingerprint::builder()
+                    .part("method", parts.method.as_str().as_bytes())
+                    .part("operation", operation.as_bytes())
+                    .part("query", sorted.join("&").as_bytes()),
+                whole,
+            )
+        })
     };
     let fp = match &hashing.secret {
         Some(secret) => idem::FingerprintBuilder::keyed(secret),
@@ -491,12 +586,25 @@ pub fn fingerprints(
     for param in params() {
         fp = fp.part("query", param.as_bytes());
     }
-    let current = rest(fp);
-    Ok((current, hashing.finds_earlier().then(earlier)))
+    // Only when the body is covered in part (and JSON): the default keeps
+    // the fingerprints it always gave.
+    if body.0 == idem::BodyKind::Json
+        && let Some(label) = fields.label()
+    {
+        fp = fp.part("body-fields", label.as_bytes());
+    }
+    let current = rest(fp, body);
+    let earlier = hashing.finds_earlier().then(earlier).transpose()?;
+    Ok((current, earlier))
 }
 
-/// The body's kind and digest, as the fingerprint takes it.
-fn body_digest(parts: &Parts, body: &[u8]) -> Result<(idem::BodyKind, [u8; 32]), Problem> {
+/// The body's kind and digest, as the fingerprint takes it: of the
+/// `fields` chosen when the body is JSON.
+fn body_digest(
+    parts: &Parts,
+    body: &[u8],
+    fields: &BodyFields,
+) -> Result<(idem::BodyKind, [u8; 32]), Problem> {
     if !is_json(&parts.headers) {
         return Ok((idem::BodyKind::Bytes, Sha256::digest(body).into()));
     }
@@ -509,14 +617,22 @@ fn body_digest(parts: &Parts, body: &[u8]) -> Result<(idem::BodyKind, [u8; 32]),
     // Parsed once: canonicalised, and refused when two readers could read
     // it as different documents (the upstream may read it as the one the
     // fingerprint did not).
-    match idem::canonical_json_strict(body) {
-        Ok(canonical) => Ok((idem::BodyKind::Json, Sha256::digest(&canonical).into())),
+    match idem::json_strict(body) {
+        Ok(doc) => {
+            let canonical = idem::canonical_json_value(&fields.select(doc), body.len());
+            Ok((idem::BodyKind::Json, Sha256::digest(&canonical).into()))
+        }
         Err(idem::JsonRefusal::NotJson) => Ok((idem::BodyKind::Bytes, Sha256::digest(body).into())),
-        Err(why) => Err(Problem::new(
-            ProblemKind::BodyAmbiguous,
-            format!("the JSON body is ambiguous: {why}; nothing was forwarded"),
-        )),
+        Err(why) => Err(ambiguous(&why)),
     }
+}
+
+/// `400 request-body-ambiguous-json`.
+fn ambiguous(why: &idem::JsonRefusal) -> Problem {
+    Problem::new(
+        ProblemKind::BodyAmbiguous,
+        format!("the JSON body is ambiguous: {why}; nothing was forwarded"),
+    )
 }
 
 #[cfg(test)]
@@ -567,6 +683,7 @@ mod tests {
             "/v1/payments",
             "POST /v1/payments",
             &[],
+            &BodyFields::All,
             br#"{"n":9007199254740992,"f":1.5,"s":"x"}"#,
         )
         .expect("fp");
@@ -894,6 +1011,7 @@ mod tests {
             "/a",
             "POST /v1/payments",
             &[header::CONTENT_TYPE],
+            &BodyFields::All,
             b"{}",
         )
         .expect("fp");
@@ -917,10 +1035,118 @@ mod tests {
                 "/a",
                 "POST /v1/payments",
                 &[],
+                &BodyFields::All,
                 b"{}"
             )
             .expect("fp")
             .1,
+            None
+        );
+    }
+
+    #[test]
+    fn chosen_body_fields_leave_the_rest_of_the_fingerprint_and_plain_bodies_alone() {
+        let fp = |content_type: &str, fields: &BodyFields, body: &[u8]| {
+            let p = parts(|b| b.header("content-type", content_type));
+            let hashing = secret(1)
+                .with_earlier_until(SystemTime::now() + std::time::Duration::from_secs(60));
+            fingerprints(&hashing, &p, "/v1/p", "POST /v1/p", &[], fields, body).expect("fp")
+        };
+        let p = |t: &str| t.parse::<JsonPointer>().expect("pointer");
+        let json = "application/json";
+        let exclude = BodyFields::Exclude(vec![p("/sent_at")]);
+        let (a, a_earlier) = fp(json, &exclude, br#"{"amount":5,"sent_at":1}"#);
+        let (b, b_earlier) = fp(json, &exclude, br#"{"amount":5,"sent_at":2}"#);
+        assert_eq!(a, b, "the stamp is left out");
+        // Earlier versions covered the whole body, and still do.
+        assert_ne!(a_earlier, b_earlier);
+        // The same document covered whole is another request: a route that
+        // changes what it covers does not replay records made before.
+        let (whole, _) = fp(json, &BodyFields::All, br#"{"amount":5}"#);
+        let (trimmed, _) = fp(json, &exclude, br#"{"amount":5}"#);
+        assert_ne!(whole, trimmed);
+        // A body that is not JSON is covered whole, as if no field were named.
+        let include = BodyFields::Include(vec![p("/amount")]);
+        let (plain, _) = fp("text/plain", &include, b"amount=5");
+        assert_eq!(plain, fp("text/plain", &BodyFields::All, b"amount=5").0);
+        assert_ne!(plain, fp("text/plain", &include, b"amount=6").0);
+        // Ambiguous JSON is refused whatever is covered.
+        let p = parts(|b| b.header("content-type", json));
+        let ambiguous = fingerprints(
+            &secret(1),
+            &p,
+            "/",
+            "op",
+            &[],
+            &include,
+            br#"{"amount":1,"amount":2}"#,
+        );
+        assert_eq!(
+            ambiguous.expect_err("dup").kind(),
+            Some(ProblemKind::BodyAmbiguous)
+        );
+    }
+
+    #[test]
+    fn keys_come_from_the_first_named_header_or_the_body_field() {
+        let names = [HeaderName::from_static("x-request-id"), IDEMPOTENCY_KEY];
+        let p = parts(|b| {
+            b.header("idempotency-key", "second")
+                .header("x-request-id", "first")
+        });
+        assert_eq!(
+            key_from_headers(&p.headers, &names)
+                .expect("ok")
+                .expect("key")
+                .as_str(),
+            "first"
+        );
+        let p = parts(|b| b.header("idempotency-key", "\"quoted k\""));
+        assert_eq!(
+            key_from_headers(&p.headers, &names)
+                .expect("ok")
+                .expect("key")
+                .as_str(),
+            "quoted k"
+        );
+        assert_eq!(key_from_headers(&p.headers, &[]).expect("ok"), None);
+        let p = parts(|b| b.header("x-request-id", "a").header("x-request-id", "b"));
+        let err = key_from_headers(&p.headers, &names).expect_err("two");
+        assert!(err.detail().contains("X-Request-Id"), "{}", err.detail());
+
+        let field = "/order/id".parse::<JsonPointer>().expect("pointer");
+        let json = parts(|b| b.header("content-type", "application/json"));
+        let key = |body: &str| key_from_body(&json, body.as_bytes(), &field);
+        assert_eq!(
+            key(r#"{"order":{"id":"o-1"}}"#)
+                .expect("ok")
+                .expect("key")
+                .as_str(),
+            "o-1"
+        );
+        assert_eq!(
+            key(r#"{"order":{"id":-7}}"#)
+                .expect("ok")
+                .expect("key")
+                .as_str(),
+            "-7"
+        );
+        assert_eq!(key(r#"{"order":{}}"#).expect("ok"), None);
+        assert_eq!(key("not json").expect("ok"), None);
+        for bad in [
+            r#"{"order":{"id":1.5}}"#,
+            r#"{"order":{"id":true}}"#,
+            r#"{"order":{"id":"\u0007"}}"#,
+        ] {
+            assert_eq!(
+                key(bad).expect_err(bad).kind(),
+                Some(ProblemKind::KeyInvalid),
+                "{bad}"
+            );
+        }
+        let text = parts(|b| b.header("content-type", "text/plain"));
+        assert_eq!(
+            key_from_body(&text, br#"{"order":{"id":"o-1"}}"#, &field).expect("ok"),
             None
         );
     }

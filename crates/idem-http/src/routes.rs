@@ -28,6 +28,7 @@ use idem::Policy;
 
 use crate::lookup::Lookup;
 use crate::pattern::{PathPattern, PatternError, normalize_path};
+use crate::{BodyFields, IDEMPOTENCY_KEY, JsonPointer};
 
 /// HTTP-level policy of one route, around the engine's [`Policy`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,8 +46,16 @@ pub struct RoutePolicy {
     /// Status for a key reused with another request (422 per the IETF
     /// draft; 400 as Stripe does).
     pub mismatch_status: StatusCode,
+    /// Headers the key is read from, the first the request carries
+    /// winning (default `Idempotency-Key`).
+    pub key_headers: Vec<HeaderName>,
+    /// The field of a JSON body the key is read from when no key header
+    /// is sent (default: none; the body is then read before the tenant).
+    pub key_from: Option<JsonPointer>,
     /// Headers that are part of the fingerprint (default `content-type`).
     pub fingerprint_headers: Vec<HeaderName>,
+    /// Which fields of a JSON body the fingerprint covers (default: all).
+    pub fingerprint_body: BodyFields,
     /// Response headers never stored nor replayed, besides those that
     /// never are whatever this says: `set-cookie`, `content-length` and
     /// the hop-by-hop ones (default: none more).
@@ -81,7 +90,10 @@ impl Default for RoutePolicy {
             max_request_body: 1024 * 1024,
             max_stored_response: 1024 * 1024,
             mismatch_status: StatusCode::UNPROCESSABLE_ENTITY,
+            key_headers: vec![IDEMPOTENCY_KEY],
+            key_from: None,
             fingerprint_headers: vec![header::CONTENT_TYPE],
+            fingerprint_body: BodyFields::All,
             unstored_headers: Vec::new(),
             lookup: None,
             on_missing_tenant: MissingTenant::Refuse,
@@ -123,6 +135,25 @@ impl RoutePolicy {
     /// Sets what a request without its tenant's credential gets.
     pub fn with_on_missing_tenant(mut self, on_missing: MissingTenant) -> Self {
         self.on_missing_tenant = on_missing;
+        self
+    }
+
+    /// Reads the key from the first of these headers the request carries.
+    pub fn with_key_headers(mut self, names: Vec<HeaderName>) -> Self {
+        self.key_headers = names;
+        self
+    }
+
+    /// Reads the key from this field of a JSON body when no key header
+    /// is sent.
+    pub fn with_key_from(mut self, field: JsonPointer) -> Self {
+        self.key_from = Some(field);
+        self
+    }
+
+    /// Sets which fields of a JSON body the fingerprint covers.
+    pub fn with_fingerprint_body(mut self, fields: BodyFields) -> Self {
+        self.fingerprint_body = fields;
         self
     }
 

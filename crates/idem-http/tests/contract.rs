@@ -1098,3 +1098,154 @@ async fn a_retry_across_the_keyed_hash_upgrade_gets_its_original_answer() {
         "charged once per new key, never for the old one"
     );
 }
+
+/// A route keyed on `X-Request-Id` (or `X-Idempotency-Key`), then on the
+/// body's `/order/id`, with `sent_at` out of the fingerprint; another
+/// whose fingerprint covers only `/amount` and `/currency`.
+fn routes_keyed_where_clients_keep_keys() -> Routes {
+    let p = |text: &str| text.parse::<idem_http::JsonPointer>().expect("pointer");
+    let payments = RoutePolicy::default()
+        .with_require_key(true)
+        .with_key_headers(vec![
+            http::HeaderName::from_static("x-request-id"),
+            http::HeaderName::from_static("x-idempotency-key"),
+        ])
+        .with_key_from(p("/order/id"))
+        .with_fingerprint_body(idem_http::BodyFields::Exclude(vec![p("/sent_at")]));
+    let capture = RoutePolicy::default()
+        .with_key_from(p("/ref"))
+        .with_fingerprint_body(idem_http::BodyFields::Include(vec![
+            p("/amount"),
+            p("/currency"),
+        ]));
+    Routes::default()
+        .route(Method::POST, "/v1/payments", payments)
+        .and_then(|r| r.route(Method::POST, "/v1/orders/{id}/capture", capture))
+        .expect("routes")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_and_fingerprints_come_from_where_the_route_says() {
+    let counter = Counter::default();
+    let store = Arc::new(MemoryStore::new());
+    let routes = routes_keyed_where_clients_keep_keys();
+    let addr = serve(app(Arc::clone(&store), routes, counter.clone())).await;
+    let pay = async |headers: &[(&str, &str)], body: &str| {
+        let mut h = vec![JSON, AUTH];
+        h.extend_from_slice(headers);
+        send(addr, Method::POST, "/v1/payments", &h, body.to_owned()).await
+    };
+
+    // The first configured header the request carries is the key; a retry
+    // that stamps another `sent_at` is the same request.
+    let first = pay(&[("x-request-id", "r-1")], r#"{"amount":5,"sent_at":1}"#).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let retry = pay(&[("x-request-id", "r-1")], r#"{"sent_at":2,"amount":5}"#).await;
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(retry.body, first.body);
+    // The second header name is the same key space.
+    let other_name = pay(
+        &[("x-idempotency-key", "r-1")],
+        r#"{"amount":5,"sent_at":3}"#,
+    )
+    .await;
+    assert_eq!(other_name.body, first.body);
+    // Both sent: the first in the list wins.
+    let both = pay(
+        &[("x-idempotency-key", "r-2"), ("x-request-id", "r-1")],
+        r#"{"amount":5}"#,
+    )
+    .await;
+    assert_eq!(both.body, first.body);
+    // What the fingerprint covers still counts.
+    let changed = pay(&[("x-request-id", "r-1")], r#"{"amount":6,"sent_at":1}"#).await;
+    assert_eq!(changed.problem_type(), "idempotency-key-reused");
+    assert_eq!(counter.get(), 1);
+
+    // No configured header: the body's field is the key.
+    let by_body = pay(&[], r#"{"order":{"id":"ord_9"},"amount":7}"#).await;
+    assert_eq!(by_body.status, StatusCode::CREATED);
+    let by_body_again = pay(&[], r#"{"amount":7,"order":{"id":"ord_9"}}"#).await;
+    assert_eq!(by_body_again.body, by_body.body);
+    // An integer field is its text.
+    let numeric = pay(&[], r#"{"order":{"id":42},"amount":1}"#).await;
+    assert_eq!(numeric.status, StatusCode::CREATED);
+    let numeric_as_header = pay(
+        &[("x-request-id", "42")],
+        r#"{"order":{"id":42},"amount":1}"#,
+    )
+    .await;
+    assert_eq!(numeric_as_header.body, numeric.body);
+    assert_eq!(counter.get(), 3);
+
+    // `Idempotency-Key` is not one of this route's headers, and the body
+    // lacks the field: the key is missing, and the answer says where to put it.
+    let missing = pay(&[("idempotency-key", "k")], r#"{"amount":5}"#).await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    assert_eq!(missing.problem_type(), "idempotency-key-missing");
+    let detail = String::from_utf8_lossy(&missing.body).into_owned();
+    for named in ["X-Request-Id", "X-Idempotency-Key", "/order/id"] {
+        assert!(detail.contains(named), "{named} in {detail}");
+    }
+    // A field that is no key, and a header sent twice, are refused.
+    for (headers, body, kind) in [
+        (
+            vec![],
+            r#"{"order":{"id":{"n":1}}}"#,
+            "idempotency-key-invalid",
+        ),
+        (vec![], r#"{"order":{"id":""}}"#, "idempotency-key-invalid"),
+        (
+            vec![("x-request-id", "a"), ("x-request-id", "b")],
+            "{}",
+            "idempotency-key-ambiguous",
+        ),
+        (
+            vec![],
+            r#"{"order":{"id":"a"},"order":{"id":"b"}}"#,
+            "request-body-ambiguous-json",
+        ),
+    ] {
+        let a = pay(&headers, body).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(a.problem_type(), kind, "{body}");
+    }
+    assert_eq!(counter.get(), 3, "nothing refused was forwarded");
+
+    // Only `/amount` and `/currency` are covered: a note is not, and a
+    // field that goes missing is another request.
+    let capture = async |headers: &[(&str, &str)], body: &str| {
+        let mut h = vec![JSON, AUTH];
+        h.extend_from_slice(headers);
+        send(
+            addr,
+            Method::POST,
+            "/v1/orders/1/capture",
+            &h,
+            body.to_owned(),
+        )
+        .await
+    };
+    let key = [("idempotency-key", "c-1")];
+    let captured = capture(&key, r#"{"amount":5,"currency":"eur","note":"a"}"#).await;
+    assert_eq!(captured.status, StatusCode::CREATED);
+    let noted = capture(&key, r#"{"note":"b","currency":"eur","amount":5}"#).await;
+    assert_eq!(noted.body, captured.body);
+    let without_currency = capture(&key, r#"{"amount":5}"#).await;
+    assert_eq!(without_currency.problem_type(), "idempotency-key-reused");
+    let null_currency = capture(&key, r#"{"amount":5,"currency":null}"#).await;
+    assert_eq!(null_currency.problem_type(), "idempotency-key-reused");
+    assert_eq!(counter.get(), 4);
+    // Keyless, and no `/ref` in the body: not required here, so forwarded.
+    for _ in 0..2 {
+        assert_eq!(
+            capture(&[], r#"{"amount":1}"#).await.status,
+            StatusCode::CREATED
+        );
+    }
+    // The body's `/ref` keys it (once).
+    for _ in 0..2 {
+        capture(&[], r#"{"ref":"r-9","amount":1}"#).await;
+    }
+    assert_eq!(counter.get(), 7);
+}

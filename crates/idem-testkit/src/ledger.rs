@@ -197,7 +197,11 @@ async fn handle(
             r#"{"error":"no such route"}"#.into(),
         ));
     }
-    let key = header(&req, "idempotency-key");
+    // The key the client sent, under either name the tests use.
+    let key = match header(&req, "idempotency-key") {
+        key if key.is_empty() => header(&req, "x-request-id"),
+        key => key,
+    };
     let _ = req.into_body().collect().await;
     let n = state.requests.fetch_add(1, Ordering::SeqCst) + 1;
     let first = {

@@ -439,15 +439,28 @@ const SAFE_INTEGER: u64 = 1 << 53;
 /// for duplicate names and unsafe integers is done while the document is
 /// read.
 pub fn canonical_json_strict(body: &[u8]) -> Result<Vec<u8>, JsonRefusal> {
-    let value = match serde_json::from_slice::<Strict>(body) {
-        Ok(Strict(value)) => value,
+    let value = json_strict(body)?;
+    Ok(canonical_json_value(&value, body.len()))
+}
+
+/// Parses `body` as JSON, refusing what [`canonical_json_strict`] refuses:
+/// for callers that look into the document (a key field, the fields a
+/// fingerprint covers) before writing its [canonical form](canonical_json_value).
+pub fn json_strict(body: &[u8]) -> Result<serde_json::Value, JsonRefusal> {
+    match serde_json::from_slice::<Strict>(body) {
+        Ok(Strict(value)) => Ok(value),
         // Only the visitor below raises data errors: the rest is syntax.
-        Err(err) if err.is_data() => return Err(JsonRefusal::Ambiguous(err.to_string())),
-        Err(_) => return Err(JsonRefusal::NotJson),
-    };
-    let mut out = Vec::with_capacity(body.len());
-    write_canonical(&value, &mut out);
-    Ok(out)
+        Err(err) if err.is_data() => Err(JsonRefusal::Ambiguous(err.to_string())),
+        Err(_) => Err(JsonRefusal::NotJson),
+    }
+}
+
+/// The RFC 8785 canonical form of a parsed document, into a buffer of
+/// `capacity` bytes to begin with (the body's length is a good guess).
+pub fn canonical_json_value(value: &serde_json::Value, capacity: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(capacity);
+    write_canonical(value, &mut out);
+    out
 }
 
 /// A JSON value read by a visitor that refuses what is ambiguous.

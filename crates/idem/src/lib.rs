@@ -57,7 +57,7 @@ pub use engine::{
 };
 pub use fingerprint::{
     BodyKind, Fingerprint, FingerprintBuilder, FingerprintParseError, HashSecret, HashSecretError,
-    JsonRefusal, canonical_json, canonical_json_strict,
+    JsonRefusal, canonical_json, canonical_json_strict, canonical_json_value, json_strict,
 };
 pub use inbox::InboxOutcome;
 pub use key::{

@@ -105,10 +105,31 @@ pub(super) struct PolicyConfig {
     pub(super) max_stored_response: Option<Spanned<String>>,
     pub(super) upstream_timeout: Option<Spanned<String>>,
     pub(super) mismatch_status: Option<Spanned<u16>>,
+    pub(super) key_header: Option<Spanned<OneOrMany>>,
+    pub(super) key_from: Option<Spanned<String>>,
     pub(super) fingerprint_headers: Option<Spanned<Vec<String>>>,
+    pub(super) fingerprint_include: Option<Spanned<Vec<String>>>,
+    pub(super) fingerprint_exclude: Option<Spanned<Vec<String>>>,
     pub(super) unstored_headers: Option<Spanned<Vec<String>>>,
     pub(super) release_statuses: Option<Spanned<Vec<u16>>>,
     pub(super) reconcile: Option<ReconcileConfig>,
+}
+
+/// A value written as one string or a list of them (`key_header`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    pub(super) fn to_vec(&self) -> Vec<String> {
+        match self {
+            Self::One(one) => vec![one.clone()],
+            Self::Many(many) => many.clone(),
+        }
+    }
 }
 
 /// `[route.reconcile]`: how the upstream is asked what became of a held

@@ -567,6 +567,110 @@ on_store_error = "open"
         assert_eq!(s.upstream_timeout, Duration::from_secs(30));
     }
 
+    #[test]
+    fn keys_and_fingerprint_fields_are_read_per_route_over_the_defaults() {
+        let s = from_text(
+            r#"
+upstream = "http://127.0.0.1:3000"
+[defaults]
+key_header = "X-Request-Id"
+fingerprint_exclude = ["/sent_at"]
+[[route]]
+method = "POST"
+path = "/v1/payments"
+key_header = ["X-Idempotency-Key", "Idempotency-Key"]
+key_from = "/order/id"
+[[route]]
+method = "POST"
+path = "/v1/refunds"
+fingerprint_include = ["/amount", "/currency"]
+"#,
+        )
+        .expect("valid");
+        let p = |t: &str| t.parse::<idem_http::JsonPointer>().expect("pointer");
+        let pay = s
+            .routes
+            .matching(&Method::POST, "/v1/payments")
+            .expect("route");
+        assert_eq!(
+            pay.policy.key_headers,
+            [
+                HeaderName::from_static("x-idempotency-key"),
+                HeaderName::from_static("idempotency-key")
+            ]
+        );
+        assert_eq!(pay.policy.key_from, Some(p("/order/id")));
+        assert_eq!(
+            pay.policy.fingerprint_body,
+            idem_http::BodyFields::Exclude(vec![p("/sent_at")])
+        );
+        let refunds = s
+            .routes
+            .matching(&Method::POST, "/v1/refunds")
+            .expect("route");
+        assert_eq!(
+            refunds.policy.key_headers,
+            [HeaderName::from_static("x-request-id")]
+        );
+        assert_eq!(refunds.policy.key_from, None);
+        assert_eq!(
+            refunds.policy.fingerprint_body,
+            idem_http::BodyFields::Include(vec![p("/amount"), p("/currency")])
+        );
+        // Unrouted POSTs take the defaults.
+        let other = s
+            .routes
+            .matching(&Method::POST, "/v1/other")
+            .expect("default");
+        assert_eq!(
+            other.policy.key_headers,
+            [HeaderName::from_static("x-request-id")]
+        );
+    }
+
+    #[test]
+    fn bad_key_sources_and_fingerprint_fields_are_refused_with_their_line() {
+        let route = |body: &str| {
+            format!(
+                "upstream = \"http://127.0.0.1:3000\"\n[[route]]\nmethod = \"POST\"\npath = \"/v1/p\"\n{body}\n"
+            )
+        };
+        for (body, want) in [
+            (
+                "key_from = \"order/id\"",
+                "idem.toml:5: route[0].key_from = \"order/id\": a JSON Pointer starts with '/'",
+            ),
+            ("key_from = \"\"", "the empty pointer names the whole body"),
+            (
+                "fingerprint_include = [\"/a\", \"/b~2\"]",
+                "idem.toml:5: route[0].fingerprint_include",
+            ),
+            ("fingerprint_include = []", "covers none of the body"),
+            (
+                "fingerprint_include = [\"/a\"]\nfingerprint_exclude = [\"/b\"]",
+                "idem.toml:6: route[0].fingerprint_exclude = [\"/b\"]: set fingerprint_include or fingerprint_exclude, not both",
+            ),
+            (
+                "key_header = \"Authorization\"",
+                "authorization carries a credential",
+            ),
+            (
+                "key_header = [\"X-Ok\", \"Cookie\"]",
+                "cookie carries a credential",
+            ),
+            ("key_header = \"bad header\"", "is not a header name"),
+            ("key_header = []", "name a header, or set key_from"),
+            ("key_header = 7", "idem.toml"),
+        ] {
+            let err = from_text(&route(body)).expect_err(body);
+            assert!(err.message().contains(want), "{body}: {err}");
+        }
+        // No header at all, only the body's field: allowed.
+        let s = from_text(&route("key_header = []\nkey_from = \"/id\"")).expect("body only");
+        let only = s.routes.matching(&Method::POST, "/v1/p").expect("route");
+        assert!(only.policy.key_headers.is_empty());
+    }
+
     #[cfg(unix)]
     #[test]
     fn files_holding_secrets_that_others_can_read_are_named() {

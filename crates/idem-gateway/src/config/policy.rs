@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode};
 use idem::{FailMode, InFlight, LeaseExpiry, Policy};
-use idem_http::{Lookup, MissingTenant, RoutePolicy, TenantSource};
+use idem_http::{BodyFields, JsonPointer, Lookup, MissingTenant, RoutePolicy, TenantSource};
 use toml::Spanned;
 
 use super::error::ConfigError;
@@ -153,6 +153,29 @@ pub(super) fn lookup(
     Ok(lookup.with_schedule(schedule))
 }
 
+/// Headers no route may take its key from: what they carry is a secret,
+/// and a key is kept and shown as it was sent.
+const CREDENTIALS: [HeaderName; 3] = [
+    http::header::AUTHORIZATION,
+    http::header::PROXY_AUTHORIZATION,
+    http::header::COOKIE,
+];
+
+/// A list of JSON Pointers, each checked.
+fn pointers(
+    src: &Source<'_>,
+    key: &str,
+    v: &Spanned<Vec<String>>,
+) -> Result<Vec<JsonPointer>, ConfigError> {
+    v.get_ref()
+        .iter()
+        .map(|text| {
+            text.parse()
+                .map_err(|why| src.error(key, v, format!("{text:?}: {why}")))
+        })
+        .collect()
+}
+
 /// Applies the keys present in `cfg` on top of `base`.
 pub(super) fn apply(
     src: &Source<'_>,
@@ -276,8 +299,66 @@ pub(super) fn apply(
             })?;
         p = p.with_mismatch_status(status);
     }
+    if let Some(v) = &cfg.key_header {
+        let names = Spanned::new(v.span(), v.get_ref().to_vec());
+        let names = header_names(src, &key("key_header"), &names)?;
+        if let Some(credential) = names.iter().find(|n| CREDENTIALS.contains(n)) {
+            return Err(src.error(
+                &key("key_header"),
+                v,
+                format!("{credential} carries a credential, not a key: keys are stored and listed in plain"),
+            ));
+        }
+        p = p.with_key_headers(names);
+    }
+    if let Some(v) = &cfg.key_from {
+        let field = v
+            .get_ref()
+            .parse::<JsonPointer>()
+            .map_err(|why| src.error(&key("key_from"), v, why))?;
+        p = p.with_key_from(field);
+    }
+    // Only a `key_header = []` here empties the list.
+    if let Some(at) = &cfg.key_header
+        && p.key_headers.is_empty()
+        && p.key_from.is_none()
+    {
+        return Err(src.error(
+            &key("key_header"),
+            at,
+            "name a header, or set key_from to read the key from the body",
+        ));
+    }
     if let Some(v) = &cfg.fingerprint_headers {
         p.fingerprint_headers = header_names(src, &key("fingerprint_headers"), v)?;
+    }
+    match (&cfg.fingerprint_include, &cfg.fingerprint_exclude) {
+        (Some(_), Some(v)) => {
+            return Err(src.error(
+                &key("fingerprint_exclude"),
+                v,
+                "set fingerprint_include or fingerprint_exclude, not both",
+            ));
+        }
+        (Some(v), None) if v.get_ref().is_empty() => {
+            return Err(src.error(
+                &key("fingerprint_include"),
+                v,
+                "an empty list covers none of the body; leave it out to cover the whole body",
+            ));
+        }
+        (Some(v), None) => {
+            let fields = pointers(src, &key("fingerprint_include"), v)?;
+            p = p.with_fingerprint_body(BodyFields::Include(fields));
+        }
+        (None, Some(v)) if v.get_ref().is_empty() => {
+            p = p.with_fingerprint_body(BodyFields::All);
+        }
+        (None, Some(v)) => {
+            let fields = pointers(src, &key("fingerprint_exclude"), v)?;
+            p = p.with_fingerprint_body(BodyFields::Exclude(fields));
+        }
+        (None, None) => {}
     }
     if let Some(v) = &cfg.unstored_headers {
         p.unstored_headers = header_names(src, &key("unstored_headers"), v)?;
