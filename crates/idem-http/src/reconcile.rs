@@ -45,6 +45,9 @@ struct RouteLookup {
     lookup: Arc<Lookup>,
     retention: Duration,
     unstored: Vec<HeaderName>,
+    /// The header the lookup carries the key in: the route's first
+    /// `key_header` (`Idempotency-Key` when it reads only the body).
+    key_header: HeaderName,
 }
 
 type RecordId = (String, String, String);
@@ -98,6 +101,11 @@ impl HttpLookup {
                         lookup,
                         retention: policy.engine.retention,
                         unstored: policy.unstored_headers.clone(),
+                        key_header: policy
+                            .key_headers
+                            .first()
+                            .unwrap_or(&IDEMPOTENCY_KEY)
+                            .clone(),
                     },
                 ))
             })
@@ -164,7 +172,7 @@ impl HttpLookup {
             LookupRequest {
                 method: route.lookup.method().clone(),
                 uri,
-                headers: with_key(credentials, key),
+                headers: with_key(credentials, &route.key_header, key),
             },
         );
     }
@@ -181,14 +189,14 @@ impl HttpLookup {
         Some(LookupRequest {
             method: route.lookup.method().clone(),
             uri: route.lookup.uri(&record.key, |_| None)?,
-            headers: with_key(HeaderMap::new(), &record.key),
+            headers: with_key(HeaderMap::new(), &route.key_header, &record.key),
         })
     }
 }
 
-fn with_key(mut headers: HeaderMap, key: &IdempotencyKey) -> HeaderMap {
+fn with_key(mut headers: HeaderMap, name: &HeaderName, key: &IdempotencyKey) -> HeaderMap {
     if let Ok(v) = HeaderValue::from_str(key.as_str()) {
-        headers.insert(IDEMPOTENCY_KEY, v);
+        headers.insert(name.clone(), v);
     }
     headers
 }

@@ -14,7 +14,9 @@
 //! `/v1/payment_intents`); `GET /v1/stats` answers its [`Tally`] as JSON.
 //!
 //! `GET /v1/payments/by-key/{key}` is its lookup: `200` with the charge
-//! made under that key (for the caller's `Authorization` only), or `404`.
+//! made under that key (for the caller's `Authorization` only), or `404`;
+//! `400` unless it carries the same key in `Idempotency-Key` (or
+//! `X-Request-Id`), as the payment did.
 //! It is what a route's `[route.reconcile]` asks.
 
 use std::collections::HashMap;
@@ -46,6 +48,8 @@ struct State {
     requests: AtomicU64,
     /// (authorization, key) → charge ids made under it.
     charges: Mutex<HashMap<(String, String), Vec<u64>>>,
+    /// key → the header it came in.
+    key_headers: Mutex<HashMap<String, &'static str>>,
     lookups: AtomicU64,
     lost: AtomicU64,
     slow: AtomicU64,
@@ -162,6 +166,16 @@ fn header(req: &Request<Incoming>, name: &str) -> String {
         .to_owned()
 }
 
+/// The key the client sent, under either name the tests use, and that
+/// name.
+fn client_key(req: &Request<Incoming>) -> (&'static str, String) {
+    ["idempotency-key", "x-request-id"]
+        .into_iter()
+        .map(|name| (name, header(req, name)))
+        .find(|(_, key)| !key.is_empty())
+        .unwrap_or(("idempotency-key", String::new()))
+}
+
 /// The service; an `Err` makes hyper drop the connection unanswered.
 async fn handle(
     req: Request<Incoming>,
@@ -174,6 +188,15 @@ async fn handle(
     {
         state.lookups.fetch_add(1, Ordering::SeqCst);
         let key = percent_decode(encoded);
+        // The gateway's lookup carries the key in the header the client
+        // sent it in, as the original request did.
+        let sent_in = lock(&state.key_headers).get(&key).copied();
+        if sent_in.is_some_and(|name| header(&req, name) != key) {
+            return Ok(json(
+                StatusCode::BAD_REQUEST,
+                r#"{"error":"the lookup's key header is not the key in its path"}"#.into(),
+            ));
+        }
         let found = lock(&state.charges)
             .get(&(auth, key.clone()))
             .and_then(|ids| ids.first().copied());
@@ -197,11 +220,8 @@ async fn handle(
             r#"{"error":"no such route"}"#.into(),
         ));
     }
-    // The key the client sent, under either name the tests use.
-    let key = match header(&req, "idempotency-key") {
-        key if key.is_empty() => header(&req, "x-request-id"),
-        key => key,
-    };
+    let (sent_in, key) = client_key(&req);
+    lock(&state.key_headers).insert(key.clone(), sent_in);
     let _ = req.into_body().collect().await;
     let n = state.requests.fetch_add(1, Ordering::SeqCst) + 1;
     let first = {
