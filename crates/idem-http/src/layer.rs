@@ -45,7 +45,7 @@ use crate::pattern::normalize_path;
 use crate::problem::{Problem, ProblemKind, retry_after_secs};
 use crate::reconcile::{HttpLookup, LookupRequest, Sender};
 use crate::request::{
-    Hashing, TenantExtractor, TenantSource, fingerprints, header_label, key_from_body,
+    Hashing, TenantExtractor, TenantSource, fingerprints, header_label, is_json, key_from_body,
     key_from_headers,
 };
 use crate::routes::{MissingTenant, RouteMatch, RoutePolicy, Routes};
@@ -422,6 +422,11 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
             (None, None) => {
                 return no_key(inner, Request::from_parts(parts, body), &policy, &operation).await;
             }
+            // Only a JSON body can hold the field: any other is forwarded
+            // (or refused) unread, as on a route without `key_from`.
+            (None, Some(_)) if !is_json(&parts.headers) => {
+                return no_key(inner, Request::from_parts(parts, body), &policy, &operation).await;
+            }
             (None, Some(field)) => {
                 let bytes = match read_body(&parts, body, &policy).await {
                     Ok(bytes) => bytes,
@@ -435,6 +440,10 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                     Ok(None) => {
                         let req = Request::from_parts(parts, ReqBody::from(bytes));
                         return no_key(inner, req, &policy, &operation).await;
+                    }
+                    Err(p) if p.kind() == Some(ProblemKind::BodyAmbiguous) => {
+                        tracing::info!(reason = "idempotency_body_encoding", %operation, detail = p.detail());
+                        return Ok(problem(p, Decision::BadRequest));
                     }
                     Err(p) => {
                         tracing::info!(reason = "idempotency_invalid_key", %operation, detail = p.detail());
@@ -735,6 +744,7 @@ where
     let headers: Vec<String> = policy.key_headers.iter().map(header_label).collect();
     let mut wanted = match headers.as_slice() {
         [] => String::new(),
+        // The default, as it always read: "requires an Idempotency-Key header".
         [one] => format!("an {one} header"),
         many => format!("one of the headers {}", many.join(", ")),
     };
@@ -749,7 +759,7 @@ where
     Ok(problem(
         Problem::new(
             ProblemKind::KeyMissing,
-            format!("{operation} requires a key: {wanted}"),
+            format!("{operation} requires {wanted}"),
         ),
         Decision::MissingKey,
     ))

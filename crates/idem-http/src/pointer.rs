@@ -117,21 +117,28 @@ impl JsonPointer {
             })
     }
 
-    /// Takes the value it names out of `doc`, if there is one.
-    fn remove(&self, doc: &mut Value) -> Option<Value> {
-        let (last, parents) = self.tokens.split_last()?;
+    /// Takes the value it names out of `doc`: an object member is
+    /// removed; an array element is replaced by `null`, so that it keeps
+    /// its place and no other pointer's index moves.
+    fn remove(&self, doc: &mut Value) {
+        let Some((last, parents)) = self.tokens.split_last() else {
+            return;
+        };
         let parent = parents.iter().try_fold(doc, |value, token| match value {
             Value::Object(map) => map.get_mut(&**token),
             Value::Array(items) => items.get_mut(index(token)?),
             _ => None,
-        })?;
+        });
         match parent {
-            Value::Object(map) => map.remove(&**last),
-            Value::Array(items) => {
-                let i = index(last).filter(|i| *i < items.len())?;
-                Some(items.remove(i))
+            Some(Value::Object(map)) => {
+                map.remove(&**last);
             }
-            _ => None,
+            Some(Value::Array(items)) => {
+                if let Some(item) = index(last).and_then(|i| items.get_mut(i)) {
+                    *item = Value::Null;
+                }
+            }
+            _ => {}
         }
     }
 }
@@ -155,7 +162,8 @@ pub enum BodyFields {
     /// later is another request.
     Include(Vec<JsonPointer>),
     /// Everything but these fields (a `sent_at` a client stamps into each
-    /// retry, say).
+    /// retry, say). An excluded array element keeps its place (as `null`),
+    /// so the array's length stays covered and no other index shifts.
     Exclude(Vec<JsonPointer>),
 }
 
@@ -163,7 +171,8 @@ impl BodyFields {
     /// What of `doc` the fingerprint covers: the document itself for
     /// [`All`](Self::All); for `Include`, an array of `[pointer, value]`
     /// pairs in the configured order (`[pointer]` alone for an absent
-    /// field); for `Exclude`, the document with those fields taken out.
+    /// field); for `Exclude`, the document with those fields taken out
+    /// (array elements nulled in place).
     pub fn select(&self, mut doc: Value) -> Value {
         match self {
             Self::All => doc,
@@ -261,8 +270,15 @@ mod tests {
             json!({"amount": 5, "sent_at": 1, "meta": {"trace": "t", "k": 1}, "tags": ["x", "y"]});
         assert_eq!(
             fields.select(doc),
-            json!({"amount": 5, "meta": {"k": 1}, "tags": ["y"]})
+            json!({"amount": 5, "meta": {"k": 1}, "tags": [null, "y"]})
         );
+        // Two indices of one array: each names the element it named in the
+        // document sent, so what is left covered is the same either way.
+        let two = BodyFields::Exclude(vec![p("/tags/0"), p("/tags/1")]);
+        let a = two.select(json!({"tags": ["a", "b", "c"]}));
+        let b = two.select(json!({"tags": ["a", "b", "d"]}));
+        assert_ne!(a, b, "tags[2] is covered");
+        assert_eq!(a, two.select(json!({"tags": ["x", "y", "c"]})));
         // Nothing to take out: the document as it is.
         assert_eq!(fields.select(json!([1])), json!([1]));
     }

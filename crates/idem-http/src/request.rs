@@ -591,7 +591,7 @@ pub fn fingerprints(
     if body.0 == idem::BodyKind::Json
         && let Some(label) = fields.label()
     {
-        fp = fp.part("body-fields", label.as_bytes());
+        fp = fp.part("body:fields", label.as_bytes());
     }
     let current = rest(fp, body);
     let earlier = hashing.finds_earlier().then(earlier).transpose()?;

@@ -1243,9 +1243,20 @@ async fn keys_and_fingerprints_come_from_where_the_route_says() {
             StatusCode::CREATED
         );
     }
+    // A body that is not JSON holds no field: forwarded unread.
+    let plain = send(
+        addr,
+        Method::POST,
+        "/v1/orders/1/capture",
+        &[("content-type", "text/plain"), AUTH],
+        "ref=r-9".to_owned(),
+    )
+    .await;
+    assert_eq!(plain.status, StatusCode::CREATED);
+    assert!(plain.header("idempotency-status").is_none());
     // The body's `/ref` keys it (once).
     for _ in 0..2 {
         capture(&[], r#"{"ref":"r-9","amount":1}"#).await;
     }
-    assert_eq!(counter.get(), 7);
+    assert_eq!(counter.get(), 8);
 }

@@ -175,7 +175,12 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
             duration(src, "defaults.upstream_timeout", v)?,
         )?;
     }
-    let defaults = apply(src, "defaults", &defaults_cfg, base)?;
+    // A key is stored and listed as sent: never the tenant's credential.
+    let credential = match &tenant {
+        TenantSource::Header(name) => Some(name),
+        _ => None,
+    };
+    let defaults = apply(src, "defaults", &defaults_cfg, base, credential)?;
     let mut routes =
         Routes::new(defaults.clone()).with_ignore_case(file.ignore_path_case == Some(true));
     for (i, r) in file.route.iter().enumerate() {
@@ -210,7 +215,7 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
                 ),
             ));
         }
-        let mut policy = apply(src, &at, r, defaults.clone())?;
+        let mut policy = apply(src, &at, r, defaults.clone(), credential)?;
         if let Some(rc) = &r.reconcile {
             let at = format!("{at}.reconcile");
             let lookup = lookup(src, &at, rc)?;
@@ -665,6 +670,16 @@ fingerprint_include = ["/amount", "/currency"]
             let err = from_text(&route(body)).expect_err(body);
             assert!(err.message().contains(want), "{body}: {err}");
         }
+        // Nor the header the tenant's credential comes from.
+        let err = from_text(&format!(
+            "{}[tenant]\nfrom = \"header\"\nname = \"X-Api-Key\"\n",
+            route("key_header = \"X-Api-Key\"")
+        ))
+        .expect_err("tenant header");
+        assert!(
+            err.message().contains("x-api-key carries a credential"),
+            "{err}"
+        );
         // No header at all, only the body's field: allowed.
         let s = from_text(&route("key_header = []\nkey_from = \"/id\"")).expect("body only");
         let only = s.routes.matching(&Method::POST, "/v1/p").expect("route");

@@ -182,6 +182,7 @@ pub(super) fn apply(
     at: &str,
     cfg: &PolicyConfig,
     base: RoutePolicy,
+    tenant_credential: Option<&HeaderName>,
 ) -> Result<RoutePolicy, ConfigError> {
     let key = |k: &str| format!("{at}.{k}");
     let mut p = base;
@@ -302,7 +303,10 @@ pub(super) fn apply(
     if let Some(v) = &cfg.key_header {
         let names = Spanned::new(v.span(), v.get_ref().to_vec());
         let names = header_names(src, &key("key_header"), &names)?;
-        if let Some(credential) = names.iter().find(|n| CREDENTIALS.contains(n)) {
+        if let Some(credential) = names
+            .iter()
+            .find(|n| CREDENTIALS.contains(n) || Some(*n) == tenant_credential)
+        {
             return Err(src.error(
                 &key("key_header"),
                 v,
