@@ -46,15 +46,13 @@ pub fn key_from_headers(
     headers: &HeaderMap,
     names: &[HeaderName],
 ) -> Result<Option<IdempotencyKey>, Problem> {
-    let Some((name, mut values)) = names.iter().find_map(|name| {
-        let mut values = headers.get_all(name).iter();
-        values
-            .next()
-            .map(|first| (name, std::iter::once(first).chain(values)))
-    }) else {
+    let Some(name) = names.iter().find(|name| headers.contains_key(*name)) else {
         return Ok(None);
     };
-    let value = values.next().expect("found by its first value");
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
     if values.next().is_some() {
         return Err(Problem::new(
             ProblemKind::KeyAmbiguous,

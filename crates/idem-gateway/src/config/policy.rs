@@ -10,7 +10,7 @@ use toml::Spanned;
 
 use super::error::ConfigError;
 use super::file::{PolicyConfig, ReconcileConfig, Source, TenantConfig};
-use super::values::{duration, header_names, positive, size};
+use super::values::{duration, each, header_names, positive, size};
 
 pub(super) fn tenant_source(
     src: &Source<'_>,
@@ -167,13 +167,9 @@ fn pointers(
     key: &str,
     v: &Spanned<Vec<String>>,
 ) -> Result<Vec<JsonPointer>, ConfigError> {
-    v.get_ref()
-        .iter()
-        .map(|text| {
-            text.parse()
-                .map_err(|why| src.error(key, v, format!("{text:?}: {why}")))
-        })
-        .collect()
+    each(src, key, v, |text| {
+        text.parse().map_err(|why| format!("{text:?}: {why}"))
+    })
 }
 
 /// Applies the keys present in `cfg` on top of `base`.

@@ -251,12 +251,23 @@ pub(super) fn header_names(
     key: &str,
     v: &Spanned<Vec<String>>,
 ) -> Result<Vec<HeaderName>, ConfigError> {
+    each(src, key, v, |h| {
+        HeaderName::from_bytes(h.trim().to_ascii_lowercase().as_bytes())
+            .map_err(|_| format!("{h:?} is not a header name"))
+    })
+}
+
+/// Each item of a list, parsed by `parse`; the first refusal names the
+/// key, the line and the item's reason.
+pub(super) fn each<T>(
+    src: &Source<'_>,
+    key: &str,
+    v: &Spanned<Vec<String>>,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<Vec<T>, ConfigError> {
     v.get_ref()
         .iter()
-        .map(|h| {
-            HeaderName::from_bytes(h.trim().to_ascii_lowercase().as_bytes())
-                .map_err(|_| src.error(key, v, format!("{h:?} is not a header name")))
-        })
+        .map(|item| parse(item).map_err(|why| src.error(key, v, why)))
         .collect()
 }
 
