@@ -72,6 +72,9 @@ pub enum ProblemKind {
     UpstreamTimeout,
     /// The upstream's response broke off after the request was sent (502).
     UpstreamBroken,
+    /// No TLS session with the upstream: its certificate cannot be
+    /// verified, or it refused the gateway's; nothing was sent (502).
+    UpstreamTls,
     /// A replay of a response whose body was too large or streamed to keep.
     ResponseNotRetained,
 }
@@ -101,6 +104,7 @@ impl ProblemKind {
             Self::UpstreamUnreachable => "upstream-unreachable",
             Self::UpstreamTimeout => "upstream-timeout",
             Self::UpstreamBroken => "upstream-response-broken",
+            Self::UpstreamTls => "upstream-tls",
             Self::ResponseNotRetained => "idempotency-response-not-retained",
         }
     }
@@ -138,6 +142,7 @@ impl ProblemKind {
             Self::UpstreamUnreachable => "Upstream unreachable",
             Self::UpstreamTimeout => "Upstream timed out",
             Self::UpstreamBroken => "Upstream response broke off",
+            Self::UpstreamTls => "No trusted TLS session with the upstream",
             Self::ResponseNotRetained => "Original response body not retained",
         }
     }
@@ -160,7 +165,9 @@ impl ProblemKind {
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::StoreUnavailable | Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-            Self::UpstreamUnreachable | Self::UpstreamBroken => StatusCode::BAD_GATEWAY,
+            Self::UpstreamUnreachable | Self::UpstreamBroken | Self::UpstreamTls => {
+                StatusCode::BAD_GATEWAY
+            }
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Self::ResponseNotRetained => StatusCode::OK,
         }
@@ -353,6 +360,7 @@ mod tests {
             UpstreamUnreachable,
             UpstreamTimeout,
             UpstreamBroken,
+            UpstreamTls,
             ResponseNotRetained,
         ];
         let slugs: std::collections::HashSet<_> = all.iter().map(|k| k.slug()).collect();

@@ -10,6 +10,10 @@
 //!
 //! The default answer is JSON: `{"execution":N,"key":…,"body_len":…}` with
 //! a `Location` header, so replays are recognisable by their bytes.
+//!
+//! [`CountingUpstream::start_tls`] serves the same over TLS (HTTP/2 when
+//! the client offers it by ALPN), and keeps the server name each client
+//! asked for and the HTTP version of the last request.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -19,12 +23,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{HeaderMap, Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 
 #[derive(Debug, Default)]
 struct State {
@@ -32,6 +37,9 @@ struct State {
     connections: AtomicU64,
     per_key: Mutex<HashMap<String, u64>>,
     last_headers: Mutex<Option<HeaderMap>>,
+    last_version: Mutex<Option<Version>>,
+    server_names: Mutex<Vec<Option<String>>>,
+    handshakes_failed: AtomicU64,
 }
 
 /// A running counting upstream; it stops when the test's runtime ends.
@@ -44,16 +52,44 @@ pub struct CountingUpstream {
 impl CountingUpstream {
     /// Starts on `127.0.0.1:0`.
     pub async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind loopback");
-        let addr = listener.local_addr().expect("local addr");
-        let state = Arc::new(State::default());
+        let (listener, addr, state) = bind().await;
         let shared = Arc::clone(&state);
         serve(listener, move || {
             shared.connections.fetch_add(1, Ordering::SeqCst);
             let state = Arc::clone(&shared);
             move |req| handle(req, Arc::clone(&state))
+        });
+        Self { addr, state }
+    }
+
+    /// Starts on `127.0.0.1:0`, serving TLS with `tls` (its ALPN
+    /// protocols are set here: `h2` and `http/1.1`). A connection is
+    /// counted once its handshake succeeds; one that fails is counted in
+    /// [`handshakes_failed`](Self::handshakes_failed).
+    pub async fn start_tls(tls: rustls::ServerConfig) -> Self {
+        let mut tls = tls;
+        tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let acceptor = TlsAcceptor::from(Arc::new(tls));
+        let (listener, addr, state) = bind().await;
+        let shared = Arc::clone(&state);
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (acceptor, state) = (acceptor.clone(), Arc::clone(&shared));
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(stream).await else {
+                        state.handshakes_failed.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    };
+                    let name = tls.get_ref().1.server_name().map(str::to_owned);
+                    lock(&state.server_names).push(name);
+                    state.connections.fetch_add(1, Ordering::SeqCst);
+                    let svc = service_fn(move |req| handle(req, Arc::clone(&state)));
+                    serve_connection(TokioIo::new(tls), svc).await;
+                });
+            }
         });
         Self { addr, state }
     }
@@ -87,6 +123,31 @@ impl CountingUpstream {
     pub fn last_headers(&self) -> Option<HeaderMap> {
         lock(&self.state.last_headers).clone()
     }
+
+    /// The HTTP version of the last request received.
+    pub fn last_version(&self) -> Option<Version> {
+        *lock(&self.state.last_version)
+    }
+
+    /// Under TLS, the server name (SNI) each connection asked for, in
+    /// order (`None`: it sent none, as for an IP address).
+    pub fn server_names(&self) -> Vec<Option<String>> {
+        lock(&self.state.server_names).clone()
+    }
+
+    /// Under TLS, the handshakes that failed.
+    pub fn handshakes_failed(&self) -> u64 {
+        self.state.handshakes_failed.load(Ordering::SeqCst)
+    }
+}
+
+/// A listener on `127.0.0.1:0`, its address and a fresh state.
+async fn bind() -> (TcpListener, SocketAddr, Arc<State>) {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let addr = listener.local_addr().expect("local addr");
+    (listener, addr, Arc::new(State::default()))
 }
 
 /// Serves HTTP/1 and HTTP/2 on `listener` until the runtime ends, a task
@@ -105,13 +166,24 @@ where
                 continue;
             };
             let svc = service_fn(accepted());
-            tokio::spawn(async move {
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
+            tokio::spawn(serve_connection(TokioIo::new(stream), svc));
         }
     });
+}
+
+/// Serves HTTP/1 or HTTP/2 (whichever the client speaks) on one connection.
+async fn serve_connection<I, S>(io: I, svc: S)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::Service<Request<Incoming>, Response = Response<Full<Bytes>>>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+        .serve_connection(io, svc)
+        .await;
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -141,6 +213,7 @@ async fn handle(
     let execution = state.total.fetch_add(1, Ordering::SeqCst) + 1;
     *lock(&state.per_key).entry(key.clone()).or_default() += 1;
     *lock(&state.last_headers) = Some(parts.headers.clone());
+    *lock(&state.last_version) = Some(parts.version);
     if let Some(ms) = header_num(&parts.headers, "x-delay-ms") {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }

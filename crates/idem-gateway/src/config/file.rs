@@ -13,6 +13,10 @@ use super::error::ConfigError;
 #[serde(deny_unknown_fields)]
 pub(super) struct FileConfig {
     pub(super) upstream: Option<Spanned<String>>,
+    pub(super) upstream_ca_file: Option<Spanned<String>>,
+    pub(super) upstream_client_cert: Option<Spanned<String>>,
+    pub(super) upstream_client_key: Option<Spanned<String>>,
+    pub(super) upstream_http2: Option<Spanned<String>>,
     pub(super) store: Option<Spanned<String>>,
     pub(super) listen: Option<Spanned<String>>,
     pub(super) admin_listen: Option<Spanned<String>>,

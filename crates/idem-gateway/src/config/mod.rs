@@ -16,6 +16,7 @@ mod file;
 mod policy;
 mod secrets;
 mod settings;
+mod tls;
 mod values;
 
 pub use defaults::{DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, DEFAULT_STORE, default_workers};
@@ -86,6 +87,7 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         // Never a password in a message.
         err.map_message(|m| m.replace(&upstream.0, &idem::store::redact_url(&upstream.0)))
     })?;
+    let upstream_tls = tls::upstream_tls(src, &file, upstream.scheme_str() == Some("https"))?;
     let listen =
         pick(&o.listen, "listen", &file.listen).unwrap_or((DEFAULT_LISTEN.to_owned(), None));
     let listen =
@@ -268,6 +270,7 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
     Ok(Settings {
         listen,
         upstream,
+        upstream_tls,
         store,
         store_timeout,
         admin_listen,
@@ -851,7 +854,7 @@ fingerprint_include = ["/amount", "/currency"]
             ),
             (
                 "upstream = \"ftp://x\"\n",
-                "idem.toml:1: upstream = \"ftp://x\": the upstream must be an http:// URL",
+                "idem.toml:1: upstream = \"ftp://x\": the upstream must be an http:// or https:// URL",
             ),
             (
                 "upstream = \"http://x:1\"\nlisten = \"localhost\"\n",
@@ -893,6 +896,60 @@ fingerprint_include = ["/amount", "/currency"]
                 "{text:?}\n got: {err}\nwant: {expected}"
             );
         }
+    }
+
+    /// The TLS keys of an `https://` upstream: refused with the line where
+    /// they cannot work (beside `http://`, a file that is not there or not
+    /// PEM, half an mTLS pair, an unknown protocol choice); taken where
+    /// they can, with the protocols offered by ALPN.
+    #[test]
+    fn upstream_tls_keys_are_checked_at_start() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let not_pem = dir.path().join("not.pem");
+        std::fs::write(&not_pem, "hello\n").expect("write");
+        let not_pem = not_pem.display();
+        let cases = [
+            (
+                "upstream = \"http://x:1\"\nupstream_ca_file = \"/ca.pem\"\n".to_owned(),
+                "idem.toml:2: upstream_ca_file = \"/ca.pem\": applies to an https:// upstream only",
+            ),
+            (
+                "upstream = \"https://x:1\"\nupstream_ca_file = \"/nonexistent/ca.pem\"\n"
+                    .to_owned(),
+                "idem.toml:2: upstream_ca_file = \"/nonexistent/ca.pem\": cannot read it",
+            ),
+            (
+                format!("upstream = \"https://x:1\"\nupstream_ca_file = \"{not_pem}\"\n"),
+                "holds no PEM certificate",
+            ),
+            (
+                format!("upstream = \"https://x:1\"\nupstream_client_cert = \"{not_pem}\"\n"),
+                "needs upstream_client_key beside it",
+            ),
+            (
+                "upstream = \"https://x:1\"\nupstream_http2 = \"always\"\n".to_owned(),
+                "idem.toml:2: upstream_http2 = \"always\": must be \"auto\"",
+            ),
+            (
+                "upstream = \"https://a..b:1\"\n".to_owned(),
+                "is not a name a TLS certificate can be checked against",
+            ),
+        ];
+        for (text, expected) in cases {
+            let err = from_text(&text).expect_err(&text).to_string();
+            assert!(
+                err.contains(expected),
+                "{text:?}\n got: {err}\nwant: {expected}"
+            );
+        }
+        let plain = from_text("upstream = \"http://x:1\"\n").expect("http");
+        assert!(plain.upstream_tls.is_none());
+        let tls = from_text("upstream = \"https://x\"\n").expect("https");
+        let alpn = &tls.upstream_tls.expect("a TLS client").alpn_protocols;
+        assert_eq!(alpn, &[b"h2".to_vec(), b"http/1.1".to_vec()]);
+        let h1 = from_text("upstream = \"https://x\"\nupstream_http2 = \"never\"\n").expect("h1");
+        let alpn = &h1.upstream_tls.expect("a TLS client").alpn_protocols;
+        assert_eq!(alpn, &[b"http/1.1".to_vec()]);
     }
 
     #[test]

@@ -36,8 +36,12 @@ pub struct Overrides {
 pub struct Settings {
     /// Where clients connect.
     pub listen: SocketAddr,
-    /// The upstream origin (`http://host:port`).
+    /// The upstream origin (`http://host:port` or `https://host:port`).
     pub upstream: Uri,
+    /// The TLS client of an `https://` upstream: trusted roots, the
+    /// client certificate for mTLS, the ALPN protocols offered (`None`
+    /// for `http://`).
+    pub upstream_tls: Option<Arc<rustls::ClientConfig>>,
     /// The store URL.
     pub store: String,
     /// How long a store operation on the request path may take before the

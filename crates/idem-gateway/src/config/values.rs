@@ -53,14 +53,26 @@ pub(super) fn located(from_file: Option<ConfigError>, why: &Refused, flag: &str)
 pub(super) fn parse_upstream(text: &str) -> Result<Uri, Refused> {
     let uri: Uri = text.parse().map_err(|e| format!("not a URL ({e})"))?;
     match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => return Err(Refused("https upstreams are not supported yet; put the gateway next to the service and use http://".to_owned())),
-        _ => return Err(Refused("the upstream must be an http:// URL such as http://127.0.0.1:3000".to_owned())),
+        Some("http" | "https") => {}
+        _ => {
+            return Err(Refused(
+                "the upstream must be an http:// or https:// URL such as http://127.0.0.1:3000"
+                    .to_owned(),
+            ));
+        }
     }
     match uri.authority() {
         None => return Err(Refused("the upstream URL has no host".to_owned())),
         Some(a) if a.as_str().contains('@') => {
-            return Err(Refused("the upstream URL carries a user or password; idem sends no credentials of its own upstream (clients' headers are forwarded): write http://host:port".to_owned()));
+            return Err(Refused("the upstream URL carries a user or password; idem sends no credentials of its own upstream (clients' headers are forwarded): write http://host:port or https://host:port".to_owned()));
+        }
+        Some(a) if uri.scheme_str() == Some("https") => {
+            let host = a.host().trim_start_matches('[').trim_end_matches(']');
+            if rustls::pki_types::ServerName::try_from(host).is_err() {
+                return Err(Refused(format!(
+                    "{host:?} is not a name a TLS certificate can be checked against"
+                )));
+            }
         }
         Some(_) => {}
     }

@@ -9,6 +9,7 @@
 //! `502` and [`UpstreamOutcome::MaybeSent`] (the record stays
 //! `outcome_unknown`).
 
+mod connect;
 mod upstream;
 
 pub use upstream::{ExchangeError, ProxyBody, Upstream, UpstreamBody};
@@ -37,14 +38,16 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// A proxy to `upstream` (an `http://host:port` origin).
-    pub fn new(upstream: &Uri, timeout: Duration) -> Self {
+    /// A proxy to `upstream` (an `http://host:port` origin, or
+    /// `https://host:port` with the TLS client `tls`).
+    pub fn new(upstream: &Uri, tls: Option<Arc<rustls::ClientConfig>>, timeout: Duration) -> Self {
         Self {
             upstream: Upstream::new(
                 upstream
                     .authority()
                     .cloned()
                     .expect("validated upstream has an authority"),
+                tls,
             ),
             timeout,
         }
@@ -107,6 +110,16 @@ impl Service<Request<ProxyBody>> for Proxy {
                         Problem::new(
                             ProblemKind::UpstreamUnreachable,
                             "the upstream could not be reached; nothing was sent, retrying is safe",
+                        ),
+                        UpstreamOutcome::NotSent,
+                    ))
+                }
+                Ok(Err(ExchangeError::Tls(err))) => {
+                    tracing::warn!(reason = "upstream_tls", %err);
+                    Ok(failure(
+                        Problem::new(
+                            ProblemKind::UpstreamTls,
+                            "the gateway has no trusted TLS session with the upstream (its certificate could not be verified, or it refused the gateway's); nothing was sent",
                         ),
                         UpstreamOutcome::NotSent,
                     ))

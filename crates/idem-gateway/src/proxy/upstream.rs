@@ -1,22 +1,30 @@
-//! HTTP/1.1 keep-alive connections to the upstream, each driven by the
-//! request that uses it.
+//! Keep-alive connections to the upstream, plain or TLS, each HTTP/1.1
+//! connection driven by the request that uses it.
 //!
 //! hyper's pooled client runs every connection in a task of its own: a
 //! request travels to that task through a channel, its answer comes back
 //! through another, and every step wakes the other task — two or three
 //! wake-ups per request, often across the two worker threads. Here the
-//! request's own task polls the connection while it waits for the answer,
-//! and the response body polls it while the client reads, so a proxied
-//! request stays on one task from the client's socket to the upstream's
-//! and back (as an nginx worker does). A connection goes back to the idle
-//! list when its response body has been read to the end; a body dropped
-//! half-read closes it.
+//! request's own task polls an HTTP/1.1 connection while it waits for the
+//! answer, and the response body polls it while the client reads, so a
+//! proxied request stays on one task from the client's socket to the
+//! upstream's and back (as an nginx worker does). A connection goes back to
+//! the idle list when its response body has been read to the end; a body
+//! dropped half-read closes it.
 //!
 //! Idle connections are not polled. One the upstream closed meanwhile is
 //! found out when it is taken (its connection is polled once, without a
 //! waker, and reports the close) and replaced by a fresh one; a request
 //! refused by a connection before any of it was written is sent once more
 //! on a fresh connection.
+//!
+//! An `https://` upstream is reached over TLS (SNI and the certificate's
+//! name from the URL's host). When it offers HTTP/2 by ALPN (and
+//! `upstream_http2` allows it), one HTTP/2 connection carries every request
+//! at once; it runs in a task of its own, as HTTP/2's shared connection
+//! must. A handshake that fails, or a TLS 1.3 server that refuses the
+//! gateway's client certificate right after it, is
+//! [`ExchangeError::Tls`]: nothing was sent.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -27,24 +35,27 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{HOST, HeaderValue};
-use http::uri::{Authority, PathAndQuery};
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, Connection, SendRequest};
-use hyper_util::rt::TokioIo;
+use hyper::client::conn::{TrySendError, http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use idem_http::BoxError;
-use tokio::net::TcpStream;
 
+use super::connect::{ConnectError, Connector, Refusal, Stream};
 use crate::serve::body::ClientBody;
 
-/// How long a new connection may take to open.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Idle connections kept at most; beyond, the oldest is closed.
 const MAX_IDLE: usize = 1024;
 /// An idle connection older than this is closed instead of reused.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often a quiet HTTP/2 connection is pinged, and how long the answer
+/// may take before the connection counts as dead (a silent peer is found
+/// before a request waits on it).
+const H2_PING_EVERY: Duration = Duration::from_secs(20);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why an exchange with the upstream failed, as the idempotency layer
 /// needs to know it.
@@ -54,21 +65,26 @@ pub enum ExchangeError {
     /// unreachable, or every connection closed before the request was
     /// written): retrying is safe.
     NotSent(String),
+    /// No trusted TLS session with the upstream (its certificate cannot be
+    /// verified, or it refused the gateway's): nothing was sent, and a
+    /// retry fails the same way until the certificates are fixed.
+    Tls(String),
     /// The request was written, at least in part, and no complete answer
     /// came back: it may have taken effect.
     MaybeSent(String),
 }
 
-/// One open connection: the sending half and the connection itself.
+/// One open HTTP/1.1 connection: the sending half and the connection
+/// itself.
 struct Conn {
-    sender: SendRequest<ProxyBody>,
+    sender: http1::SendRequest<ProxyBody>,
     link: Link,
 }
 
 /// The connection future: it does the reading and writing for the sender
 /// and the response body, whenever it is polled.
 struct Link {
-    conn: Connection<TokioIo<TcpStream>, ProxyBody>,
+    conn: http1::Connection<TokioIo<Stream>, ProxyBody>,
     /// It finished (the connection closed or failed).
     done: bool,
 }
@@ -97,30 +113,6 @@ impl Link {
 }
 
 impl Conn {
-    async fn open(authority: &Authority) -> Result<Box<Self>, String> {
-        let addr = authority_addr(authority);
-        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&addr)).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(err)) => return Err(format!("cannot connect to {addr}: {err}")),
-            Err(_) => {
-                return Err(format!(
-                    "no connection to {addr} within {CONNECT_TIMEOUT:?}"
-                ));
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let (sender, conn) = http1::Builder::new()
-            .handshake(TokioIo::new(stream))
-            .await
-            .map_err(|err| format!("cannot start HTTP/1.1 with {addr}: {err}"))?;
-        // Boxed once: it moves between the idle list, the request and its
-        // response body as a pointer.
-        Ok(Box::new(Self {
-            sender,
-            link: Link { conn, done: false },
-        }))
-    }
-
     /// Whether an idle connection can still carry a request: polled once
     /// without a waker, a connection the upstream closed finishes.
     fn still_open(&mut self) -> bool {
@@ -134,27 +126,58 @@ impl Conn {
     }
 }
 
-/// The upstream origin and its idle connections.
+/// A connection a request can go on.
+enum Channel {
+    /// An HTTP/1.1 connection of its own (boxed once: it moves between the
+    /// idle list, the request and its response body as a pointer).
+    Http1(Box<Conn>),
+    /// A stream on the shared HTTP/2 connection.
+    Http2(http2::SendRequest<ProxyBody>),
+}
+
+/// How one try of a request on one connection ended.
+enum Tried {
+    Answered(Response<UpstreamBody>),
+    /// The connection refused it before any of it was written.
+    Unsent(Request<ProxyBody>, String),
+    Failed(ExchangeError),
+}
+
+/// The upstream origin and its connections: idle HTTP/1.1 ones, or the
+/// one HTTP/2 connection.
 pub struct Upstream {
     authority: Authority,
+    connector: Connector,
     idle: Mutex<VecDeque<(Box<Conn>, Instant)>>,
+    /// HTTP/2 is offered by ALPN (an `https://` upstream with
+    /// `upstream_http2 = "auto"`); only then is `shared` ever set.
+    http2: bool,
+    shared: Mutex<Option<http2::SendRequest<ProxyBody>>>,
 }
 
 impl std::fmt::Debug for Upstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Upstream")
             .field("authority", &self.authority)
+            .field("connector", &self.connector)
             .field("idle", &self.idle.lock().map(|idle| idle.len()).ok())
             .finish()
     }
 }
 
 impl Upstream {
-    /// Connections to `authority` (`host:port`).
-    pub fn new(authority: Authority) -> Arc<Self> {
+    /// Connections to `authority` (`host:port`): over TLS with `tls`
+    /// (an `https://` upstream), plain without.
+    pub fn new(authority: Authority, tls: Option<Arc<rustls::ClientConfig>>) -> Arc<Self> {
+        let http2 = tls
+            .as_ref()
+            .is_some_and(|c| c.alpn_protocols.iter().any(|p| p == b"h2"));
         Arc::new(Self {
+            connector: Connector::new(&authority, tls),
+            http2,
             authority,
             idle: Mutex::new(VecDeque::new()),
+            shared: Mutex::new(None),
         })
     }
 
@@ -170,63 +193,187 @@ impl Upstream {
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
         *req.uri_mut() = Uri::from(path);
-        // The upstream leg is always HTTP/1.1, whatever the client spoke.
-        *req.version_mut() = Version::HTTP_11;
         if !req.headers().contains_key(HOST)
             && let Ok(host) = HeaderValue::from_str(self.authority.as_str())
         {
             req.headers_mut().insert(HOST, host);
         }
         // A reused connection may turn out closed before anything was
-        // written; the request then goes once more, on a fresh one.
+        // written; the request then goes once more, on another idle
+        // HTTP/1.1 connection or a fresh one (never the same HTTP/2
+        // connection twice: each turn takes a connection off the idle list
+        // or opens one, so this ends).
+        let mut shared = true;
         loop {
-            let (mut conn, reused) = match self.checkout() {
-                Some(conn) => (conn, true),
-                None => (
-                    Conn::open(&self.authority)
-                        .await
-                        .map_err(ExchangeError::NotSent)?,
-                    false,
-                ),
+            let (channel, fresh) = match self.checkout(shared) {
+                Some(channel) => (channel, None),
+                None => {
+                    let (channel, refusal) = self.open().await?;
+                    (channel, Some(refusal))
+                }
             };
-            if let Err(err) = conn.link.drive(conn.sender.ready()).await {
-                if reused {
-                    continue;
-                }
-                return Err(ExchangeError::NotSent(format!(
-                    "the upstream closed a new connection at once: {err}"
-                )));
+            let tried = match channel {
+                Channel::Http1(conn) => self.send_http1(conn, req).await,
+                Channel::Http2(sender) => self.send_http2(sender, req).await,
+            };
+            // A fresh TLS connection the upstream refused right after the
+            // handshake: nothing was taken in, however the request failed.
+            if !matches!(tried, Tried::Answered(_))
+                && let Some(why) = fresh.as_ref().and_then(Refusal::get)
+            {
+                return Err(ExchangeError::Tls(why.to_owned()));
             }
-            let sent = conn.sender.try_send_request(req);
-            match conn.link.drive(sent).await {
-                Ok(resp) => {
-                    return Ok(resp.map(|body| UpstreamBody {
-                        body,
-                        conn: Some(conn),
-                        upstream: Arc::clone(self),
-                    }));
+            match tried {
+                Tried::Answered(resp) => return Ok(resp),
+                Tried::Unsent(unsent, _) if fresh.is_none() => {
+                    req = unsent;
+                    shared = false;
                 }
-                Err(mut err) => match err.take_message() {
-                    Some(unsent) if reused => req = unsent,
-                    Some(_) => {
-                        return Err(ExchangeError::NotSent(format!(
-                            "the upstream closed the connection before the request was written: {}",
-                            err.error()
-                        )));
-                    }
-                    None => return Err(ExchangeError::MaybeSent(err.error().to_string())),
-                },
+                Tried::Unsent(_, why) => return Err(ExchangeError::NotSent(why)),
+                Tried::Failed(err) => return Err(err),
             }
         }
     }
 
-    /// The most recently used idle connection that is still open.
-    fn checkout(&self) -> Option<Box<Conn>> {
+    async fn send_http1(
+        self: &Arc<Self>,
+        mut conn: Box<Conn>,
+        mut req: Request<ProxyBody>,
+    ) -> Tried {
+        *req.version_mut() = Version::HTTP_11;
+        if let Err(err) = conn.link.drive(conn.sender.ready()).await {
+            return Tried::Unsent(
+                req,
+                format!("the upstream closed the connection before the request was written: {err}"),
+            );
+        }
+        let sent = conn.sender.try_send_request(req);
+        match conn.link.drive(sent).await {
+            Ok(resp) => Tried::Answered(resp.map(|body| UpstreamBody {
+                body,
+                conn: Some(conn),
+                upstream: Arc::clone(self),
+            })),
+            Err(err) => unanswered(err),
+        }
+    }
+
+    async fn send_http2(
+        self: &Arc<Self>,
+        mut sender: http2::SendRequest<ProxyBody>,
+        mut req: Request<ProxyBody>,
+    ) -> Tried {
+        // HTTP/2 names the origin in :scheme and :authority, not in Host:
+        // the authority is the Host HTTP/1.1 would carry.
+        let authority = req
+            .headers_mut()
+            .remove(HOST)
+            .and_then(|h| Authority::try_from(h.as_bytes()).ok())
+            .unwrap_or_else(|| self.authority.clone());
+        let mut uri = Uri::builder().scheme(Scheme::HTTPS).authority(authority);
+        if let Some(path) = req.uri().path_and_query() {
+            uri = uri.path_and_query(path.clone());
+        }
+        match uri.build() {
+            Ok(uri) => *req.uri_mut() = uri,
+            Err(err) => {
+                return Tried::Failed(ExchangeError::NotSent(format!(
+                    "no HTTP/2 request target: {err}"
+                )));
+            }
+        }
+        *req.version_mut() = Version::HTTP_2;
+        if let Err(err) = sender.ready().await {
+            self.forget_closed();
+            return Tried::Unsent(
+                req,
+                format!(
+                    "the upstream's HTTP/2 connection closed before the request was written: {err}"
+                ),
+            );
+        }
+        match sender.try_send_request(req).await {
+            Ok(resp) => Tried::Answered(resp.map(|body| UpstreamBody {
+                body,
+                conn: None,
+                upstream: Arc::clone(self),
+            })),
+            Err(err) => {
+                self.forget_closed();
+                unanswered(err)
+            }
+        }
+    }
+
+    /// A new connection: HTTP/2 when the upstream chose it by ALPN (then
+    /// shared by every request), HTTP/1.1 otherwise.
+    async fn open(&self) -> Result<(Channel, Refusal), ExchangeError> {
+        let (stream, h2) = self.connector.connect().await.map_err(|err| match err {
+            ConnectError::Unreachable(why) => ExchangeError::NotSent(why),
+            ConnectError::Tls(why) => ExchangeError::Tls(why),
+        })?;
+        let addr = &self.authority;
+        let refusal = stream.refusal();
+        if h2 {
+            let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .keep_alive_interval(H2_PING_EVERY)
+                .keep_alive_timeout(H2_PING_TIMEOUT)
+                .handshake(TokioIo::new(stream))
+                .await
+                .map_err(|err| {
+                    ExchangeError::NotSent(format!("cannot start HTTP/2 with {addr}: {err}"))
+                })?;
+            tokio::spawn(async move {
+                if let Err(err) = conn.await {
+                    tracing::debug!(%err, "upstream HTTP/2 connection ended with an error");
+                }
+            });
+            if let Ok(mut shared) = self.shared.lock() {
+                *shared = Some(sender.clone());
+            }
+            return Ok((Channel::Http2(sender), refusal));
+        }
+        let (sender, conn) = http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(|err| {
+                ExchangeError::NotSent(format!("cannot start HTTP/1.1 with {addr}: {err}"))
+            })?;
+        let conn = Conn {
+            sender,
+            link: Link { conn, done: false },
+        };
+        Ok((Channel::Http1(Box::new(conn)), refusal))
+    }
+
+    /// The shared HTTP/2 connection if it is open (and `shared` allows
+    /// it), else the most recently used idle HTTP/1.1 connection that is
+    /// still open.
+    fn checkout(&self, shared: bool) -> Option<Channel> {
+        if shared
+            && self.http2
+            && let Ok(shared) = self.shared.lock()
+            && let Some(sender) = shared.as_ref().filter(|s| !s.is_closed())
+        {
+            return Some(Channel::Http2(sender.clone()));
+        }
         loop {
             let (mut conn, since) = self.idle.lock().ok()?.pop_back()?;
             if since.elapsed() < IDLE_TIMEOUT && conn.still_open() {
-                return Some(conn);
+                return Some(Channel::Http1(conn));
             }
+        }
+    }
+
+    /// Stops handing out the shared HTTP/2 connection once it has closed
+    /// (the next request opens a fresh one); a failed stream on a live
+    /// connection leaves it shared.
+    fn forget_closed(&self) {
+        if let Ok(mut shared) = self.shared.lock()
+            && shared.as_ref().is_some_and(http2::SendRequest::is_closed)
+        {
+            *shared = None;
         }
     }
 
@@ -250,13 +397,19 @@ impl Upstream {
     }
 }
 
-/// `host:port` to connect to (port 80 when the authority has none).
-fn authority_addr(authority: &Authority) -> String {
-    format!(
-        "{}:{}",
-        authority.host(),
-        authority.port_u16().unwrap_or(80)
-    )
+/// A request the connection gave back (nothing of it written), or the
+/// failure of one it took.
+fn unanswered(mut err: TrySendError<Request<ProxyBody>>) -> Tried {
+    match err.take_message() {
+        Some(unsent) => Tried::Unsent(
+            unsent,
+            format!(
+                "the upstream closed the connection before the request was written: {}",
+                err.error()
+            ),
+        ),
+        None => Tried::Failed(ExchangeError::MaybeSent(err.error().to_string())),
+    }
 }
 
 /// An upstream response body. Reading it drives its connection; read to

@@ -103,7 +103,11 @@ pub async fn bind(settings: &Settings) -> Result<Server, GatewayError> {
             admin: true,
             source,
         })?;
-    let proxy = Proxy::new(&settings.upstream, settings.upstream_timeout);
+    let proxy = Proxy::new(
+        &settings.upstream,
+        settings.upstream_tls.clone(),
+        settings.upstream_timeout,
+    );
     // Held records left by a gateway that died are found by listing the
     // store, where the monitor may list it (not on plain Redis); elsewhere
     // a client's retry brings them to the reconciliation.
