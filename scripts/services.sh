@@ -35,6 +35,38 @@ if ! up 127.0.0.1 6379 && command -v redis-server >/dev/null; then
 fi
 wait_for Redis 127.0.0.1 6379 15 || status=1
 
+# A Redis Cluster on loopback for the cluster tests: three primaries
+# (7000-7002) and a replica of each (7003-7005), from the same Debian
+# redis-server, keeping nothing on disk but each node's cluster file.
+# IDEM_TEST_REDIS_CLUSTER_URL points the tests elsewhere.
+CLUSTER_PORTS="7000 7001 7002 7003 7004 7005"
+CLUSTER_DIR=${IDEM_REDIS_CLUSTER_DIR:-/tmp/idem-redis-cluster}
+cluster_ok() {
+  redis-cli -p 7000 CLUSTER INFO 2>/dev/null | grep -q cluster_state:ok &&
+    [ "$(redis-cli -p 7000 CLUSTER NODES 2>/dev/null | grep -cw connected)" -eq 6 ]
+}
+if command -v redis-server >/dev/null && command -v redis-cli >/dev/null && ! cluster_ok; then
+  for port in $CLUSTER_PORTS; do
+    redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
+  done
+  rm -rf "$CLUSTER_DIR" && mkdir -p "$CLUSTER_DIR"
+  for port in $CLUSTER_PORTS; do
+    redis-server --daemonize yes --bind 127.0.0.1 --port "$port" --save "" --appendonly no \
+      --cluster-enabled yes --cluster-config-file "nodes-$port.conf" --cluster-node-timeout 2000 \
+      --dir "$CLUSTER_DIR" --logfile "$CLUSTER_DIR/$port.log" || true
+  done
+  for port in $CLUSTER_PORTS; do wait_for "Redis Cluster node" 127.0.0.1 "$port" 15 >/dev/null || status=1; done
+  redis-cli --cluster create $(for p in $CLUSTER_PORTS; do printf '127.0.0.1:%s ' "$p"; done) \
+    --cluster-replicas 1 --cluster-yes >/dev/null 2>&1 || true
+  for _ in $(seq 1 100); do cluster_ok && break; sleep 0.2; done
+fi
+if cluster_ok; then
+  echo "services: Redis Cluster is up on 127.0.0.1:7000-7005 (3 primaries, 3 replicas)"
+else
+  echo "services: the Redis Cluster on 127.0.0.1:7000-7005 did not form" >&2
+  status=1
+fi
+
 if ! up 127.0.0.1 4222 && [ -x /usr/sbin/nats-server ]; then
   start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
     -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server || true

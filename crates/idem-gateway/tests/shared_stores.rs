@@ -1,6 +1,6 @@
-//! Gateways sharing PostgreSQL, Redis or tiered stores on loopback: several
-//! instances behind one "load balancer", and the store going away and
-//! coming back.
+//! Gateways sharing PostgreSQL, Redis, a Redis Cluster or tiered stores on
+//! loopback: several instances behind one "load balancer", and the store
+//! going away and coming back.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -150,6 +150,22 @@ async fn three_gateways_share_redis() {
         return;
     };
     three_gateways_one_store(&redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_gateways_share_a_redis_cluster() {
+    let Some(cluster) = services::redis_cluster() else {
+        return;
+    };
+    three_gateways_one_store(&cluster).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_gateways_share_tiered_redis_cluster_postgres() {
+    let (Some(cluster), Some(pg)) = (services::redis_cluster(), services::postgres()) else {
+        return;
+    };
+    three_gateways_one_store(&format!("tiered:{cluster},{pg}")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -61,6 +61,42 @@ pub(crate) fn valid_prefix(prefix: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
+/// The Redis Cluster slot of the key `name`: CRC16 (XMODEM) of its hash
+/// tag (the part between the first `{` and the next `}`, when not empty)
+/// or of the whole name, modulo 16384, as the cluster computes it. Used to
+/// send `WAIT` to the node that holds a record.
+#[cfg(feature = "cluster")]
+pub(crate) fn slot(name: &str) -> u16 {
+    let bytes = name.as_bytes();
+    let hashed = bytes
+        .iter()
+        .position(|b| *b == b'{')
+        .and_then(|open| {
+            let rest = &bytes[open + 1..];
+            let close = rest.iter().position(|b| *b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(bytes);
+    crc16(hashed) % 16_384
+}
+
+/// CRC-16/XMODEM (polynomial 0x1021, initial value 0), Redis Cluster's.
+#[cfg(feature = "cluster")]
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for b in bytes {
+        crc ^= u16::from(*b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 == 0 {
+                crc << 1
+            } else {
+                (crc << 1) ^ 0x1021
+            };
+        }
+    }
+    crc
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,5 +141,28 @@ mod tests {
         for bad in ["", "a{b", "a}b", "a*", "a:b", "a b"] {
             assert!(!valid_prefix(bad), "{bad:?}");
         }
+    }
+}
+
+#[cfg(all(test, feature = "cluster"))]
+mod slot_tests {
+    use super::{crc16, slot};
+
+    /// The check value of CRC-16/XMODEM, and slots the Redis documentation
+    /// and `CLUSTER KEYSLOT` give.
+    #[test]
+    fn slots_as_redis_computes_them() {
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(slot("foo"), 12_182);
+        assert_eq!(slot("{user1000}.following"), slot("user1000"));
+        // Read off `redis-cli CLUSTER KEYSLOT` (Redis 7.0).
+        assert_eq!(slot("foo{}{bar}"), 8_363);
+        assert_eq!(slot("idem:{t:POST /v1:k}"), 1_520);
+        assert_ne!(
+            slot("foo{}{bar}"),
+            slot("bar"),
+            "an empty tag hashes the whole name"
+        );
+        assert_eq!(slot("idem:{t:POST /v1:k}"), slot("t:POST /v1:k"));
     }
 }

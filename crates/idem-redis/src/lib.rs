@@ -18,6 +18,11 @@
 //!   (`redis+cluster://host1:port1,host2:port2`): each record's script runs
 //!   on the node owning its slot, so each record's times come from that one
 //!   node's clock; listing scans every primary;
+//! * **replicated acknowledgements** on request (`?min_replicas=N`,
+//!   [`RedisOptions::with_min_replicas`]): each write is followed by `WAIT
+//!   N` on the node holding the record, so a failover to a replica that
+//!   had it loses nothing acknowledged; without it Redis replicates after
+//!   acknowledging, and a primary that dies first takes the write along;
 //! * **reconnects** through redis' `ConnectionManager`: a dropped
 //!   connection fails the commands in flight with
 //!   [`StoreError::Unavailable`] and the next ones go through a new
@@ -124,6 +129,9 @@ pub struct RedisStore {
     conn: RedisConnection,
     prefix: Arc<str>,
     url: Arc<str>,
+    /// `WAIT` after each write: replicas, and the longest wait in ms.
+    min_replicas: u32,
+    replica_wait_ms: i64,
 }
 
 impl fmt::Debug for RedisStore {
@@ -182,11 +190,11 @@ impl RedisStore {
             .get_connection_manager_with_config(config)
             .await
             .map_err(|e| RedisError::connect(opts.url(), e))?;
-        Ok(Self {
-            conn: RedisConnection::Single(conn),
-            prefix: opts.prefix().into(),
-            url: shown.into(),
-        })
+        Ok(Self::with_connection(
+            RedisConnection::Single(conn),
+            &opts,
+            shown,
+        ))
     }
 
     #[cfg(feature = "cluster")]
@@ -208,11 +216,11 @@ impl RedisStore {
             .query_async::<()>(&mut conn)
             .await
             .map_err(|e| RedisError::connect(opts.url(), e))?;
-        Ok(Self {
-            conn: RedisConnection::Cluster(conn),
-            prefix: opts.prefix().into(),
-            url: shown.into(),
-        })
+        Ok(Self::with_connection(
+            RedisConnection::Cluster(conn),
+            &opts,
+            shown,
+        ))
     }
 
     #[cfg(not(feature = "cluster"))]
@@ -221,6 +229,16 @@ impl RedisStore {
             url: shown,
             reason: "cluster nodes need idem-redis built with its `cluster` feature".to_owned(),
         })
+    }
+
+    fn with_connection(conn: RedisConnection, opts: &RedisOptions, shown: String) -> Self {
+        Self {
+            conn,
+            prefix: opts.prefix().into(),
+            url: shown.into(),
+            min_replicas: opts.min_replicas(),
+            replica_wait_ms: millis(opts.replica_wait()).max(1),
+        }
     }
 
     /// The store's connection (shared, reconnecting), for commands of your
@@ -348,17 +366,60 @@ impl RedisStore {
         ))
     }
 
-    /// Runs a fenced script answering 1 (done) or 0 (not the owner).
-    async fn fenced(&self, invocation: &redis::ScriptInvocation<'_>) -> Result<(), StoreError> {
+    /// Runs a fenced script on the record `name` answering 1 (done) or 0
+    /// (not the owner); done, waits for its replicas.
+    async fn fenced(
+        &self,
+        name: &str,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<(), StoreError> {
         let done: i64 = invocation
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(error::to_store)?;
         if done == 1 {
-            Ok(())
+            self.replicated(name).await
         } else {
             Err(StoreError::Fenced)
         }
+    }
+
+    /// With `min_replicas`, waits until that many replicas of the node
+    /// holding the record `name` have what this connection wrote so far
+    /// (`WAIT`, sent to that node); fewer within the wait is the store
+    /// being unavailable: the write may be lost in a failover.
+    #[cfg_attr(
+        not(feature = "cluster"),
+        expect(unused_variables, reason = "the name routes WAIT in a cluster only")
+    )]
+    async fn replicated(&self, name: &str) -> Result<(), StoreError> {
+        if self.min_replicas == 0 {
+            return Ok(());
+        }
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(self.min_replicas).arg(self.replica_wait_ms);
+        let copies: i64 = match &self.conn {
+            RedisConnection::Single(conn) => wait.query_async(&mut conn.clone()).await,
+            #[cfg(feature = "cluster")]
+            RedisConnection::Cluster(conn) => {
+                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+                let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                    Route::new(keys::slot(name), SlotAddr::Master),
+                ));
+                conn.clone()
+                    .route_command(&wait, node)
+                    .await
+                    .and_then(|v| redis::from_redis_value(&v))
+            }
+        }
+        .map_err(error::to_store)?;
+        if copies < i64::from(self.min_replicas) {
+            return Err(StoreError::unavailable(format!(
+                "the write reached {copies} replica(s) within {} ms; min_replicas is {}",
+                self.replica_wait_ms, self.min_replicas
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -427,8 +488,9 @@ fn reservation(answer: Value, req: &ReserveRequest<'_>) -> Result<Reservation, S
 
 impl Store for RedisStore {
     async fn reserve(&self, req: ReserveRequest<'_>) -> Result<Reservation, StoreError> {
+        let name = self.key(req.scope, req.key);
         let answer: Value = RESERVE
-            .key(self.key(req.scope, req.key))
+            .key(&name)
             .arg(req.scope.tenant())
             .arg(req.scope.operation())
             .arg(req.key.as_str())
@@ -443,7 +505,25 @@ impl Store for RedisStore {
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(error::to_store)?;
-        reservation(answer, &req)
+        let reservation = reservation(answer, &req)?;
+        if let Reservation::Acquired(lease) = &reservation
+            && let Err(err) = self.replicated(&name).await
+        {
+            // Not copied in time: undone on the primary (nothing has run
+            // under it), so the key is free for the retry instead of held
+            // by a reservation nobody acts on.
+            let undone: Result<i64, _> = RELEASE
+                .key(&name)
+                .arg(lease.owner.to_bytes().as_slice())
+                .arg(lease.attempt)
+                .invoke_async(&mut self.conn.clone())
+                .await;
+            if let Err(undo) = undone {
+                tracing::warn!(%undo, "a reservation that was not replicated could not be undone; it waits for the engine's release check");
+            }
+            return Err(err);
+        }
+        Ok(reservation)
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
@@ -466,9 +546,11 @@ impl Store for RedisStore {
         outcome: &FinalOutcome,
     ) -> Result<(), StoreError> {
         let state: RecordState = outcome.verdict.into();
+        let name = self.key(scope, key);
         self.fenced(
+            &name,
             RESOLVE
-                .key(self.key(scope, key))
+                .key(&name)
                 .arg(lease.owner.to_bytes().as_slice())
                 .arg(lease.attempt)
                 .arg(state.as_str())
@@ -488,9 +570,11 @@ impl Store for RedisStore {
         key: &IdempotencyKey,
         lease: &Lease,
     ) -> Result<(), StoreError> {
+        let name = self.key(scope, key);
         self.fenced(
+            &name,
             RELEASE
-                .key(self.key(scope, key))
+                .key(&name)
                 .arg(lease.owner.to_bytes().as_slice())
                 .arg(lease.attempt),
         )
@@ -504,9 +588,11 @@ impl Store for RedisStore {
         lease: &Lease,
         _reason: &str,
     ) -> Result<(), StoreError> {
+        let name = self.key(scope, key);
         self.fenced(
+            &name,
             MARK_UNKNOWN
-                .key(self.key(scope, key))
+                .key(&name)
                 .arg(lease.owner.to_bytes().as_slice())
                 .arg(lease.attempt),
         )
@@ -520,8 +606,9 @@ impl Store for RedisStore {
         lease: &Lease,
         duration: Duration,
     ) -> Result<Timestamp, StoreError> {
+        let name = self.key(scope, key);
         let until: i64 = RENEW
-            .key(self.key(scope, key))
+            .key(&name)
             .arg(lease.owner.to_bytes().as_slice())
             .arg(lease.attempt)
             .arg(millis(duration))
@@ -529,10 +616,10 @@ impl Store for RedisStore {
             .await
             .map_err(error::to_store)?;
         if until < 0 {
-            Err(StoreError::Fenced)
-        } else {
-            Ok(Timestamp::from_millis(until))
+            return Err(StoreError::Fenced);
         }
+        self.replicated(&name).await?;
+        Ok(Timestamp::from_millis(until))
     }
 }
 

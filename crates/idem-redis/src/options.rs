@@ -35,6 +35,8 @@ pub struct RedisOptions {
     response_timeout: Duration,
     reconnect_retries: usize,
     cluster_nodes: Vec<String>,
+    min_replicas: u32,
+    replica_wait: Duration,
 }
 
 impl fmt::Debug for RedisOptions {
@@ -51,6 +53,8 @@ impl fmt::Debug for RedisOptions {
             .field("response_timeout", &self.response_timeout)
             .field("reconnect_retries", &self.reconnect_retries)
             .field("cluster_nodes", &nodes)
+            .field("min_replicas", &self.min_replicas)
+            .field("replica_wait", &self.replica_wait)
             .finish()
     }
 }
@@ -66,6 +70,8 @@ impl RedisOptions {
             response_timeout: Duration::from_secs(2),
             reconnect_retries: 6,
             cluster_nodes,
+            min_replicas: 0,
+            replica_wait: Duration::from_secs(1),
         }
     }
 
@@ -73,8 +79,9 @@ impl RedisOptions {
     /// (and `rediss://…` with the `tls` feature). With the `cluster`
     /// feature, `redis+cluster://[user:password@]host1:port1,host2:port2[?prefix=NAME]`
     /// (or `rediss+cluster://…`) names a Redis Cluster by some of its nodes.
-    /// Options other than `prefix` go to the driver (a cluster URL takes
-    /// none).
+    /// `min_replicas=N` sets [`min_replicas`](Self::min_replicas). Options
+    /// other than `prefix` and `min_replicas` go to the driver (a cluster
+    /// URL takes none).
     ///
     /// Fails with [`RedisError::Url`] (password redacted) on another
     /// scheme, a scheme this build's features do not cover, a bad prefix,
@@ -101,9 +108,11 @@ impl RedisOptions {
         let (base, query) = QueryOptions::split(url);
         let mut driver_query = Vec::new();
         let mut prefix = "idem".to_owned();
+        let mut min_replicas = 0;
         for option in query {
             match (option.name(), option.value()) {
                 ("prefix", Ok(value)) => value.clone_into(&mut prefix),
+                ("min_replicas", value) => min_replicas = replicas(value.ok()).map_err(bad)?,
                 _ => driver_query.push(option.pair()),
             }
         }
@@ -116,7 +125,7 @@ impl RedisOptions {
             format!("{base}?{}", driver_query.join("&"))
         };
         redis::Client::open(driver_url.as_str()).map_err(|e| bad(e.to_string()))?;
-        Ok(Self::with_defaults(driver_url, prefix, Vec::new()))
+        Ok(Self::with_defaults(driver_url, prefix, Vec::new()).with_min_replicas(min_replicas))
     }
 
     fn from_cluster_url(scheme: &str, rest: &str) -> Result<Self, String> {
@@ -145,9 +154,11 @@ impl RedisOptions {
             None => (None, authority),
         };
         let mut prefix = "idem".to_owned();
+        let mut min_replicas = 0;
         for option in query {
             match (option.name(), option.value()) {
                 ("prefix", Ok(value)) => value.clone_into(&mut prefix),
+                ("min_replicas", value) => min_replicas = replicas(value.ok())?,
                 _ => return Err(format!("unknown cluster option {:?}", option.pair())),
             }
         }
@@ -168,7 +179,7 @@ impl RedisOptions {
         for node in &nodes {
             redis::Client::open(node.as_str()).map_err(|e| e.to_string())?;
         }
-        Ok(Self::with_defaults(first.clone(), prefix, nodes))
+        Ok(Self::with_defaults(first.clone(), prefix, nodes).with_min_replicas(min_replicas))
     }
 
     /// The server's URL, as given to the driver (`redis://…`, idem's own
@@ -188,6 +199,34 @@ impl RedisOptions {
     /// applications); checked at connect.
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
+        self
+    }
+
+    /// How many replicas must hold a copy of each write before the store
+    /// acknowledges it (`?min_replicas=N`; default 0: Redis's own
+    /// asynchronous replication). Each write is followed by `WAIT N`, on
+    /// the node holding the record: a failover to a replica that had the
+    /// copy loses nothing acknowledged. A write that fewer replicas
+    /// confirm within [`replica_wait`](Self::replica_wait) fails as the
+    /// store being unavailable.
+    pub fn min_replicas(&self) -> u32 {
+        self.min_replicas
+    }
+
+    /// Sets [`min_replicas`](Self::min_replicas).
+    pub fn with_min_replicas(mut self, replicas: u32) -> Self {
+        self.min_replicas = replicas;
+        self
+    }
+
+    /// How long a write waits for its replicas' copies (default 1 s).
+    pub fn replica_wait(&self) -> Duration {
+        self.replica_wait
+    }
+
+    /// Sets [`replica_wait`](Self::replica_wait).
+    pub fn with_replica_wait(mut self, wait: Duration) -> Self {
+        self.replica_wait = wait;
         self
     }
 
@@ -241,6 +280,14 @@ pub(crate) fn invalid_prefix(prefix: &str) -> String {
     format!("prefix {prefix:?} must be 1 to 64 letters, digits, '-', '_' or '.'")
 }
 
+/// The value of `min_replicas`: a whole number of replicas, at most 16.
+fn replicas(value: Option<&str>) -> Result<u32, String> {
+    value
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|n| *n <= 16)
+        .ok_or_else(|| "min_replicas must be a whole number of replicas from 0 to 16".to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,6 +301,12 @@ mod tests {
         assert!(!format!("{o:?}").contains(":pw@"), "Debug redacts");
         let o = RedisOptions::from_url("redis://127.0.0.1").expect("valid");
         assert_eq!(o.prefix(), "idem");
+        assert_eq!(o.min_replicas(), 0, "Redis's own replication by default");
+        let o = RedisOptions::from_url("redis://h/2?min_replicas=2&prefix=x").expect("valid");
+        assert_eq!(
+            (o.min_replicas(), o.prefix(), o.url()),
+            (2, "x", "redis://h/2")
+        );
     }
 
     #[test]
@@ -264,6 +317,14 @@ mod tests {
             ("redis://h?prefix=", "prefix"),
             ("redis://:s3cret@h:port/0", "invalid Redis store URL"),
             ("redis://:s3cret@h:6379/x", "invalid Redis store URL"),
+            (
+                "redis://h?min_replicas=one",
+                "min_replicas must be a whole number",
+            ),
+            (
+                "redis://h?min_replicas=17",
+                "min_replicas must be a whole number",
+            ),
         ] {
             let err = RedisOptions::from_url(url).expect_err(url).to_string();
             assert!(err.contains(needle), "{url}: {err}");
@@ -289,6 +350,9 @@ mod tests {
                 ["redis://u:pw@10.0.0.1:7000", "redis://u:pw@10.0.0.2:7001"]
             );
             assert_eq!(o.prefix(), "p");
+            let o =
+                RedisOptions::from_url("redis+cluster://h:1,h:2?min_replicas=1").expect("valid");
+            assert_eq!(o.min_replicas(), 1);
             for (url, needle) in [
                 ("redis+cluster://", "no cluster node"),
                 ("redis+cluster://h:1/3", "database 0"),

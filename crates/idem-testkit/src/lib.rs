@@ -8,7 +8,7 @@
 //! * [`client`]: one-call HTTP requests with the answer fully read;
 //! * [`fault`]: a TCP proxy that cuts, black-holes, resets, slows or
 //!   throttles the line to a server;
-//! * [`servers`]: a private Redis and PostgreSQL a test may crash and
+//! * [`servers`]: a private Redis, Redis Cluster and PostgreSQL a test may crash and
 //!   restart;
 //! * [`upstream`]: a counting HTTP upstream on loopback for gateway tests;
 //! * [`services`]: finds the loopback servers (PostgreSQL, Redis, NATS,

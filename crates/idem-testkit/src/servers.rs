@@ -1,6 +1,6 @@
-//! Private store servers a test may crash and restart: a `redis-server`
-//! and a PostgreSQL cluster of the test's own, on free loopback ports,
-//! from the machine's binaries. The shared loopback services stay
+//! Private store servers a test may crash and restart: a `redis-server`,
+//! a Redis Cluster and a PostgreSQL cluster of the test's own, on free
+//! loopback ports, from the machine's binaries. The shared loopback services stay
 //! untouched for the tests running beside it.
 //!
 //! Without the binaries a test skips loudly (or fails under
@@ -94,6 +94,206 @@ impl Drop for PrivateRedis {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// A Redis Cluster of the test's own: `primaries` nodes owning the slots
+/// and `replicas` replicas of each, on free loopback ports (each with its
+/// cluster bus port, + 10000, free too), keeping nothing on disk but each
+/// node's cluster file. A failover is quick: `cluster-node-timeout` is
+/// 1 s. Every node is killed on drop.
+#[derive(Debug)]
+pub struct PrivateRedisCluster {
+    cli: PathBuf,
+    nodes: Vec<(u16, Option<Child>)>,
+    primaries: usize,
+    _dir: tempfile::TempDir,
+}
+
+impl PrivateRedisCluster {
+    /// Starts and joins the nodes, and waits until every node sees the
+    /// cluster as `ok`; `None` (a loud skip) without `redis-server` and
+    /// `redis-cli`.
+    pub fn start(primaries: usize, replicas: usize) -> Option<Self> {
+        let server = services::program("redis-server", "IDEM_TEST_REDIS_SERVER", "redis-server")?;
+        let cli = services::program("redis-cli", "IDEM_TEST_REDIS_CLI", "redis-cli")?;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut nodes = Vec::new();
+        for port in cluster_ports(primaries * (1 + replicas)) {
+            let child = Command::new(&server)
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
+                .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
+                .arg("--dir")
+                .arg(dir.path())
+                .args(["--save", "", "--appendonly", "no"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn redis-server");
+            nodes.push((port, Some(child)));
+        }
+        let cluster = Self {
+            cli,
+            nodes,
+            primaries,
+            _dir: dir,
+        };
+        for port in cluster.ports() {
+            wait_for_port(port, Duration::from_secs(10), "a Redis Cluster node");
+        }
+        let mut create = vec!["--cluster".to_owned(), "create".to_owned()];
+        create.extend(cluster.ports().iter().map(|p| format!("127.0.0.1:{p}")));
+        create.extend(["--cluster-replicas".to_owned(), replicas.to_string()]);
+        create.push("--cluster-yes".to_owned());
+        let args: Vec<&str> = create.iter().map(String::as_str).collect();
+        cluster.cli(cluster.ports()[0], &args);
+        cluster.wait_healthy(Duration::from_secs(30));
+        // Each replica has its primary's data set and follows it (a
+        // `WAIT` before that is answered 0).
+        let started = Instant::now();
+        for port in &cluster.ports()[..primaries] {
+            let online = format!("connected_slaves:{replicas}");
+            while !(cluster
+                .cli(*port, &["INFO", "replication"])
+                .contains(&online)
+                && cluster
+                    .cli(*port, &["INFO", "replication"])
+                    .matches("state=online")
+                    .count()
+                    == replicas)
+            {
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "the replicas of {port} did not come online"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Some(cluster)
+    }
+
+    /// Every node's port, primaries first (as created).
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(|(port, _)| *port).collect()
+    }
+
+    /// `redis+cluster://` naming the primaries as created.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self.nodes[..self.primaries]
+            .iter()
+            .map(|(p, _)| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+
+    /// `redis-cli -p PORT ARGS…`'s output.
+    pub fn cli(&self, port: u16, args: &[&str]) -> String {
+        let out = Command::new(&self.cli)
+            .args(["-p", &port.to_string()])
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The ports of the nodes that are primaries now, as a live node sees
+    /// them.
+    pub fn primary_ports(&self) -> Vec<u16> {
+        let Some(live) = self.live().next() else {
+            return Vec::new();
+        };
+        self.cli(live, &["CLUSTER", "NODES"])
+            .lines()
+            .filter(|l| l.contains("master") && !l.contains("fail"))
+            .filter_map(|l| {
+                let addr = l.split_whitespace().nth(1)?;
+                addr.split(['@', ','])
+                    .next()?
+                    .rsplit_once(':')?
+                    .1
+                    .parse()
+                    .ok()
+            })
+            .collect()
+    }
+
+    /// SIGKILL of the node on `port`: what it had not replicated is lost.
+    pub fn kill(&mut self, port: u16) {
+        if let Some((_, child)) = self.nodes.iter_mut().find(|(p, _)| *p == port)
+            && let Some(mut child) = child.take()
+        {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Waits until every live node reports `cluster_state:ok` (all slots
+    /// served; after a kill, once a replica has been promoted).
+    pub fn wait_healthy(&self, within: Duration) {
+        let started = Instant::now();
+        while !self.live().all(|port| {
+            self.cli(port, &["CLUSTER", "INFO"])
+                .contains("cluster_state:ok")
+        }) {
+            assert!(
+                started.elapsed() < within,
+                "the Redis Cluster was not ok within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until `killed` has been replaced: the live nodes see as
+    /// many primaries as at the start, none of them `killed`, and the
+    /// cluster `ok`.
+    pub fn wait_failover(&self, killed: u16, within: Duration) {
+        let started = Instant::now();
+        loop {
+            let primaries = self.primary_ports();
+            if primaries.len() == self.primaries && !primaries.contains(&killed) {
+                break;
+            }
+            assert!(
+                started.elapsed() < within,
+                "no replica of {killed} was promoted within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.wait_healthy(within.saturating_sub(started.elapsed()));
+    }
+
+    fn live(&self) -> impl Iterator<Item = u16> + '_ {
+        self.nodes
+            .iter()
+            .filter(|(_, child)| child.is_some())
+            .map(|(port, _)| *port)
+    }
+}
+
+impl Drop for PrivateRedisCluster {
+    fn drop(&mut self) {
+        let ports = self.ports();
+        for port in ports {
+            self.kill(port);
+        }
+    }
+}
+
+/// `n` loopback ports whose cluster bus ports (+ 10000) are free too.
+fn cluster_ports(n: usize) -> Vec<u16> {
+    let free = |port: u16| {
+        TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+    };
+    let mut ports = Vec::new();
+    let mut candidate = free_port() % 20_000 + 21_000;
+    while ports.len() < n {
+        if free(candidate) {
+            ports.push(candidate);
+        }
+        candidate = 21_000 + (candidate - 21_000 + 7) % 30_000;
+    }
+    ports
 }
 
 /// A PostgreSQL cluster of the test's own (`initdb` into a temporary

@@ -35,6 +35,17 @@ pub fn redis() -> Option<String> {
     require("Redis", "IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 }
 
+/// A Redis Cluster (`IDEM_TEST_REDIS_CLUSTER_URL`, default the
+/// three primaries `scripts/services.sh` starts:
+/// `redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002`).
+pub fn redis_cluster() -> Option<String> {
+    require(
+        "Redis Cluster",
+        "IDEM_TEST_REDIS_CLUSTER_URL",
+        "redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002",
+    )
+}
+
 /// NATS with JetStream (`IDEM_TEST_NATS_URL`, default `nats://127.0.0.1:4222`).
 pub fn nats() -> Option<String> {
     require("NATS", "IDEM_TEST_NATS_URL", "nats://127.0.0.1:4222")
@@ -158,9 +169,11 @@ fn host_port(url: &str) -> Option<String> {
     let rest = url.split_once("://")?.1;
     let authority = rest.split(['/', '?']).next()?;
     let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+    // A cluster URL names several nodes: the first stands for them.
+    let host_port = host_port.split(',').next()?;
     let default_port = match url.split_once("://")?.0 {
         "postgres" | "postgresql" => 5432,
-        "redis" | "rediss" => 6379,
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => 6379,
         "nats" => 4222,
         "amqp" | "amqps" => 5672,
         _ => return None,

@@ -265,6 +265,18 @@ mod tests {
             StoreUrl::parse("tiered:redis://127.0.0.1:6379,postgres://u@127.0.0.1/test"),
             Ok(StoreUrl::Tiered(..))
         ));
+        // The binary speaks Redis Cluster, alone or as the fast tier (its
+        // node list has commas of its own).
+        assert!(matches!(
+            StoreUrl::parse("redis+cluster://127.0.0.1:7000,127.0.0.1:7001?min_replicas=1"),
+            Ok(StoreUrl::Redis(o)) if o.min_replicas() == 1
+        ));
+        assert!(matches!(
+            StoreUrl::parse(
+                "tiered:redis+cluster://127.0.0.1:7000,127.0.0.1:7001,postgres://u@h1,h2/test"
+            ),
+            Ok(StoreUrl::Tiered(..))
+        ));
         for (url, needle) in [
             ("mysql://u:pw@h/db", "unknown store URL scheme"),
             (

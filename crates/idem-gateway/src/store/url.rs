@@ -35,7 +35,13 @@ impl StoreUrl {
     /// Parses a store URL; the error is one line, password redacted.
     pub fn parse(url: &str) -> Result<Self, GatewayError> {
         if let Some(rest) = url.strip_prefix("tiered:") {
-            let (fast, durable) = rest.split_once(',').ok_or_else(|| {
+            // The durable part starts at `,postgres`: a cluster's node
+            // list before it has commas of its own.
+            let split = rest
+                .find(",postgres://")
+                .or_else(|| rest.find(",postgresql://"))
+                .map(|at| (&rest[..at], &rest[at + 1..]));
+            let (fast, durable) = split.ok_or_else(|| {
                 GatewayError::StoreUrl(format!(
                     "store {}: write tiered:redis://…,postgres://…",
                     redact_tiered(url)

@@ -45,8 +45,18 @@ pub struct Prefixed<S> {
 impl Prefixed<RedisStore> {
     /// A Redis store under a fresh prefix, or `None` (skip).
     pub async fn new() -> Option<Self> {
-        let opts = options()?;
-        let url = opts.url().to_owned();
+        Self::connect(idem_testkit::services::redis()?).await
+    }
+
+    /// A store on the test Redis Cluster under a fresh prefix, or `None`
+    /// (skip).
+    pub async fn cluster() -> Option<Self> {
+        Self::connect(idem_testkit::services::redis_cluster()?).await
+    }
+
+    /// A store on `url` (kept whole, to clean every node it names).
+    async fn connect(url: String) -> Option<Self> {
+        let opts = options_for(&url)?;
         let redis = RedisStore::connect_with(opts).await.expect("connect");
         Some(Self {
             store: Arc::new(redis.clone()),
@@ -68,8 +78,8 @@ impl<S> Drop for Prefixed<S> {
     /// and would otherwise stay in the shared Redis).
     fn drop(&mut self) {
         let pattern = format!("{}:*", self.redis.prefix());
-        let cleanup = || -> redis::RedisResult<()> {
-            let client = idem_redis::redis::Client::open(self.url.as_str())?;
+        let cleanup = |node: &str| -> redis::RedisResult<()> {
+            let client = idem_redis::redis::Client::open(node)?;
             let mut conn = client.get_connection()?;
             let names: Vec<Vec<u8>> = idem_redis::redis::cmd("KEYS")
                 .arg(&pattern)
@@ -81,10 +91,28 @@ impl<S> Drop for Prefixed<S> {
             }
             Ok(())
         };
-        if let Err(err) = cleanup() {
-            eprintln!("cleaning up Redis keys {pattern}: {err}");
+        for node in nodes(&self.url) {
+            if let Err(err) = cleanup(&node) {
+                eprintln!("cleaning up Redis keys {pattern} on {node}: {err}");
+            }
         }
     }
 }
 
 use idem_redis::redis;
+
+/// The servers a URL names, each as a `redis://` URL: the one server, or
+/// each node of a `redis+cluster://` URL (the primaries, as the tests'
+/// clusters are named), where the keys of its own slots live.
+pub fn nodes(url: &str) -> Vec<String> {
+    match url.strip_prefix("redis+cluster://") {
+        Some(hosts) => hosts
+            .split(['/', '?'])
+            .next()
+            .unwrap_or(hosts)
+            .split(',')
+            .map(|h| format!("redis://{h}"))
+            .collect(),
+        None => vec![url.to_owned()],
+    }
+}
