@@ -20,6 +20,10 @@ SCENARIOS = [
     ("idem_replays_postgres", "idem serve, replays, PostgreSQL"),
     ("idem_unique_keys_redis", "idem serve, unique keys, Redis"),
     ("idem_replays_redis", "idem serve, replays, Redis"),
+    ("idem_unique_keys_redis_cluster", "idem serve, unique keys, Redis Cluster (3+3)"),
+    ("idem_replays_redis_cluster", "idem serve, replays, Redis Cluster (3+3)"),
+    ("idem_unique_keys_redis_cluster_wait", "idem serve, unique keys, Redis Cluster, min_replicas=1"),
+    ("idem_replays_redis_cluster_wait", "idem serve, replays, Redis Cluster, min_replicas=1"),
     ("idem_unique_keys_tiered", "idem serve, unique keys, tiered Redis+PostgreSQL"),
     ("idem_replays_tiered", "idem serve, replays, tiered Redis+PostgreSQL"),
 ]
@@ -195,6 +199,18 @@ def main():
         if any(s == "idem_unique_keys_redis" for s, _ in present):
             redis = {c: data[("idem_unique_keys_redis", c)]["rps"] / data[("nginx", c)]["rps"] for c in conns}
             lines.append("Redis target (unique keys ≥ 0.5 × nginx): " + ", ".join(f"{c} conn {r:.2f}×" for c, r in redis.items()) + ".")
+        if any(s == "idem_unique_keys_redis_cluster_wait" for s, _ in present) and any(
+            s == "idem_unique_keys_redis_cluster" for s, _ in present
+        ):
+            wait = {
+                c: (data[("idem_unique_keys_redis_cluster_wait", c)]["rps"], data[("idem_unique_keys_redis_cluster", c)]["rps"])
+                for c in conns
+            }
+            lines.append(
+                "Redis Cluster, what `?min_replicas=1` (a `WAIT` after each write) costs, unique keys: "
+                + ", ".join(f"{c} conn {w:,.0f} vs {n:,.0f} req/s ({w / n:.2f}×)" for c, (w, n) in wait.items())
+                + "."
+            )
         if any(s == "idem_replays_tiered" for s, _ in present):
             for other, label in (("idem_replays_redis", "Redis replays"), ("idem_unique_keys_redis", "Redis unique keys")):
                 cmp = ", ".join(
