@@ -33,6 +33,7 @@
 //! | [`metrics`] | every `idem_*` metric name and description, and the recorder |
 //! | [`records`] | records as operators see them (JSON views, cursors, hand-made answers) |
 //! | [`config`] | flags, environment and file, validated into [`Settings`](config::Settings) |
+//! | [`telemetry`] | traces over OpenTelemetry: the spans, `traceparent`, the exporter |
 //!
 //! # The layering rule
 //!
@@ -40,7 +41,7 @@
 //! a higher one, and there are no cycles (`scripts/module-graph` checks
 //! both in CI):
 //!
-//! 1. `error`, `shutdown`, `metrics`, `records`, `config`;
+//! 1. `error`, `shutdown`, `metrics`, `records`, `config`, `telemetry`;
 //! 2. `store`, `proxy`, and the parts of `serve` (`serve::*`);
 //! 3. `admin`, `jobs`;
 //! 4. `serve` itself (binding and running the listeners);
@@ -54,6 +55,7 @@ pub mod error;
 pub mod metrics;
 pub mod records;
 pub mod shutdown;
+pub mod telemetry;
 
 pub mod proxy;
 pub mod store;

@@ -16,6 +16,7 @@ use idem::StoreError;
 use idem::store::Op;
 use metrics::{Counter, Histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tracing::Instrument;
 
 use idem::metrics::{
     ALL, ALONE_OPERATIONS_TOTAL, BUILD_INFO, GROUPED_OPERATIONS_TOTAL, GROUPED_STATEMENTS_TOTAL,
@@ -138,6 +139,7 @@ fn register_counters() {
 /// with no label hashing (register after [`install`]).
 #[derive(Clone)]
 pub struct StoreOpMetrics {
+    store: &'static str,
     handles: Arc<[(Histogram, Counter)]>,
 }
 
@@ -159,18 +161,23 @@ impl StoreOpMetrics {
                 )
             })
             .collect();
-        Self { handles }
+        Self { store, handles }
     }
 
     /// Runs one store operation, recording its latency and any failure
-    /// (a fenced owner is not a failure).
+    /// (a fenced owner is not a failure), in a span of its own when
+    /// traces are on.
     pub async fn timed<T>(
         &self,
         op: Op,
         fut: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let started = Instant::now();
-        let result = fut.await;
+        let span = crate::telemetry::store_span(self.store, op.name());
+        let result = fut.instrument(span.clone()).await;
+        if result.is_err() && !span.is_disabled() {
+            span.record("otel.status_code", "ERROR");
+        }
         if let Some((latency, errors)) = self.handles.get(op as usize) {
             latency.record(started.elapsed().as_secs_f64());
             if matches!(&result, Err(err) if !matches!(err, StoreError::Fenced)) {

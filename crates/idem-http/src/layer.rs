@@ -49,6 +49,8 @@ use crate::request::{
     key_from_headers,
 };
 use crate::routes::{MissingTenant, RouteMatch, RoutePolicy, Routes};
+use crate::trace;
+use tracing::Instrument;
 
 /// Set by an inner service (the gateway's proxy) on responses it made
 /// itself because the upstream failed, so the layer knows what happened to
@@ -372,11 +374,12 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         );
         // Labels index: configured routes, then the defaults, then "none".
         let index = route.as_ref().map_or(this.engines.len(), |r| r.index);
-        let answer = match route {
+        let matched = route.is_some();
+        let mut answer = match route {
             Some(route) => Self::protect(this, inner, req, normalized, route).await,
             None => pass_through(inner, req, Decision::PassThrough).await,
         };
-        if let Ok(resp) = &answer {
+        if let Ok(resp) = &mut answer {
             let decision = resp
                 .extensions()
                 .get::<Decision>()
@@ -384,6 +387,14 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                 .unwrap_or(Decision::PassThrough);
             this.metrics
                 .record(&this.routes, index, decision, started.elapsed());
+            if trace::active() {
+                let label = this.routes.label(index);
+                trace::record(trace::ROUTE, label);
+                trace::record(trace::OUTCOME, decision.as_str());
+                if matched {
+                    resp.extensions_mut().insert(trace::Route(label.to_owned()));
+                }
+            }
         }
         answer
     }
@@ -519,7 +530,7 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         // answering it in the caller's task (one poll before spawning) was
         // tried and measured slower on replays (`bench/ab`, same minutes:
         // 0.82–0.89× the requests/s at 1 and 64 connections).
-        let task = tokio::spawn(Box::pin(decide(
+        let decided = Box::pin(decide(
             Arc::clone(this),
             route.index,
             engine.clone(),
@@ -532,7 +543,13 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
             earlier,
             normalized,
             policy,
-        )));
+        ));
+        // The task runs in the request's span when traces are kept.
+        let task = if trace::active() {
+            tokio::spawn(decided.instrument(tracing::Span::current()))
+        } else {
+            tokio::spawn(decided)
+        };
         match task.await {
             Ok(answer) => answer,
             Err(join) => {
@@ -578,6 +595,7 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
+    trace::record(trace::KEY, key.as_str());
     let begin = match &earlier {
         Some(earlier) => engine.begin_with_earlier(&scope, &key, fp, earlier).await,
         None => engine.begin(&scope, &key, fp).await,
@@ -594,6 +612,7 @@ where
         }
         Ok(Begin::Replay(replay)) => {
             tracing::info!(reason = "idempotency_replay", tenant = scope.tenant(), operation = scope.operation(), %key, state = %replay.state, resource_id = replay.resource_id.as_deref(), status = replay.response.status);
+            trace::record(trace::RECORD_STATE, replay.state.as_str());
             Ok(with_decision(replayed(replay), Decision::Replayed))
         }
         Ok(Begin::InProgress {
@@ -601,6 +620,14 @@ where
             outcome_unknown,
         }) => {
             tracing::info!(reason = "idempotency_in_progress", tenant = scope.tenant(), operation = scope.operation(), %key, outcome_unknown);
+            trace::record(
+                trace::RECORD_STATE,
+                if outcome_unknown {
+                    "outcome_unknown"
+                } else {
+                    "processing"
+                },
+            );
             let answer = if outcome_unknown {
                 let path = normalized.as_deref().unwrap_or(parts.uri.path());
                 let handoff = shared.handoff(route, &parts, path, &scope);
@@ -618,6 +645,7 @@ where
         }
         Ok(Begin::Mismatch { state }) => {
             tracing::info!(reason = "idempotency_mismatch", tenant = scope.tenant(), operation = scope.operation(), %key, %state);
+            trace::record(trace::RECORD_STATE, state.as_str());
             Ok(problem(
                 Problem::new(
                     ProblemKind::KeyReused,
@@ -816,6 +844,7 @@ where
         parts.headers.remove(NOT_RETAINED);
         match parts.extensions.get::<UpstreamOutcome>() {
             Some(UpstreamOutcome::NotSent) => {
+                trace::record(trace::RECORD_STATE, "released");
                 log_recording(
                     &scope,
                     &key,
@@ -829,6 +858,7 @@ where
             }
             Some(UpstreamOutcome::MaybeSent) => {
                 tracing::warn!(reason = "idempotency_outcome_unknown", tenant = scope.tenant(), operation = scope.operation(), %key, status = parts.status.as_u16());
+                trace::record(trace::RECORD_STATE, "outcome_unknown");
                 let first_lookup =
                     unknown(guard, "upstream failed after the request was sent", handoff).await;
                 if let Some(after) = first_lookup {
@@ -852,6 +882,7 @@ where
             None => {}
         }
         if policy.engine.resolution_for(parts.status.as_u16()) == idem::Resolution::Release {
+            trace::record(trace::RECORD_STATE, "released");
             log_recording(
                 &scope,
                 &key,
@@ -874,6 +905,13 @@ where
         };
         let stored_headers = storable_headers(&parts.headers, &policy.unstored_headers);
         let status = parts.status.as_u16();
+        trace::record(
+            trace::RECORD_STATE,
+            match policy.engine.resolution_for(status) {
+                idem::Resolution::Fail => "failed",
+                _ => "completed",
+            },
+        );
         match kept {
             Kept::Whole(bytes) => {
                 let stored = StoredResponse {

@@ -49,6 +49,7 @@ mod problem;
 mod reconcile;
 pub mod request;
 pub mod routes;
+pub mod trace;
 
 pub use body::{BoxError, ResponseBody};
 pub use decision::Decision;

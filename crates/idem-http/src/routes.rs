@@ -288,6 +288,18 @@ impl Routes {
             .chain([UNMATCHED_ROUTE, NO_ROUTE])
     }
 
+    /// The metrics label of route `index` (see [`labels`](Self::labels)).
+    pub fn label(&self, index: usize) -> &str {
+        self.routes.get(index).map_or(
+            if index == self.routes.len() {
+                UNMATCHED_ROUTE
+            } else {
+                NO_ROUTE
+            },
+            |r| r.operation.as_str(),
+        )
+    }
+
     /// Number of policies: one per route plus the defaults (the last index).
     pub fn policies(&self) -> impl Iterator<Item = &Arc<RoutePolicy>> {
         self.routes

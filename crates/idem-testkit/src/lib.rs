@@ -8,6 +8,7 @@
 //! * [`client`]: one-call HTTP requests with the answer fully read;
 //! * [`fault`]: a TCP proxy that cuts, black-holes, resets, slows or
 //!   throttles the line to a server;
+//! * [`otlp`]: an OTLP/HTTP trace receiver that keeps what it decodes;
 //! * [`servers`]: a private Redis, Redis Cluster and PostgreSQL a test may crash and
 //!   restart;
 //! * [`upstream`]: a counting HTTP upstream on loopback for gateway tests;
@@ -21,6 +22,7 @@ pub mod conformance;
 pub mod fault;
 pub mod gateway;
 pub mod ledger;
+pub mod otlp;
 pub mod servers;
 pub mod services;
 pub mod upstream;

@@ -81,10 +81,21 @@ pub async fn main() -> ExitCode {
         .log
         .clone()
         .unwrap_or_else(|| if quiet { "warn" } else { "info" }.to_owned());
-    if let Err(err) = init_logs(cli.log_format, &filter) {
-        eprintln!("idem: {}", crate::error::error_chain(&err));
-        return ExitCode::from(2);
-    }
+    // Traces are set up with the logs, so `[telemetry]` is read first.
+    let traces = match &cli.command {
+        Command::Serve(args) => crate::config::telemetry_settings(args.config_file()),
+        _ => Ok(None),
+    };
+    let telemetry = match traces
+        .map_err(GatewayError::from)
+        .and_then(|traces| init_logs(cli.log_format, &filter, traces.as_ref()))
+    {
+        Ok(telemetry) => telemetry,
+        Err(err) => {
+            eprintln!("idem: {}", crate::error::error_chain(&err));
+            return ExitCode::from(2);
+        }
+    };
     let result = match cli.command {
         Command::Serve(args) => serve::run(args).await,
         Command::Demo(args) => demo::run(args).await,
@@ -100,6 +111,8 @@ pub async fn main() -> ExitCode {
             other => other.map(|_| ()),
         },
     };
+    // Flushes the traces still queued.
+    drop(telemetry);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -116,12 +129,29 @@ fn colour(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
     terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
-fn init_logs(format: LogFormat, filter: &str) -> Result<(), GatewayError> {
-    let targets = crate::config::log_filter(filter)
-        .map_err(|why| GatewayError::Invalid(format!("--log / IDEM_LOG: {why}")))?;
+/// The log output (filtered by `--log`; the spans meant for traces are
+/// never logged) and, with `[telemetry]`, the trace exporter, whose guard
+/// is returned to be dropped at exit.
+fn init_logs(
+    format: LogFormat,
+    filter: &str,
+    traces: Option<&crate::config::TelemetrySettings>,
+) -> Result<Option<crate::telemetry::Telemetry>, GatewayError> {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::filter::LevelFilter;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    let registry = tracing_subscriber::registry().with(targets);
+    let targets = crate::config::log_filter(filter)
+        .map_err(|why| GatewayError::Invalid(format!("--log / IDEM_LOG: {why}")))?
+        .with_target(idem_http::trace::TARGET, LevelFilter::OFF);
+    let (traces, guard) = match traces {
+        Some(settings) => {
+            let (layer, guard) = crate::telemetry::install(settings)?;
+            (Some(layer), Some(guard))
+        }
+        None => (None, None),
+    };
+    let registry = tracing_subscriber::registry().with(traces);
     match format {
         LogFormat::Text => registry
             .with(
@@ -130,18 +160,20 @@ fn init_logs(format: LogFormat, filter: &str) -> Result<(), GatewayError> {
                         std::io::stderr().is_terminal(),
                         std::env::var_os("NO_COLOR"),
                     ))
-                    .with_writer(std::io::stderr),
+                    .with_writer(std::io::stderr)
+                    .with_filter(targets),
             )
             .init(),
         LogFormat::Json => registry
             .with(
                 tracing_subscriber::fmt::layer()
                     .json()
-                    .with_writer(std::io::stderr),
+                    .with_writer(std::io::stderr)
+                    .with_filter(targets),
             )
             .init(),
     }
-    Ok(())
+    Ok(guard)
 }
 
 #[cfg(test)]

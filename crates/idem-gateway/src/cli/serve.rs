@@ -30,6 +30,13 @@ pub(super) struct ServeArgs {
     admin_token: Option<String>,
 }
 
+impl ServeArgs {
+    /// The config file named by `--config` or `IDEM_CONFIG`.
+    pub(super) fn config_file(&self) -> Option<&std::path::Path> {
+        self.config.as_deref()
+    }
+}
+
 /// Loads the configuration, binds, says it is ready, serves until a
 /// signal.
 pub(super) async fn run(args: ServeArgs) -> Result<(), GatewayError> {

@@ -38,6 +38,17 @@ pub(super) struct FileConfig {
     pub(super) monitor: Option<MonitorConfig>,
     pub(super) cache: Option<CacheConfig>,
     pub(super) limits: Option<LimitsConfig>,
+    pub(super) telemetry: Option<TelemetryConfig>,
+}
+
+/// `[telemetry]`: traces exported over OTLP.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TelemetryConfig {
+    pub(super) otlp_endpoint: Option<Spanned<String>>,
+    pub(super) sample_ratio: Option<Spanned<f64>>,
+    pub(super) trace_keys: Option<bool>,
+    pub(super) service_name: Option<Spanned<String>>,
 }
 
 /// `[limits]`: what the gateway takes on at once, and slow clients.

@@ -27,11 +27,13 @@ pub use secrets::{
 };
 pub use settings::{
     CacheSettings, CleanupSettings, LimitsSettings, MonitorSettings, Overrides, SealSettings,
-    Settings,
+    Settings, TelemetrySettings,
 };
 pub use values::{Refused, log_filter, parse_size};
 
-use file::{CacheConfig, CleanupConfig, FileConfig, LimitsConfig, MonitorConfig, Source};
+use file::{
+    CacheConfig, CleanupConfig, FileConfig, LimitsConfig, MonitorConfig, Source, TelemetryConfig,
+};
 use policy::{apply, lookup, tenant_source};
 use secrets::{admin_token, exposed, hash_secret, seal_keys};
 use values::{duration, located, parse_addr, parse_method, parse_upstream, positive, whole};
@@ -51,6 +53,28 @@ pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, Conf
         None => (PathBuf::from("(no config file)"), String::new()),
     };
     parse(&path, &text, overrides)
+}
+
+/// Only the `[telemetry]` part of the config file, validated: what the
+/// logging set up at start needs, before the rest of the file is read
+/// (which checks it again, with everything else).
+pub fn telemetry_settings(file: Option<&Path>) -> Result<Option<TelemetrySettings>, ConfigError> {
+    let Some(path) = file else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigError::caused(
+            format!("cannot read config file {}: {e}", path.display()),
+            e,
+        )
+    })?;
+    let parsed: FileConfig = toml::from_str(&text)
+        .map_err(|e| ConfigError::caused(format!("{}: {e}", path.display()), e))?;
+    let src = Source {
+        file: path,
+        text: &text,
+    };
+    telemetry(&src, parsed.telemetry.as_ref())
 }
 
 /// Validates config `text` as read from `file` (named in errors), then
@@ -254,6 +278,7 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         o.encryption_keys.as_deref(),
         file.encryption_keys_file.as_ref(),
     )?;
+    let telemetry = telemetry(src, file.telemetry.as_ref())?;
     let require_sealed = file.require_sealed.as_ref().is_some_and(|v| *v.get_ref());
     if require_sealed && keys.is_none() {
         let v = file.require_sealed.as_ref().expect("set");
@@ -287,7 +312,86 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         seal,
         hash_secret,
         accept_v1_until,
+        telemetry,
     })
+}
+
+/// `[telemetry]`: off without `otlp_endpoint`; the endpoint an
+/// `http(s)://` URL (`/v1/traces` added when it has no path), the ratio
+/// from 0 to 1.
+fn telemetry(
+    src: &Source<'_>,
+    cfg: Option<&TelemetryConfig>,
+) -> Result<Option<TelemetrySettings>, ConfigError> {
+    let Some(cfg) = cfg else {
+        return Ok(None);
+    };
+    let Some(endpoint) = &cfg.otlp_endpoint else {
+        for (key, set) in [
+            ("sample_ratio", cfg.sample_ratio.is_some()),
+            ("trace_keys", cfg.trace_keys.is_some()),
+            ("service_name", cfg.service_name.is_some()),
+        ] {
+            if set {
+                return Err(ConfigError::new(format!(
+                    "{}: telemetry.{key} is set but telemetry.otlp_endpoint is not: traces go nowhere",
+                    src.file.display()
+                )));
+            }
+        }
+        return Ok(None);
+    };
+    if cfg!(not(feature = "otel")) {
+        return Err(src.error(
+            "telemetry.otlp_endpoint",
+            endpoint,
+            "this idem was built without its `otel` feature",
+        ));
+    }
+    let uri: http::Uri = endpoint.get_ref().parse().map_err(|e| {
+        src.error(
+            "telemetry.otlp_endpoint",
+            endpoint,
+            format!("not a URL ({e})"),
+        )
+    })?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
+        return Err(src.error(
+            "telemetry.otlp_endpoint",
+            endpoint,
+            "must be an OTLP/HTTP URL such as http://127.0.0.1:4318 (gRPC endpoints are not supported)",
+        ));
+    }
+    let endpoint_url = match uri.path() {
+        "" | "/" => format!(
+            "{}://{}/v1/traces",
+            uri.scheme_str().unwrap_or("http"),
+            uri.authority().map_or("", |a| a.as_str())
+        ),
+        _ => endpoint.get_ref().clone(),
+    };
+    let sample_ratio = match &cfg.sample_ratio {
+        None => 1.0,
+        Some(v) if (0.0..=1.0).contains(v.get_ref()) => *v.get_ref(),
+        Some(v) => {
+            return Err(src.error(
+                "telemetry.sample_ratio",
+                v,
+                "must be from 0 (no new trace) to 1 (every one)",
+            ));
+        }
+    };
+    let service_name = match &cfg.service_name {
+        None => "idem".to_owned(),
+        Some(v) if !v.get_ref().trim().is_empty() => v.get_ref().clone(),
+        Some(v) => return Err(src.error("telemetry.service_name", v, "must not be empty")),
+    };
+    Ok(Some(TelemetrySettings {
+        endpoint: endpoint_url,
+        sample_ratio,
+        trace_keys: cfg.trace_keys == Some(true),
+        service_name,
+    }))
 }
 
 /// `[limits]`, each value checked against a sane range.
@@ -950,6 +1054,64 @@ fingerprint_include = ["/amount", "/currency"]
         let h1 = from_text("upstream = \"https://x\"\nupstream_http2 = \"never\"\n").expect("h1");
         let alpn = &h1.upstream_tls.expect("a TLS client").alpn_protocols;
         assert_eq!(alpn, &[b"http/1.1".to_vec()]);
+    }
+
+    /// `[telemetry]`: off unless an endpoint is named; refused with the
+    /// line where it cannot work.
+    #[test]
+    fn telemetry_is_off_by_default_and_checked_when_on() {
+        let off = from_text("upstream = \"http://x:1\"\n").expect("no telemetry");
+        assert!(off.telemetry.is_none());
+        let on = from_text(
+            "upstream = \"http://x:1\"\n[telemetry]\notlp_endpoint = \"http://collector:4318\"\nsample_ratio = 0.1\n",
+        )
+        .expect("telemetry");
+        assert_eq!(
+            on.telemetry,
+            Some(TelemetrySettings {
+                endpoint: "http://collector:4318/v1/traces".to_owned(),
+                sample_ratio: 0.1,
+                trace_keys: false,
+                service_name: "idem".to_owned(),
+            })
+        );
+        let path = from_text(
+            "upstream = \"http://x:1\"\n[telemetry]\notlp_endpoint = \"https://c/otlp/traces\"\n",
+        )
+        .expect("a path is kept");
+        assert_eq!(
+            path.telemetry.map(|t| t.endpoint),
+            Some("https://c/otlp/traces".to_owned())
+        );
+        for (text, expected) in [
+            (
+                "[telemetry]\nsample_ratio = 0.5\n",
+                "telemetry.sample_ratio is set but telemetry.otlp_endpoint is not",
+            ),
+            (
+                "[telemetry]\notlp_endpoint = \"grpc://c:4317\"\n",
+                "idem.toml:3: telemetry.otlp_endpoint = \"grpc://c:4317\": must be an OTLP/HTTP URL",
+            ),
+            (
+                "[telemetry]\notlp_endpoint = \"http://c\"\nsample_ratio = 1.5\n",
+                "idem.toml:4: telemetry.sample_ratio = 1.5: must be from 0",
+            ),
+            (
+                "[telemetry]\notlp_endpoint = \"http://c\"\nservice_name = \" \"\n",
+                "telemetry.service_name = \" \": must not be empty",
+            ),
+            (
+                "[telemetry]\nendpoint = \"http://c\"\n",
+                "unknown field `endpoint`",
+            ),
+        ] {
+            let text = format!("upstream = \"http://x:1\"\n{text}");
+            let err = from_text(&text).expect_err(&text).to_string();
+            assert!(
+                err.contains(expected),
+                "{text:?}\n got: {err}\nwant: {expected}"
+            );
+        }
     }
 
     #[test]

@@ -80,6 +80,24 @@ pub struct Settings {
     /// Until when records written before keyed hashing are looked for
     /// (`accept_v1_until`, or the secret file's own line).
     pub accept_v1_until: Option<SystemTime>,
+    /// Traces over OTLP (`None`: off, the default).
+    pub telemetry: Option<TelemetrySettings>,
+}
+
+/// `[telemetry]`, validated: where traces go, and what they hold.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TelemetrySettings {
+    /// The OTLP/HTTP traces endpoint (`http://collector:4318/v1/traces`;
+    /// `/v1/traces` is added to a URL without a path).
+    pub endpoint: String,
+    /// The share of new traces kept, from 0 to 1 (default 1); a request
+    /// that arrives with a `traceparent` follows its caller's choice.
+    pub sample_ratio: f64,
+    /// Whether spans carry the idempotency key (`trace_keys`, default
+    /// off: keys can be personal data).
+    pub trace_keys: bool,
+    /// The `service.name` resource (default `idem`).
+    pub service_name: String,
 }
 
 /// Sealing, validated: the keys, and whether unsealed records are refused.

@@ -26,8 +26,10 @@ use http::{Request, Response, Uri};
 use http_body::Body;
 use idem_http::{PeerAddr, Problem, ProblemKind, UpstreamOutcome, hop_by_hop_names};
 use tower::Service;
+use tracing::Instrument;
 
 use crate::serve::limits::Slot;
+use crate::telemetry;
 
 /// Forwards requests to one upstream origin. Cloned for every request
 /// (tower's clone-and-swap): one `Arc`.
@@ -91,9 +93,20 @@ impl Service<Request<ProxyBody>> for Proxy {
                     .headers
                     .append(HeaderName::from_static("x-forwarded-for"), v);
             }
+            let span = telemetry::upstream_span(&parts.method);
+            telemetry::propagate(&span, &mut parts.headers);
             let req = Request::from_parts(parts, body);
-            match tokio::time::timeout(timeout, upstream.send(req)).await {
+            let sent = tokio::time::timeout(timeout, upstream.send(req))
+                .instrument(span.clone())
+                .await;
+            if !matches!(sent, Ok(Ok(_))) && !span.is_disabled() {
+                span.record("otel.status_code", "ERROR");
+            }
+            match sent {
                 Ok(Ok(resp)) => {
+                    if !span.is_disabled() {
+                        span.record("http.response.status_code", resp.status().as_u16());
+                    }
                     let (mut parts, body) = resp.into_parts();
                     // Framed by its chunked encoding (RFC 9112 §6.3): a
                     // Content-Length beside it is wrong, and passed on it

@@ -22,6 +22,7 @@ use idem_http::{
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tower::{Layer, ServiceExt};
+use tracing::Instrument;
 
 use self::body::ClientBody;
 use self::deadlines::{Activity, Deadlines, Tracked};
@@ -33,6 +34,7 @@ use crate::config::Settings;
 use crate::error::GatewayError;
 use crate::proxy::{Proxy, ProxyBody};
 use crate::store::{GatewayStore, ServingLock, StoreUrl};
+use crate::telemetry;
 use idem::metrics::CONNECTIONS_REFUSED_TOTAL;
 
 /// How often an HTTP/2 client is pinged, and how long its answer may take.
@@ -171,7 +173,14 @@ impl Server {
         );
         let peer_connections = PerPeer::new(limits.max_connections_per_peer);
         let connections = Arc::new(Semaphore::new(limits.max_connections));
-        let serve = client_connections(gateway.clone(), admission, builder.clone(), &limits);
+        let trace_keys = settings.telemetry.as_ref().is_some_and(|t| t.trace_keys);
+        let serve = client_connections(
+            gateway.clone(),
+            admission,
+            builder.clone(),
+            &limits,
+            trace_keys,
+        );
         let workers = match Workers::start(settings.workers, serve, grace) {
             Ok(workers) => workers,
             Err(err) => {
@@ -273,6 +282,7 @@ fn client_connections(
     admission: Admission,
     builder: auto::Builder<TokioExecutor>,
     limits: &LimitsSettings,
+    trace_keys: bool,
 ) -> ServeConnection {
     let body_timeout = Some(limits.body_read_timeout).filter(|t| !t.is_zero());
     let first_bytes = Some(limits.header_read_timeout).filter(|t| !t.is_zero());
@@ -306,7 +316,11 @@ fn client_connections(
                 });
                 req.extensions_mut().insert(PeerAddr(peer));
                 req.extensions_mut().insert(slot.clone());
-                let answer = gateway.oneshot(req).await;
+                let span = telemetry::request_span(req.method(), req.headers(), trace_keys);
+                let answer = gateway.oneshot(req).instrument(span.clone()).await;
+                if let Ok(resp) = &answer {
+                    telemetry::record_answer(&span, resp);
+                }
                 drop(slot);
                 answer.map(track)
             }
