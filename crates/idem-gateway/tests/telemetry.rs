@@ -14,6 +14,7 @@ use idem_testkit::client::Answer;
 use idem_testkit::gateway::GatewayProcess;
 use idem_testkit::otlp::{CLIENT, OtlpReceiver, ReceivedSpan, SERVER};
 use idem_testkit::upstream::CountingUpstream;
+use tempfile::TempDir;
 
 const IDEM: &str = env!("CARGO_BIN_EXE_idem");
 
@@ -26,6 +27,17 @@ require_key = true
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT: &str = "00f067aa0ba902b7";
+
+/// A receiver, an upstream, and a gateway exporting to the receiver with
+/// `extra` lines under `[telemetry]`.
+async fn traced(extra: &str) -> (OtlpReceiver, CountingUpstream, TempDir, GatewayProcess) {
+    let receiver = OtlpReceiver::start().await;
+    let upstream = CountingUpstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let telemetry = format!("otlp_endpoint = \"{}\"\n{extra}", receiver.url());
+    let gw = gateway(dir.path(), &upstream.url(), &telemetry).await;
+    (receiver, upstream, dir, gw)
+}
 
 async fn gateway(dir: &Path, upstream: &str, telemetry: &str) -> GatewayProcess {
     GatewayProcess::builder(IDEM, dir)
@@ -55,18 +67,7 @@ fn in_trace<'a>(spans: &'a [ReceivedSpan], trace: &str) -> Vec<&'a ReceivedSpan>
 /// the receiver after the gateway flushed them at exit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_s_trace_continues_the_caller_s_and_reaches_the_upstream() {
-    let receiver = OtlpReceiver::start().await;
-    let upstream = CountingUpstream::start().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let gw = gateway(
-        dir.path(),
-        &upstream.url(),
-        &format!(
-            "otlp_endpoint = \"{}\"\nservice_name = \"payments-gw\"",
-            receiver.url()
-        ),
-    )
-    .await;
+    let (receiver, upstream, _dir, gw) = traced("service_name = \"payments-gw\"").await;
 
     let first = pay(&gw, "otel-1", Some(&format!("00-{TRACE}-{PARENT}-01"))).await;
     assert_eq!(first.status, 201, "{:?}", first.body);
@@ -160,18 +161,7 @@ async fn a_request_s_trace_continues_the_caller_s_and_reaches_the_upstream() {
 /// followed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_on_request_and_sampling_follows_the_caller() {
-    let receiver = OtlpReceiver::start().await;
-    let upstream = CountingUpstream::start().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let gw = gateway(
-        dir.path(),
-        &upstream.url(),
-        &format!(
-            "otlp_endpoint = \"{}\"\nsample_ratio = 0.0\ntrace_keys = true",
-            receiver.url()
-        ),
-    )
-    .await;
+    let (receiver, _upstream, _dir, gw) = traced("sample_ratio = 0.0\ntrace_keys = true").await;
     for i in 0..5 {
         assert_eq!(pay(&gw, &format!("unsampled-{i}"), None).await.status, 201);
     }
