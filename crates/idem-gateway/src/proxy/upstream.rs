@@ -203,9 +203,9 @@ impl Upstream {
         // HTTP/1.1 connection or a fresh one (never the same HTTP/2
         // connection twice: each turn takes a connection off the idle list
         // or opens one, so this ends).
-        let mut shared = true;
+        let mut allow_shared = true;
         loop {
-            let (channel, fresh) = match self.checkout(shared) {
+            let (channel, fresh) = match self.checkout(allow_shared) {
                 Some(channel) => (channel, None),
                 None => {
                     let (channel, refusal) = self.open().await?;
@@ -227,7 +227,7 @@ impl Upstream {
                 Tried::Answered(resp) => return Ok(resp),
                 Tried::Unsent(unsent, _) if fresh.is_none() => {
                     req = unsent;
-                    shared = false;
+                    allow_shared = false;
                 }
                 Tried::Unsent(_, why) => return Err(ExchangeError::NotSent(why)),
                 Tried::Failed(err) => return Err(err),
@@ -347,11 +347,11 @@ impl Upstream {
         Ok((Channel::Http1(Box::new(conn)), refusal))
     }
 
-    /// The shared HTTP/2 connection if it is open (and `shared` allows
-    /// it), else the most recently used idle HTTP/1.1 connection that is
+    /// The shared HTTP/2 connection if it is open (and `allow_shared`
+    /// says so), else the most recently used idle HTTP/1.1 connection that is
     /// still open.
-    fn checkout(&self, shared: bool) -> Option<Channel> {
-        if shared
+    fn checkout(&self, allow_shared: bool) -> Option<Channel> {
+        if allow_shared
             && self.http2
             && let Ok(shared) = self.shared.lock()
             && let Some(sender) = shared.as_ref().filter(|s| !s.is_closed())
