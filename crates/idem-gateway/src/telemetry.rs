@@ -48,12 +48,36 @@ pub fn install(
     ))
 }
 
+/// What each request's span needs from `[telemetry]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RequestTracing {
+    /// `trace_keys`: spans carry the idempotency key.
+    pub trace_keys: bool,
+    /// `sample_ratio`: the share of new traces kept.
+    pub sample_ratio: f64,
+}
+
 /// The server span of one request (`otel.kind = server`), continuing the
 /// trace of the caller's `traceparent`. The layer fills in the route, the
 /// outcome, the record's state and, when `trace_keys` declared the field,
 /// the key.
-pub fn request_span(method: &Method, headers: &HeaderMap, trace_keys: bool) -> Span {
-    let span = if trace_keys {
+///
+/// Sampling is decided here, before any span exists: a request the
+/// caller's `traceparent` marks unsampled, or a new trace outside
+/// `sample_ratio`, gets no span at all (and no child span; the caller's
+/// `traceparent` goes upstream unchanged), so the requests not kept cost
+/// what they cost without traces.
+pub fn request_span(method: &Method, headers: &HeaderMap, traces: RequestTracing) -> Span {
+    if !tracing::enabled!(target: TARGET, tracing::Level::INFO) {
+        return Span::none();
+    }
+    #[cfg(feature = "otel")]
+    let Some(parent) = otel::sampled(headers, traces.sample_ratio) else {
+        return Span::none();
+    };
+    #[cfg(not(feature = "otel"))]
+    let _ = headers;
+    let span = if traces.trace_keys {
         tracing::info_span!(target: TARGET, "idem.request", otel.name = %method, otel.kind = "server",
             http.request.method = %method, http.route = Empty, idem.outcome = Empty,
             idem.record_state = Empty, http.response.status_code = Empty, otel.status_code = Empty,
@@ -64,12 +88,14 @@ pub fn request_span(method: &Method, headers: &HeaderMap, trace_keys: bool) -> S
             idem.record_state = Empty, http.response.status_code = Empty, otel.status_code = Empty)
     };
     #[cfg(feature = "otel")]
-    if !span.is_disabled() {
-        otel::continue_trace(&span, headers);
-    }
-    #[cfg(not(feature = "otel"))]
-    let _ = headers;
+    otel::set_parent(&span, parent);
     span
+}
+
+/// Whether the current span is a kept request's: child spans are made
+/// only then.
+fn in_kept_request() -> bool {
+    tracing::enabled!(target: TARGET, tracing::Level::INFO) && !Span::current().is_none()
 }
 
 /// Records the answer on a request's span: its status, and the route's
@@ -93,6 +119,9 @@ pub fn record_answer<B>(span: &Span, resp: &http::Response<B>) {
 /// The client span of the upstream call (`otel.kind = client`); its
 /// context goes upstream in `traceparent` (see [`propagate`]).
 pub fn upstream_span(method: &Method) -> Span {
+    if !in_kept_request() {
+        return Span::none();
+    }
     tracing::info_span!(target: TARGET, "idem.upstream", otel.name = %method, otel.kind = "client",
         http.request.method = %method, http.response.status_code = Empty, otel.status_code = Empty)
 }
@@ -112,7 +141,7 @@ pub fn propagate(span: &Span, headers: &mut HeaderMap) {
 /// A store operation's span, child of the request's; none outside a
 /// request (the background jobs' operations would each start a trace).
 pub fn store_span(store: &'static str, op: &'static str) -> Span {
-    if !tracing::enabled!(target: TARGET, tracing::Level::INFO) || Span::current().is_none() {
+    if !in_kept_request() {
         return Span::none();
     }
     tracing::info_span!(target: TARGET, "idem.store", otel.name = op, otel.kind = "client",
@@ -124,7 +153,9 @@ mod otel {
     use std::time::Duration;
 
     use http::{HeaderMap, HeaderName, HeaderValue};
+    use opentelemetry::Context;
     use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+    use opentelemetry::trace::TraceContextExt as _;
     use opentelemetry::trace::TracerProvider as _;
     use opentelemetry_otlp::{Protocol, WithExportConfig};
     use opentelemetry_sdk::Resource;
@@ -180,9 +211,8 @@ mod otel {
             })?;
         let provider = SdkTracerProvider::builder()
             .with_batch_exporter(exporter)
-            .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
-                settings.sample_ratio,
-            ))))
+            // Sampled in `request_span` already: what reaches the SDK is kept.
+            .with_sampler(Sampler::ParentBased(Box::new(Sampler::AlwaysOn)))
             .with_resource(
                 Resource::builder()
                     .with_service_name(settings.service_name.clone())
@@ -203,17 +233,50 @@ mod otel {
         Ok((layer, Telemetry { provider }))
     }
 
-    /// Makes `span` a child of the trace in `headers`' `traceparent`, if
-    /// there is a valid one.
-    pub(super) fn continue_trace(span: &Span, headers: &HeaderMap) {
+    /// The caller's context (empty for a new trace) if this request is to
+    /// be traced: the caller's sampled flag when its `traceparent` is
+    /// valid, else a draw at `ratio`.
+    pub(super) fn sampled(headers: &HeaderMap, ratio: f64) -> Option<Context> {
         let parent = TraceContextPropagator::new().extract(&Headers(headers));
+        let remote = parent.span().span_context().clone();
+        let keep = if remote.is_valid() {
+            remote.is_sampled()
+        } else {
+            draw() < ratio
+        };
+        keep.then_some(parent)
+    }
+
+    /// Makes `span` a child of `parent` (a new trace's root when empty).
+    pub(super) fn set_parent(span: &Span, parent: Context) {
         let _ = span.set_parent(parent);
+    }
+
+    /// A uniform draw from [0, 1): xorshift64* per thread, seeded from the
+    /// standard library's per-process random keys (no system call per
+    /// request).
+    fn draw() -> f64 {
+        use std::cell::Cell;
+        use std::hash::{BuildHasher, Hasher};
+        thread_local! {
+            static STATE: Cell<u64> = Cell::new(
+                std::collections::hash_map::RandomState::new().build_hasher().finish() | 1,
+            );
+        }
+        STATE.with(|state| {
+            let mut x = state.get();
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            state.set(x);
+            // The top 53 bits, as a fraction.
+            (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+        })
     }
 
     /// Names the OpenTelemetry span behind `span` (a started span takes
     /// no `otel.name` from `tracing`).
     pub(super) fn rename(span: &Span, name: &str) {
-        use opentelemetry::trace::TraceContextExt as _;
         span.context().span().update_name(name.to_owned());
     }
 

@@ -158,13 +158,25 @@ async fn a_request_s_trace_continues_the_caller_s_and_reaches_the_upstream() {
 
 /// `trace_keys = true` puts the key on the server span; `sample_ratio =
 /// 0` keeps no new trace, but a caller's sampled `traceparent` is
-/// followed.
+/// followed, and an unsampled one passes through untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_on_request_and_sampling_follows_the_caller() {
-    let (receiver, _upstream, _dir, gw) = traced("sample_ratio = 0.0\ntrace_keys = true").await;
+    let (receiver, upstream, _dir, gw) = traced("sample_ratio = 0.0\ntrace_keys = true").await;
     for i in 0..5 {
         assert_eq!(pay(&gw, &format!("unsampled-{i}"), None).await.status, 201);
     }
+    // A caller that does not sample: no span, and its traceparent goes
+    // upstream as it came.
+    let unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
+    assert_eq!(
+        pay(&gw, "caller-unsampled", Some(unsampled)).await.status,
+        201
+    );
+    let forwarded = upstream.last_headers().expect("forwarded");
+    assert_eq!(
+        forwarded.get("traceparent").and_then(|v| v.to_str().ok()),
+        Some(unsampled)
+    );
     let sampled = pay(&gw, "sampled-1", Some(&format!("00-{TRACE}-{PARENT}-01"))).await;
     assert_eq!(sampled.status, 201);
     gw.terminate().await;

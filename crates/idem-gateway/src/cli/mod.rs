@@ -131,7 +131,9 @@ fn colour(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
 
 /// The log output (filtered by `--log`; the spans meant for traces are
 /// never logged) and, with `[telemetry]`, the trace exporter, whose guard
-/// is returned to be dropped at exit.
+/// is returned to be dropped at exit. Without traces the filter is the
+/// subscriber's own, as it always was; with them it is the log output's
+/// alone, so that `--log warn` does not silence the traces.
 fn init_logs(
     format: LogFormat,
     filter: &str,
@@ -144,36 +146,44 @@ fn init_logs(
     let targets = crate::config::log_filter(filter)
         .map_err(|why| GatewayError::Invalid(format!("--log / IDEM_LOG: {why}")))?
         .with_target(idem_http::trace::TARGET, LevelFilter::OFF);
-    let (traces, guard) = match traces {
-        Some(settings) => {
-            let (layer, guard) = crate::telemetry::install(settings)?;
-            (Some(layer), Some(guard))
+    let Some(settings) = traces else {
+        let registry = tracing_subscriber::registry().with(targets);
+        match format {
+            LogFormat::Text => registry.with(text_output()).init(),
+            LogFormat::Json => registry.with(json_output()).init(),
         }
-        None => (None, None),
+        return Ok(None);
     };
-    let registry = tracing_subscriber::registry().with(traces);
+    let (exporter, guard) = crate::telemetry::install(settings)?;
+    let registry = tracing_subscriber::registry().with(exporter);
     match format {
-        LogFormat::Text => registry
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .with_ansi(colour(
-                        std::io::stderr().is_terminal(),
-                        std::env::var_os("NO_COLOR"),
-                    ))
-                    .with_writer(std::io::stderr)
-                    .with_filter(targets),
-            )
-            .init(),
-        LogFormat::Json => registry
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .json()
-                    .with_writer(std::io::stderr)
-                    .with_filter(targets),
-            )
-            .init(),
+        LogFormat::Text => registry.with(text_output().with_filter(targets)).init(),
+        LogFormat::Json => registry.with(json_output().with_filter(targets)).init(),
     }
-    Ok(guard)
+    Ok(Some(guard))
+}
+
+/// Log lines as text on stderr.
+fn text_output<S>() -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    tracing_subscriber::fmt::layer()
+        .with_ansi(colour(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR"),
+        ))
+        .with_writer(std::io::stderr)
+}
+
+/// Log lines as JSON on stderr.
+fn json_output<S>() -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    tracing_subscriber::fmt::layer()
+        .json()
+        .with_writer(std::io::stderr)
 }
 
 #[cfg(test)]

@@ -173,14 +173,12 @@ impl Server {
         );
         let peer_connections = PerPeer::new(limits.max_connections_per_peer);
         let connections = Arc::new(Semaphore::new(limits.max_connections));
-        let trace_keys = settings.telemetry.as_ref().is_some_and(|t| t.trace_keys);
-        let serve = client_connections(
-            gateway.clone(),
-            admission,
-            builder.clone(),
-            &limits,
-            trace_keys,
-        );
+        let traces = telemetry::RequestTracing {
+            trace_keys: settings.telemetry.as_ref().is_some_and(|t| t.trace_keys),
+            sample_ratio: settings.telemetry.as_ref().map_or(0.0, |t| t.sample_ratio),
+        };
+        let serve =
+            client_connections(gateway.clone(), admission, builder.clone(), &limits, traces);
         let workers = match Workers::start(settings.workers, serve, grace) {
             Ok(workers) => workers,
             Err(err) => {
@@ -282,7 +280,7 @@ fn client_connections(
     admission: Admission,
     builder: auto::Builder<TokioExecutor>,
     limits: &LimitsSettings,
-    trace_keys: bool,
+    traces: telemetry::RequestTracing,
 ) -> ServeConnection {
     let body_timeout = Some(limits.body_read_timeout).filter(|t| !t.is_zero());
     let first_bytes = Some(limits.header_read_timeout).filter(|t| !t.is_zero());
@@ -316,7 +314,7 @@ fn client_connections(
                 });
                 req.extensions_mut().insert(PeerAddr(peer));
                 req.extensions_mut().insert(slot.clone());
-                let span = telemetry::request_span(req.method(), req.headers(), trace_keys);
+                let span = telemetry::request_span(req.method(), req.headers(), traces);
                 let answer = gateway.oneshot(req).instrument(span.clone()).await;
                 if let Ok(resp) = &answer {
                     telemetry::record_answer(&span, resp);
