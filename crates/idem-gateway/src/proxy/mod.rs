@@ -1,10 +1,12 @@
-//! The reverse proxy the idempotency layer wraps: HTTP/1.1 keep-alive
-//! connections to one upstream origin, each driven by the request that
-//! uses it (`upstream`).
+//! The reverse proxy the idempotency layer wraps: keep-alive connections
+//! to one upstream origin, plain or TLS (`connect`), HTTP/1.1 ones each
+//! driven by the request that uses it, or one shared HTTP/2 connection
+//! when a TLS upstream offers it (`upstream`).
 //!
 //! It tells the layer what happened to a request it could not complete,
-//! through [`UpstreamOutcome`]: refused or unreachable before sending →
-//! `502` and [`UpstreamOutcome::NotSent`] (the key is released); no answer
+//! through [`UpstreamOutcome`]: refused or unreachable before sending, or
+//! no trusted TLS session (`502 upstream-tls`) → `502` and
+//! [`UpstreamOutcome::NotSent`] (the key is released); no answer
 //! within the timeout, or a connection that broke after sending → `504` /
 //! `502` and [`UpstreamOutcome::MaybeSent`] (the record stays
 //! `outcome_unknown`).
