@@ -15,7 +15,8 @@
 //! `tracing-opentelemetry` layer turns them into OpenTelemetry spans, and
 //! the SDK's batch processor exports them from a thread of its own: a
 //! collector that is slow or down costs the request path nothing (spans
-//! beyond the queue are dropped and counted by the SDK's own log).
+//! beyond the SDK's queue of 2,048 are dropped; an export is given up
+//! after 5 s).
 //!
 //! What a span holds: the method, the path pattern (`http.route`), the
 //! outcome, the record's state, the statuses; never a header, a body or a
