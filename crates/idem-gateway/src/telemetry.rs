@@ -58,6 +58,16 @@ pub struct RequestTracing {
     pub sample_ratio: f64,
 }
 
+impl RequestTracing {
+    /// What `[telemetry]` says of each request (nothing kept without it).
+    pub fn new(settings: Option<&crate::config::TelemetrySettings>) -> Self {
+        Self {
+            trace_keys: settings.is_some_and(|t| t.trace_keys),
+            sample_ratio: settings.map_or(0.0, |t| t.sample_ratio),
+        }
+    }
+}
+
 /// The server span of one request (`otel.kind = server`), continuing the
 /// trace of the caller's `traceparent`. The layer fills in the route, the
 /// outcome, the record's state and, when `trace_keys` declared the field,

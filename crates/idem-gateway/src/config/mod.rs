@@ -41,15 +41,7 @@ use values::{duration, located, parse_addr, parse_method, parse_upstream, positi
 /// Loads and validates: the file (if any), then the overrides.
 pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Settings, ConfigError> {
     let (path, text) = match file {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                ConfigError::caused(
-                    format!("cannot read config file {}: {e}", path.display()),
-                    e,
-                )
-            })?;
-            (path.to_path_buf(), text)
-        }
+        Some(path) => (path.to_path_buf(), read(path)?),
         None => (PathBuf::from("(no config file)"), String::new()),
     };
     parse(&path, &text, overrides)
@@ -62,14 +54,8 @@ pub fn telemetry_settings(file: Option<&Path>) -> Result<Option<TelemetrySetting
     let Some(path) = file else {
         return Ok(None);
     };
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        ConfigError::caused(
-            format!("cannot read config file {}: {e}", path.display()),
-            e,
-        )
-    })?;
-    let parsed: FileConfig = toml::from_str(&text)
-        .map_err(|e| ConfigError::caused(format!("{}: {e}", path.display()), e))?;
+    let text = read(path)?;
+    let parsed = from_toml(path, &text)?;
     let src = Source {
         file: path,
         text: &text,
@@ -77,12 +63,26 @@ pub fn telemetry_settings(file: Option<&Path>) -> Result<Option<TelemetrySetting
     telemetry(&src, parsed.telemetry.as_ref())
 }
 
+/// The config file's text.
+fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| {
+        ConfigError::caused(
+            format!("cannot read config file {}: {e}", path.display()),
+            e,
+        )
+    })
+}
+
+/// The file's TOML, every table refusing keys it does not know.
+fn from_toml(file: &Path, text: &str) -> Result<FileConfig, ConfigError> {
+    toml::from_str(text).map_err(|e| ConfigError::caused(format!("{}: {e}", file.display()), e))
+}
+
 /// Validates config `text` as read from `file` (named in errors), then
 /// the overrides. Reads no file itself, except the one
 /// `encryption_keys_file` names.
 pub fn parse(file: &Path, text: &str, overrides: &Overrides) -> Result<Settings, ConfigError> {
-    let parsed: FileConfig = toml::from_str(text)
-        .map_err(|e| ConfigError::caused(format!("{}: {e}", file.display()), e))?;
+    let parsed = from_toml(file, text)?;
     if parsed.admin_token.is_some()
         && let Some(why) = exposed(file)
     {

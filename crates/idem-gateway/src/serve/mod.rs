@@ -173,10 +173,7 @@ impl Server {
         );
         let peer_connections = PerPeer::new(limits.max_connections_per_peer);
         let connections = Arc::new(Semaphore::new(limits.max_connections));
-        let traces = telemetry::RequestTracing {
-            trace_keys: settings.telemetry.as_ref().is_some_and(|t| t.trace_keys),
-            sample_ratio: settings.telemetry.as_ref().map_or(0.0, |t| t.sample_ratio),
-        };
+        let traces = telemetry::RequestTracing::new(settings.telemetry.as_ref());
         let serve =
             client_connections(gateway.clone(), admission, builder.clone(), &limits, traces);
         let workers = match Workers::start(settings.workers, serve, grace) {
