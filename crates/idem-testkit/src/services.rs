@@ -2,10 +2,13 @@
 //!
 //! One rule for every test that talks to a real server: the server's URL
 //! comes from the environment at run time (`IDEM_TEST_PG_URL`,
-//! `IDEM_TEST_REDIS_URL`, `IDEM_TEST_NATS_URL`, `IDEM_TEST_AMQP_URL`),
+//! `IDEM_TEST_REDIS_URL`, `IDEM_TEST_REDIS_CLUSTER_URL`,
+//! `IDEM_TEST_NATS_URL`, `IDEM_TEST_AMQP_URL`, `IDEM_TEST_KAFKA_URL`),
 //! defaulting to the machine's loopback services. If the server does not
 //! answer, the test **skips with a loud notice** — unless
 //! `IDEM_REQUIRE_SERVICES=1` (CI sets it), in which case it **fails**.
+//! Programs a test runs itself are found the same way (`IDEM_TANSU_BIN`
+//! for the Kafka-protocol broker [`tansu`], `IDEM_TEST_REDIS_SERVER`, …).
 //!
 //! ```no_run
 //! # async fn t() {
@@ -58,6 +61,56 @@ pub fn rabbitmq() -> Option<String> {
         "IDEM_TEST_AMQP_URL",
         "amqp://guest:guest@127.0.0.1:5672/%2f",
     )
+}
+
+/// A Kafka-protocol broker (`IDEM_TEST_KAFKA_URL`, default
+/// `kafka://127.0.0.1:9092`, the Tansu broker `scripts/services.sh`
+/// starts). Its `host:port` is what a Kafka client's `bootstrap.servers`
+/// wants. Tansu keeps its topics in memory, and its consumer-group joins
+/// take about half of `session.timeout.ms`: clients in tests should set
+/// that near 6000 ms.
+pub fn kafka() -> Option<String> {
+    require(
+        "Kafka-protocol broker",
+        "IDEM_TEST_KAFKA_URL",
+        "kafka://127.0.0.1:9092",
+    )
+}
+
+/// The Tansu broker binary (Kafka protocol, Apache-2.0) for tests that run
+/// a broker of their own (see
+/// [`PrivateKafka`](crate::servers::PrivateKafka)): `IDEM_TANSU_BIN`, else
+/// where `scripts/services.sh` installs it
+/// (`${XDG_CACHE_HOME:-$HOME/.cache}/idem/tansu-0.6.0/tansu`), else `tansu`
+/// on `PATH`; a loud skip (or a panic under `IDEM_REQUIRE_SERVICES=1`)
+/// when none is there.
+pub fn tansu() -> Option<PathBuf> {
+    let installed = tansu_install_path();
+    let default = if installed.is_file() {
+        installed.display().to_string()
+    } else {
+        "tansu".to_owned()
+    };
+    program(
+        "Tansu (a Kafka-protocol broker)",
+        "IDEM_TANSU_BIN",
+        &default,
+    )
+}
+
+/// Where `scripts/services.sh` installs Tansu when `IDEM_TANSU_BIN` is
+/// unset: the same expansion as the script's
+/// `${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/idem/tansu-0.6.0/tansu`.
+fn tansu_install_path() -> PathBuf {
+    let set = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    set("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            set("HOME")
+                .map_or_else(|| PathBuf::from("/tmp"), PathBuf::from)
+                .join(".cache")
+        })
+        .join("idem/tansu-0.6.0/tansu")
 }
 
 /// Whether absent services fail tests instead of skipping them.
@@ -176,6 +229,7 @@ fn host_port(url: &str) -> Option<String> {
         "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => 6379,
         "nats" => 4222,
         "amqp" | "amqps" => 5672,
+        "kafka" => 9092,
         _ => return None,
     };
     Some(
@@ -236,6 +290,10 @@ mod tests {
         assert_eq!(
             host_port("amqp://guest:guest@127.0.0.1:5672/%2f").as_deref(),
             Some("127.0.0.1:5672")
+        );
+        assert_eq!(
+            host_port("kafka://127.0.0.1").as_deref(),
+            Some("127.0.0.1:9092")
         );
         assert_eq!(host_port("nonsense"), None);
     }
