@@ -18,10 +18,14 @@
 //! The broker adapters are opt-in; none is on by default:
 //!
 //! * `nats`: NATS JetStream (`NatsPublisher`, `JetStreamSource`);
-//! * `rabbitmq`: RabbitMQ (`RabbitPublisher`, `RabbitSource`).
+//! * `rabbitmq`: RabbitMQ (`RabbitPublisher`, `RabbitSource`);
+//! * `kafka`: Kafka (`KafkaPublisher`, `KafkaSource`), through librdkafka
+//!   built from its bundled source.
 
 mod cause;
 pub mod consumer;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
 pub mod publisher;
@@ -32,6 +36,11 @@ pub mod relay;
 pub use consumer::{
     Consumer, ConsumerOptions, ConsumerStats, Delivery, Handler, HandlerError, Message, Outcome,
     SettleError, Source,
+};
+#[cfg(feature = "kafka")]
+pub use kafka::{
+    KafkaDelivery, KafkaPublisher, KafkaPublisherOptions, KafkaSource, KafkaSourceOptions,
+    KafkaTopics, TopicSpec,
 };
 #[cfg(feature = "nats")]
 pub use nats::{JetStreamDelivery, JetStreamSource, JetStreamSourceOptions, NatsPublisher};
@@ -59,6 +68,12 @@ pub mod headers {
     /// On a RabbitMQ message sent back through the retry queue: the
     /// deliveries so far.
     pub const DELIVERIES: &str = "Idem-Deliveries";
+    /// On a Kafka record: the message id (the outbox event id), which
+    /// Kafka has no field for.
+    pub const MESSAGE_ID: &str = "Idem-Message-Id";
+    /// On a Kafka record: the event's type (`PaymentAuthorized`), the last
+    /// part of the subject NATS and RabbitMQ carry it in.
+    pub const MESSAGE_TYPE: &str = "Idem-Message-Type";
 }
 
 /// Exponential backoff from `base` (doubled per attempt, capped at `max`)

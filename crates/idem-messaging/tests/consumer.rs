@@ -1,5 +1,5 @@
-//! The consumer runner against real PostgreSQL, NATS JetStream and
-//! RabbitMQ: a consumer process that dies after its commit and before its
+//! The consumer runner against real PostgreSQL, NATS JetStream, RabbitMQ
+//! and a Kafka-protocol broker (Tansu): a consumer process that dies after its commit and before its
 //! acknowledgement changes nothing twice; a re-published event with a new
 //! message id is stopped by the business key; out-of-order versions are
 //! applied in order; poison messages and messages without an id are
@@ -16,7 +16,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use idem_messaging::{
     Consumer, ConsumerOptions, ConsumerStats, Delivery, Handler, HandlerError, JetStreamSource,
-    JetStreamSourceOptions, Message, RabbitSource, RabbitSourceOptions, SettleError, Source,
+    JetStreamSourceOptions, KafkaSource, KafkaSourceOptions, Message, RabbitSource,
+    RabbitSourceOptions, SettleError, Source,
 };
 use idem_postgres::PgOptions;
 use idem_postgres::sqlx::{self, PgPool, Postgres, Transaction};
@@ -26,14 +27,38 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
 
-use common::{Db, unique};
+use common::{Db, kafka, unique};
 
 /// Which broker a test runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Nats,
     Rabbit,
+    Kafka,
 }
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Nats => "nats",
+            Self::Rabbit => "rabbit",
+            Self::Kafka => "kafka",
+        }
+    }
+
+    /// How long a consumer of this broker takes to start receiving: a
+    /// Kafka group join (with the tests' 6 s session timeout, and a dead
+    /// member to wait out) takes seconds; the others are at once.
+    fn join_time(self) -> Duration {
+        match self {
+            Self::Kafka => Duration::from_secs(12),
+            _ => Duration::ZERO,
+        }
+    }
+}
+
+/// The aggregate types the tests publish under (Kafka: a topic each).
+const AGGREGATES: [&str; 2] = ["payment", "order"];
 
 /// A broker with this test's own names: a stream (NATS) or exchange and
 /// queue (RabbitMQ), and where parked messages land.
@@ -43,6 +68,7 @@ struct Broker {
     name: String,
     nats: Option<async_nats::Client>,
     amqp: Option<(lapin::Connection, lapin::Channel)>,
+    kafka: Option<kafka::Producer>,
 }
 
 impl Broker {
@@ -50,6 +76,7 @@ impl Broker {
         let url = match kind {
             Kind::Nats => idem_testkit::services::nats()?,
             Kind::Rabbit => idem_testkit::services::rabbitmq()?,
+            Kind::Kafka => idem_testkit::services::kafka()?,
         };
         let mut broker = Self {
             kind,
@@ -57,6 +84,7 @@ impl Broker {
             name: name.to_owned(),
             nats: None,
             amqp: None,
+            kafka: None,
         };
         match kind {
             Kind::Nats => {
@@ -86,6 +114,14 @@ impl Broker {
                     .await
                     .expect("confirms");
                 broker.amqp = Some((conn, ch));
+            }
+            Kind::Kafka => {
+                let topics: Vec<String> = AGGREGATES
+                    .iter()
+                    .flat_map(|a| [format!("{name}.{a}"), format!("{name}.{a}.parked")])
+                    .collect();
+                kafka::create_topics(&broker.url, &topics, 3).await;
+                broker.kafka = Some(kafka::producer(&broker.url));
             }
         }
         Some(broker)
@@ -128,6 +164,19 @@ impl Broker {
                     .await
                     .expect("bind"),
             )),
+            Kind::Kafka => {
+                let topics: Vec<String> = AGGREGATES
+                    .iter()
+                    .map(|a| format!("{}.{a}", self.name))
+                    .collect();
+                let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+                let mut options =
+                    KafkaSourceOptions::new(&format!("{}-{durable}", self.name), &topics);
+                options.session_timeout = kafka::SESSION_TIMEOUT;
+                AnySource::Kafka(Box::new(
+                    KafkaSource::subscribe(&self.url, &options).expect("subscribe"),
+                ))
+            }
         }
     }
 
@@ -191,6 +240,24 @@ impl Broker {
                     .expect("confirm");
                 assert!(confirm.is_ack());
             }
+            Kind::Kafka => {
+                // `<name>.<aggregate>.<type>`: topic `<name>.<aggregate>`.
+                let (topic, kind) = subject.rsplit_once('.').expect("a subject with a type");
+                let mut list: Vec<(&str, &str)> =
+                    headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+                list.push(("Idem-Message-Type", kind));
+                if let Some(id) = id {
+                    list.push(("Idem-Message-Id", id));
+                }
+                kafka::send(
+                    self.kafka.as_ref().expect("producer"),
+                    topic,
+                    "k",
+                    &list,
+                    payload,
+                )
+                .await;
+            }
         }
     }
 
@@ -239,6 +306,15 @@ impl Broker {
                     ));
                 }
             }
+            Kind::Kafka => {
+                for a in AGGREGATES {
+                    let topic = format!("{}.{a}.parked", self.name);
+                    for record in kafka::read_all(&self.url, &topic).await {
+                        let reason = record.header("Idem-Parked-Reason").unwrap_or_default();
+                        out.push((reason, record.payload));
+                    }
+                }
+            }
         }
         out
     }
@@ -262,6 +338,8 @@ impl Broker {
                     .exchange_delete(self.name.as_str().into(), ExchangeDeleteOptions::default())
                     .await;
             }
+            // Tansu keeps topics in memory: they go with the broker.
+            Kind::Kafka => {}
         }
     }
 }
@@ -270,11 +348,13 @@ impl Broker {
 enum AnySource {
     Nats(Box<JetStreamSource>),
     Rabbit(Box<RabbitSource>),
+    Kafka(Box<KafkaSource>),
 }
 
 enum AnyDelivery {
     Nats(idem_messaging::JetStreamDelivery),
     Rabbit(idem_messaging::RabbitDelivery),
+    Kafka(idem_messaging::KafkaDelivery),
 }
 
 impl Source for AnySource {
@@ -283,12 +363,14 @@ impl Source for AnySource {
         match self {
             Self::Nats(s) => s.close().await,
             Self::Rabbit(s) => s.close().await,
+            Self::Kafka(s) => s.close().await,
         }
     }
     async fn next(&mut self) -> Option<Result<AnyDelivery, SettleError>> {
         match self {
             Self::Nats(s) => s.next().await.map(|r| r.map(AnyDelivery::Nats)),
             Self::Rabbit(s) => s.next().await.map(|r| r.map(AnyDelivery::Rabbit)),
+            Self::Kafka(s) => s.next().await.map(|r| r.map(AnyDelivery::Kafka)),
         }
     }
 }
@@ -298,6 +380,7 @@ impl Delivery for AnyDelivery {
         match self {
             Self::Nats(d) => d.message(),
             Self::Rabbit(d) => d.message(),
+            Self::Kafka(d) => d.message(),
         }
     }
     async fn ack(self) -> Result<(), SettleError> {
@@ -308,18 +391,21 @@ impl Delivery for AnyDelivery {
         match self {
             Self::Nats(d) => d.ack().await,
             Self::Rabbit(d) => d.ack().await,
+            Self::Kafka(d) => d.ack().await,
         }
     }
     async fn retry(self, delay: Duration) -> Result<(), SettleError> {
         match self {
             Self::Nats(d) => d.retry(delay).await,
             Self::Rabbit(d) => d.retry(delay).await,
+            Self::Kafka(d) => d.retry(delay).await,
         }
     }
     async fn park(self, reason: &str) -> Result<(), SettleError> {
         match self {
             Self::Nats(d) => d.park(reason).await,
             Self::Rabbit(d) => d.park(reason).await,
+            Self::Kafka(d) => d.park(reason).await,
         }
     }
 }
@@ -454,11 +540,10 @@ async fn crash_child_consumer() {
     ) else {
         return;
     };
-    let kind = if kind == "nats" {
-        Kind::Nats
-    } else {
-        Kind::Rabbit
-    };
+    let kind = [Kind::Nats, Kind::Rabbit, Kind::Kafka]
+        .into_iter()
+        .find(|k| k.name() == kind)
+        .expect("a broker kind");
     let broker = Broker::new_existing(kind, &name).await;
     let db = Db::open(&url, schema).await.expect("database");
     let source = broker.source("orders", Duration::from_secs(1)).await;
@@ -474,6 +559,7 @@ impl Broker {
         let url = match kind {
             Kind::Nats => idem_testkit::services::nats(),
             Kind::Rabbit => idem_testkit::services::rabbitmq(),
+            Kind::Kafka => idem_testkit::services::kafka(),
         }
         .expect("broker");
         Self {
@@ -482,6 +568,7 @@ impl Broker {
             name: name.to_owned(),
             nats: None,
             amqp: None,
+            kafka: None,
         }
     }
 }
@@ -514,10 +601,7 @@ async fn crash_after_commit_before_ack(kind: Kind) {
                     "--test-threads",
                     "1",
                 ])
-                .env(
-                    CRASH_ENV,
-                    if kind == Kind::Nats { "nats" } else { "rabbit" },
-                )
+                .env(CRASH_ENV, kind.name())
                 .env("IDEM_CONSUMER_BROKER_NAME", name)
                 .env("IDEM_CONSUMER_DB_URL", url)
                 .env("IDEM_CONSUMER_DB_SCHEMA", schema)
@@ -550,7 +634,10 @@ async fn crash_after_commit_before_ack(kind: Kind) {
     let calls = Arc::clone(&handler.calls);
     let source = broker.source("orders", Duration::from_secs(1)).await;
     let stats = Consumer::new(db.pool(), handler, ConsumerOptions::new("orders"))
-        .run(source, tokio::time::sleep(Duration::from_secs(4)))
+        .run(
+            source,
+            tokio::time::sleep(Duration::from_secs(4) + kind.join_time()),
+        )
         .await;
     assert_eq!(stats.duplicates, 1, "{stats:?}");
     assert_eq!(stats.applied, 0, "{stats:?}");
@@ -576,6 +663,11 @@ async fn a_crash_after_commit_before_ack_is_a_duplicate_nats() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_commit_before_ack_is_a_duplicate_rabbitmq() {
     crash_after_commit_before_ack(Kind::Rabbit).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_commit_before_offset_commit_is_a_duplicate_kafka() {
+    crash_after_commit_before_ack(Kind::Kafka).await;
 }
 
 async fn business_identity_and_ordering(kind: Kind) {
@@ -659,6 +751,11 @@ async fn business_identity_and_ordering_rabbitmq() {
     business_identity_and_ordering(Kind::Rabbit).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn business_identity_and_ordering_kafka() {
+    business_identity_and_ordering(Kind::Kafka).await;
+}
+
 async fn poison_and_id_less_messages_are_parked(kind: Kind) {
     let (Some(db), Some(broker)) = (
         Db::new("park").await,
@@ -711,7 +808,10 @@ async fn poison_and_id_less_messages_are_parked(kind: Kind) {
     // Three deliveries of the poison message with short backoffs, then
     // quiet.
     let stats = Consumer::new(db.pool(), handler, options)
-        .run(source, tokio::time::sleep(Duration::from_secs(4)))
+        .run(
+            source,
+            tokio::time::sleep(Duration::from_secs(4) + kind.join_time()),
+        )
         .await;
     assert_eq!(stats.parked, 3, "{stats:?}");
     assert_eq!(stats.applied, 1, "{stats:?}");
@@ -755,6 +855,11 @@ async fn poison_and_id_less_messages_are_parked_nats() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_and_id_less_messages_are_parked_rabbitmq() {
     poison_and_id_less_messages_are_parked(Kind::Rabbit).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_and_id_less_messages_are_parked_kafka() {
+    poison_and_id_less_messages_are_parked(Kind::Kafka).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -60,8 +60,8 @@ enum Command {
     /// Delete expired completed and failed records in batches (never
     /// processing ones); safe to interrupt and run again.
     Cleanup(cleanup::CleanupArgs),
-    /// Publish the PostgreSQL outbox to a broker (NATS JetStream or
-    /// RabbitMQ), in order per aggregate; run several for availability.
+    /// Publish the PostgreSQL outbox to a broker (NATS JetStream, RabbitMQ
+    /// or Kafka), in order per aggregate; run several for availability.
     Relay(relay::RelayArgs),
     /// Inspect the outbox; replay or discard dead rows.
     #[command(subcommand)]

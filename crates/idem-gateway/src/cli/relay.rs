@@ -1,5 +1,5 @@
 //! `idem relay`: publishes the PostgreSQL outbox to a broker (NATS
-//! JetStream or RabbitMQ), with as many relays running at once as wanted; see
+//! JetStream, RabbitMQ or Kafka), with as many relays running at once as wanted; see
 //! [`idem_messaging::relay`] for the guarantees.
 
 use std::sync::Arc;
@@ -8,7 +8,8 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use axum::routing::get;
 use idem_messaging::{
-    NatsPublisher, NotReady, Publisher, RabbitPublisher, Readiness, Relay, RelayOptions,
+    KafkaPublisher, KafkaPublisherOptions, KafkaTopics, NatsPublisher, NotReady, Publisher,
+    RabbitPublisher, Readiness, Relay, RelayOptions, TopicSpec,
 };
 use idem_postgres::{PgOptions, PgStore};
 
@@ -23,10 +24,25 @@ pub(super) struct RelayArgs {
     /// The PostgreSQL database holding the outbox (`postgres://…`).
     #[arg(long, env = "IDEM_STORE")]
     pub store: String,
-    /// The broker: `nats://host:port` (JetStream) or
-    /// `amqp://user:password@host:port/vhost` (RabbitMQ).
+    /// The broker: `nats://host:port` (JetStream),
+    /// `amqp://user:password@host:port/vhost` (RabbitMQ) or
+    /// `kafka://host:port[,host:port…]` (Kafka).
     #[arg(long, env = "IDEM_BROKER")]
     pub broker: String,
+    /// Kafka: publish every event to this one topic (default: a topic per
+    /// aggregate type, `<prefix>.<aggregate_type>`). The key is always the
+    /// aggregate id.
+    #[arg(long, env = "IDEM_TOPIC")]
+    pub topic: Option<String>,
+    /// Kafka: create a missing topic before the first publish to it.
+    #[arg(long)]
+    pub create_topics: bool,
+    /// Kafka: partitions of a topic made by --create-topics.
+    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(i32).range(1..=10_000))]
+    pub topic_partitions: i32,
+    /// Kafka: replication factor of a topic made by --create-topics.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=100))]
+    pub topic_replication: i32,
     /// RabbitMQ: the durable topic exchange published to (declared if
     /// missing); the routing key is the subject.
     #[arg(long, env = "IDEM_EXCHANGE", default_value = "idem")]
@@ -119,10 +135,10 @@ pub(super) async fn run(args: RelayArgs) -> Result<(), GatewayError> {
         })?;
     crate::metrics::install();
     let opts = PgOptions::from_url(&args.store)?;
-    let nats = args.broker.starts_with("nats://");
-    if !nats && !args.broker.starts_with("amqp://") {
+    let scheme = args.broker.split_once("://").map(|(scheme, _)| scheme);
+    if !matches!(scheme, Some("nats" | "amqp" | "kafka")) {
         return Err(GatewayError::Invalid(format!(
-            "--broker {}: use nats://host:port (JetStream) or amqp://user:password@host:port/vhost (RabbitMQ)",
+            "--broker {}: use nats://host:port (JetStream), amqp://user:password@host:port/vhost (RabbitMQ) or kafka://host:port[,host:port…] (Kafka)",
             idem::store::redact_broker_url(&args.broker)
         )));
     }
@@ -152,7 +168,50 @@ pub(super) async fn run(args: RelayArgs) -> Result<(), GatewayError> {
         store_url: args.store.clone(),
         broker_url: idem::store::redact_broker_url(&args.broker),
     };
-    if nats {
+    if scheme == Some("kafka") {
+        let topics = match args.topic.clone() {
+            Some(topic) => KafkaTopics::One(topic),
+            None => KafkaTopics::PerAggregateType,
+        };
+        let options = KafkaPublisherOptions {
+            topics: topics.clone(),
+            create: args.create_topics.then_some(TopicSpec {
+                partitions: args.topic_partitions,
+                replication: args.topic_replication,
+            }),
+            ..KafkaPublisherOptions::default()
+        };
+        let publisher = KafkaPublisher::connect(&args.broker, options)?;
+        eprintln!(
+            "idem relay: note: Kafka de-duplicates only a producer's own retries; a row re-published after a relay crash is a second record with the same Idem-Message-Id, and consumers drop it with the inbox"
+        );
+        match tokio::time::timeout(START_CHECK, publisher.durability_warnings()).await {
+            Ok(Ok(warnings)) => {
+                for warning in warnings {
+                    tracing::warn!(reason = "relay_kafka_durability", "{warning}");
+                    eprintln!("idem relay: WARNING: {warning}");
+                }
+            }
+            Ok(Err(err)) => {
+                eprintln!("idem relay: WARNING: cannot check the topics' replication: {err}")
+            }
+            Err(_) => eprintln!(
+                "idem relay: WARNING: Kafka did not answer within {START_CHECK:?}, so the topics' replication is unchecked; publishing starts when it is reachable (see /readyz)"
+            ),
+        }
+        let target = match topics {
+            KafkaTopics::One(topic) => format!(
+                "{} topic {topic} (key: aggregate id)",
+                idem::store::redact_broker_url(&args.broker)
+            ),
+            KafkaTopics::PerAggregateType => format!(
+                "{} topics {}.<aggregate_type> (key: aggregate id)",
+                idem::store::redact_broker_url(&args.broker),
+                args.prefix
+            ),
+        };
+        setup.drive(publisher, &target).await
+    } else if scheme == Some("nats") {
         let publisher = NatsPublisher::connect(&args.broker, &args.stream).await?;
         if args.create_stream {
             publisher

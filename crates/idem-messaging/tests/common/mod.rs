@@ -2,6 +2,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod kafka;
+
 use std::error::Error;
 
 use idem_postgres::sqlx::{self, PgPool};
