@@ -37,13 +37,20 @@ async fn start_relay_with(
     extra: &[&str],
     stderr: Stdio,
 ) -> RelayProcess {
+    let mut args = vec!["--stream", stream, "--prefix", prefix, "--create-stream"];
+    args.extend_from_slice(extra);
+    spawn_relay(store, broker, &args, stderr).await
+}
+
+/// Starts `idem relay` on `store` and `broker` with `args`, and waits for
+/// its start line.
+async fn spawn_relay(store: &str, broker: &str, args: &[&str], stderr: Stdio) -> RelayProcess {
     let mut child = Command::new(IDEM)
         .args([
             "--log", "warn", "relay", "--store", store, "--broker", broker,
         ])
-        .args(["--stream", stream, "--prefix", prefix, "--create-stream"])
         .args(["--admin-listen", "127.0.0.1:0"])
-        .args(extra)
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(stderr)
         .kill_on_drop(true)
@@ -841,4 +848,126 @@ async fn a_slow_reset_then_silent_rabbitmq_link_delivers_every_row_in_order() {
     eprintln!(
         "rabbitmq link: {at_reset} of 90 published at the reset; {got} messages for 110 rows"
     );
+}
+
+/// `idem relay --broker kafka://…` against a Kafka-protocol broker
+/// (Tansu), read back with a plain Kafka client.
+mod kafka {
+    use super::*;
+    use idem_testkit::kafka::{self, Record};
+
+    /// Starts a Kafka relay publishing to `<prefix>.<aggregate_type>`,
+    /// creating topics of 6 partitions and one replica.
+    async fn start(store: &str, broker: &str, prefix: &str, stderr: Stdio) -> RelayProcess {
+        spawn_relay(
+            store,
+            broker,
+            &[
+                "--prefix",
+                prefix,
+                "--create-topics",
+                "--topic-partitions",
+                "6",
+                "--topic-replication",
+                "1",
+            ],
+            stderr,
+        )
+        .await
+    }
+
+    /// Stops `relay` with SIGTERM and checks its clean exit.
+    async fn stop(mut relay: RelayProcess) {
+        kill(&relay, "-TERM");
+        let status = tokio::time::timeout(Duration::from_secs(20), relay.child.wait())
+            .await
+            .expect("stops on SIGTERM")
+            .expect("wait");
+        assert!(status.success(), "clean exit: {status}");
+    }
+
+    /// The topic read back, de-duplicated as a consumer's inbox would (by
+    /// `Idem-Message-Id`, first copy kept): every row once, each
+    /// aggregate's sequence 1, 2, 3… in its partition's order, every
+    /// aggregate in one partition and keyed by its id. Returns how many
+    /// copies the de-duplication dropped.
+    fn once_in_order(records: &[Record], aggregates: usize, per_aggregate: usize) -> usize {
+        let mut seen = std::collections::HashSet::new();
+        let mut next: HashMap<String, (i32, i64)> = HashMap::new();
+        let mut copies = 0;
+        for r in records {
+            let header = |name: &str| {
+                r.header(name)
+                    .unwrap_or_else(|| panic!("{name} missing at {}:{}", r.partition, r.offset))
+            };
+            if !seen.insert(header("Idem-Message-Id")) {
+                copies += 1;
+                continue;
+            }
+            let aggregate = header("Idem-Aggregate-Id");
+            assert_eq!(r.key, aggregate, "keyed by the aggregate id");
+            assert_eq!(header("Idem-Message-Type"), "OrderNoted");
+            let sequence: i64 = header("Idem-Sequence").parse().expect("number");
+            let (partition, expected) = next.entry(aggregate.clone()).or_insert((r.partition, 1));
+            assert_eq!(*partition, r.partition, "{aggregate} in one partition");
+            assert_eq!(
+                sequence, *expected,
+                "{aggregate} out of order at {}:{}",
+                r.partition, r.offset
+            );
+            *expected += 1;
+        }
+        assert_eq!(next.len(), aggregates, "every aggregate arrived");
+        assert!(
+            next.values().all(|(_, n)| *n == per_aggregate as i64 + 1),
+            "every row of every aggregate arrived"
+        );
+        copies
+    }
+
+    async fn drop_schema(store: &PgStore, schema: &str) {
+        sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+            .execute(store.pool())
+            .await
+            .expect("drop schema");
+    }
+
+    /// Three relays on one outbox, one SIGKILLed a third of the way and
+    /// started again: every row in the topic once after the consumer's
+    /// de-duplication, in order per aggregate.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn three_relays_one_killed_every_row_once_in_order_kafka() {
+        let (Some(pg), Some(broker)) = (services::postgres(), services::kafka()) else {
+            return;
+        };
+        let (store, store_url, schema, _, prefix) = isolated(&pg, "kkill").await;
+        let (aggregates, per_aggregate) = (50, 40);
+        enqueue(&store, aggregates, per_aggregate).await;
+        let total = (aggregates * per_aggregate) as i64;
+        let mut relays = Vec::new();
+        for _ in 0..3 {
+            relays.push(start(&store_url, &broker, &prefix, Stdio::inherit()).await);
+        }
+        for _ in 0..600 {
+            if published(&store).await >= total / 3 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let victim = relays.remove(0);
+        kill(&victim, "-KILL");
+        drop(victim);
+        relays.push(start(&store_url, &broker, &prefix, Stdio::inherit()).await);
+        until_published(&store, total).await;
+        for relay in relays {
+            stop(relay).await;
+        }
+        let records = kafka::read_all(&broker, &format!("{prefix}.order")).await;
+        let copies = once_in_order(&records, aggregates, per_aggregate);
+        eprintln!(
+            "kafka relay kill: {} records, {copies} re-published copies dropped by id",
+            records.len()
+        );
+        drop_schema(&store, &schema).await;
+    }
 }

@@ -27,6 +27,12 @@
 //! an operator to look at. Stopping the runner finishes the messages in
 //! hand and takes no new ones; messages it fetched but did not start are
 //! redelivered by the broker.
+//!
+//! Each delivery is handled inside an `idem.consume` span (see
+//! [`crate::trace`]), child of the message's `traceparent` when it has a
+//! valid one: the handler's own spans, and (feature `otel`) the trace
+//! context of what it enqueues in its outbox, continue the trace of the
+//! event it handles.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -40,9 +46,12 @@ use idem_postgres::guard::{Order, OrderingGuard};
 use idem_postgres::inbox::Inbox;
 use idem_postgres::sqlx::{self, PgPool, Postgres, Transaction};
 use tokio::task::JoinSet;
+use tracing::Instrument as _;
+use tracing::field::Empty;
 
 use crate::cause::caused;
 use crate::headers;
+use crate::trace::{TARGET, TraceContext};
 
 /// A message as the handler sees it, whatever the broker.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +84,13 @@ impl Message {
     pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, HandlerError> {
         serde_json::from_slice(&self.payload)
             .map_err(|e| HandlerError::permanent_with("payload is not the expected JSON", e))
+    }
+
+    /// The W3C trace context in the message's `traceparent` and
+    /// `tracestate` headers; `None` without a valid `traceparent` (a
+    /// malformed one is ignored, as W3C says).
+    pub fn trace_context(&self) -> Option<TraceContext> {
+        TraceContext::from_headers(self.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())))
     }
 
     /// The relay's ordering headers: aggregate type, aggregate id and its
@@ -508,9 +524,47 @@ fn record(
     }
 }
 
+/// Handles one delivery and settles it inside its `idem.consume` span;
+/// returns its outcome and whether the broker took the settlement.
+async fn handle_one<H: Handler, D: Delivery>(
+    pool: &PgPool,
+    handler: &H,
+    options: &ConsumerOptions,
+    delivery: D,
+) -> (Outcome, bool) {
+    let span = consume_span(&options.consumer, delivery.message());
+    let (outcome, settled) = handle_and_settle(pool, handler, options, delivery)
+        .instrument(span.clone())
+        .await;
+    span.record("idem.outcome", outcome.as_str());
+    if matches!(outcome, Outcome::Retried | Outcome::Parked) {
+        span.record("otel.status_code", "ERROR");
+    }
+    (outcome, settled)
+}
+
+/// The span one delivery is handled in: a child of the message's trace
+/// context when it has one (a new trace's root otherwise, if the
+/// subscriber keeps such).
+fn consume_span(consumer: &str, msg: &Message) -> tracing::Span {
+    let span = tracing::info_span!(target: TARGET, "idem.consume",
+        otel.name = %format_args!("process {}", msg.subject), otel.kind = "consumer",
+        messaging.operation.type = "process", messaging.consumer.group.name = %consumer,
+        messaging.message.id = %msg.id, messaging.destination.name = %msg.subject,
+        messaging.message.delivery_count = msg.deliveries, idem.outcome = Empty,
+        trace_id = Empty, otel.status_code = Empty);
+    if !span.is_disabled()
+        && let Some(parent) = msg.trace_context()
+    {
+        span.record("trace_id", parent.trace_id());
+        parent.set_as_parent_of(&span);
+    }
+    span
+}
+
 /// Handles one delivery and settles it; returns its outcome and whether
 /// the broker took the settlement.
-async fn handle_one<H: Handler, D: Delivery>(
+async fn handle_and_settle<H: Handler, D: Delivery>(
     pool: &PgPool,
     handler: &H,
     options: &ConsumerOptions,
@@ -608,6 +662,22 @@ mod tests {
             payload: Bytes::from_static(br#"{"order_id":"o1"}"#),
             deliveries: 1,
         }
+    }
+
+    #[test]
+    fn the_trace_context_is_read_from_the_headers() {
+        const GOOD: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(message(&[]).trace_context(), None);
+        let cx = message(&[("Traceparent", GOOD), ("tracestate", "rojo=1")])
+            .trace_context()
+            .expect("valid");
+        assert_eq!(cx.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(cx.tracestate(), Some("rojo=1"));
+        assert_eq!(
+            message(&[("traceparent", &GOOD.to_uppercase())]).trace_context(),
+            None,
+            "a malformed traceparent is ignored"
+        );
     }
 
     #[test]

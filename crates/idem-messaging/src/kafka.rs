@@ -536,6 +536,16 @@ impl Publisher for KafkaPublisher {
             Err((err, _)) => {
                 let code = err.rdkafka_error_code();
                 let message = format!("publish to {topic}");
+                if matches!(
+                    code,
+                    Some(
+                        RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic
+                    )
+                ) {
+                    // Deleted, or lost with a broker's storage: create it
+                    // again before the next attempt.
+                    self.known.lock().expect("topics").remove(topic);
+                }
                 if code == Some(RDKafkaErrorCode::Fatal)
                     || producer.client().fatal_error().is_some()
                 {

@@ -20,7 +20,22 @@
 //! * `nats`: NATS JetStream (`NatsPublisher`, `JetStreamSource`);
 //! * `rabbitmq`: RabbitMQ (`RabbitPublisher`, `RabbitSource`);
 //! * `kafka`: Kafka (`KafkaPublisher`, `KafkaSource`), through librdkafka
-//!   built from its bundled source.
+//!   built from its bundled source;
+//! * `otel`: traces continue across the broker through OpenTelemetry (see
+//!   [`trace`]).
+//!
+//! ## Traces across the broker
+//!
+//! An outbox row carries the W3C trace context of the transaction that
+//! wrote it (`traceparent`, `tracestate`; see
+//! `idem_postgres::trace_context`). The relay publishes such a row inside
+//! an `idem.publish` span, child of the row's context, and sends that
+//! span's context as the message's `traceparent`; the consumer runner
+//! handles each message inside an `idem.consume` span, child of the
+//! message's `traceparent`. What the handler enqueues in its outbox
+//! carries the handler's context in turn, so one trace reads: request →
+//! outbox row → relay publish → handler → its outbox row… The spans are
+//! of the `tracing` target [`trace::TARGET`].
 
 mod cause;
 pub mod consumer;
@@ -32,6 +47,35 @@ pub mod publisher;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 pub mod relay;
+
+/// The spans of the relay and the consumer runner, and the trace context
+/// they continue.
+///
+/// Both are `tracing` spans of the target [`TARGET`](trace::TARGET) (the `idem` binary
+/// exports that target's spans over OTLP and never logs them):
+///
+/// * `idem.publish` (kind producer): one publish of an outbox row that
+///   carries a trace context, child of that context; fields
+///   `messaging.destination.name` (the subject), `messaging.message.id`,
+///   `idem.outbox.id`, `idem.sequence`, `trace_id`;
+/// * `idem.consume` (kind consumer): one delivery handled by the runner,
+///   child of the message's `traceparent` when it has a valid one; fields
+///   `messaging.consumer.group.name` (the consumer), `messaging.message.id`,
+///   `messaging.destination.name`, `idem.outcome` (an
+///   [`Outcome`]), `trace_id`.
+///
+/// Without the `otel` feature the spans are plain `tracing` spans whose
+/// `trace_id` field names the trace; with it, and a `tracing-opentelemetry`
+/// 0.34 layer in the subscriber, they are OpenTelemetry spans in that
+/// trace, and the relay sends its own span's context on.
+pub mod trace {
+    pub use idem_postgres::trace_context::TraceContext;
+
+    /// The `tracing` target of the relay's and the runner's spans: the
+    /// same as the gateway's request spans (`idem_http::trace::TARGET`),
+    /// so one exporter filter takes them all.
+    pub const TARGET: &str = "idem_trace";
+}
 
 pub use consumer::{
     Consumer, ConsumerOptions, ConsumerStats, Delivery, Handler, HandlerError, Message, Outcome,
@@ -74,6 +118,12 @@ pub mod headers {
     /// On a Kafka record: the event's type (`PaymentAuthorized`), the last
     /// part of the subject NATS and RabbitMQ carry it in.
     pub const MESSAGE_TYPE: &str = "Idem-Message-Type";
+    /// The W3C `traceparent` of the trace the event belongs to (on a
+    /// published message: the relay's publish span, when traces are
+    /// exported, else the row's own).
+    pub use idem_postgres::trace_context::TRACEPARENT;
+    /// The W3C `tracestate` that goes with [`TRACEPARENT`].
+    pub use idem_postgres::trace_context::TRACESTATE;
 }
 
 /// Exponential backoff from `base` (doubled per attempt, capped at `max`)

@@ -18,7 +18,9 @@ pub struct Outgoing {
     pub id: String,
     /// The JSON payload.
     pub payload: Bytes,
-    /// Headers: the row's own, plus `Idem-Aggregate-Id` and `Idem-Sequence`.
+    /// Headers: the row's own (its W3C `traceparent` and `tracestate`
+    /// among them, the relay's publish span's when traces are exported),
+    /// plus `Idem-Aggregate-Type`, `Idem-Aggregate-Id` and `Idem-Sequence`.
     pub headers: Vec<(String, String)>,
 }
 

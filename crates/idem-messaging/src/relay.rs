@@ -53,6 +53,17 @@
 //! wake-up registrations and partition locks are `idem_postgres::outbox`'s
 //! typed operations; this module schedules them and publishes.
 //!
+//! ## Traces
+//!
+//! A row that carries a W3C trace context (see `idem_postgres::outbox`) is
+//! published inside an `idem.publish` span of [`crate::trace::TARGET`],
+//! child of the row's context. With the `otel` feature and an
+//! OpenTelemetry layer, the message's `traceparent` is that span's own
+//! context, so the consumer's span becomes the publish's child; otherwise
+//! the row's `traceparent` goes out unchanged. Rows without one are
+//! published without a span. Every broker gets it the same way, in
+//! [`Outgoing::headers`].
+//!
 //! ## Waking up
 //!
 //! An idle relay `LISTEN`s on [`NOTIFY_CHANNEL`] after registering in
@@ -74,9 +85,12 @@ use idem_postgres::outbox::{AggregateKey, HeadsQuery, Outbox, PartitionLocks, Pe
 use idem_postgres::sqlx::postgres::{PgConnectOptions, PgListener};
 use idem_postgres::sqlx::{self, ConnectOptions, Connection, PgConnection, PgPool};
 use tokio::task::JoinSet;
+use tracing::Instrument as _;
+use tracing::field::Empty;
 
 use crate::headers;
-use crate::publisher::{Outgoing, Publisher};
+use crate::publisher::{Outgoing, PublishError, Published, Publisher};
+use crate::trace::{TARGET, TraceContext};
 
 /// The `application_name` prefix of a relay's lock session (relays of one
 /// outbox count each other by it to share the partitions).
@@ -729,7 +743,7 @@ impl<P: Publisher> Relay<P> {
                     // aggregate of the round moves, `concurrency`
                     // publishes in flight at most.
                     let _slot = limit.acquire().await;
-                    match publisher.publish(&outgoing(&prefix, &source, &row)).await {
+                    match publish(&*publisher, outgoing(&prefix, &source, &row), &row).await {
                         Ok(p) => published.push((row.id, row.sequence, p.duplicate)),
                         // Stop this aggregate at its first failure: the
                         // rows after it must wait for it.
@@ -863,6 +877,59 @@ async fn futures_ready(
     }
 }
 
+/// Publishes `out` (made from `row`): through a span when the row carries a
+/// trace context (see the [module docs](self#traces)), plainly otherwise.
+async fn publish<P: Publisher>(
+    publisher: &P,
+    mut out: Outgoing,
+    row: &PendingRow,
+) -> Result<Published, PublishError> {
+    let Some(parent) =
+        TraceContext::from_headers(out.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())))
+    else {
+        return publisher.publish(&out).await;
+    };
+    let span = tracing::info_span!(target: TARGET, "idem.publish",
+        otel.name = %format_args!("publish {}", out.subject), otel.kind = "producer",
+        messaging.operation.type = "send", messaging.destination.name = %out.subject,
+        messaging.message.id = %out.id, idem.outbox.id = row.id, idem.sequence = row.sequence,
+        trace_id = %parent.trace_id(), otel.status_code = Empty, error.type = Empty);
+    if span.is_disabled() {
+        return publisher.publish(&out).await;
+    }
+    parent.set_as_parent_of(&span);
+    // The consumer continues from this publish, when it is a span of the
+    // trace (OpenTelemetry); else from the row's own context.
+    if let Some(own) = TraceContext::of_span(&span) {
+        set_trace_headers(&mut out.headers, &own);
+    }
+    let result = publisher.publish(&out).instrument(span.clone()).await;
+    if let Err(err) = &result {
+        span.record("otel.status_code", "ERROR");
+        span.record(
+            "error.type",
+            if err.is_broker_down() {
+                "broker_down"
+            } else {
+                "refused"
+            },
+        );
+    }
+    result
+}
+
+/// Replaces the trace context headers in `headers` with `cx`.
+fn set_trace_headers(headers: &mut Vec<(String, String)>, cx: &TraceContext) {
+    headers.retain(|(n, _)| {
+        !n.eq_ignore_ascii_case(headers::TRACEPARENT)
+            && !n.eq_ignore_ascii_case(headers::TRACESTATE)
+    });
+    headers.push((headers::TRACEPARENT.to_owned(), cx.traceparent().to_owned()));
+    if let Some(state) = cx.tracestate() {
+        headers.push((headers::TRACESTATE.to_owned(), state.to_owned()));
+    }
+}
+
 fn outgoing(prefix: &str, source: &str, row: &PendingRow) -> Outgoing {
     let mut list: Vec<(String, String)> =
         serde_json::from_str::<BTreeMap<String, String>>(&row.headers)
@@ -933,5 +1000,45 @@ mod tests {
         );
         assert!(out.headers.contains(&("Idem-Sequence".into(), "3".into())));
         assert!(out.headers.contains(&("trace-id".into(), "t".into())));
+    }
+
+    #[test]
+    fn the_row_trace_context_goes_out_and_can_be_replaced() {
+        let row = PendingRow {
+            id: 7,
+            event_id: Some("e7".into()),
+            aggregate_type: "payment".into(),
+            aggregate_id: "pay_1".into(),
+            sequence: 1,
+            message_type: "PaymentAuthorized".into(),
+            payload: "{}".into(),
+            headers: r#"{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","tracestate":"rojo=1"}"#.into(),
+            attempts: 0,
+        };
+        let mut out = outgoing("idem", "billing", &row);
+        let header = |out: &Outgoing, name: &str| {
+            out.headers
+                .iter()
+                .filter(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            header(&out, "traceparent"),
+            ["00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"]
+        );
+        let publish = TraceContext::new(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01",
+            None,
+        )
+        .expect("valid");
+        set_trace_headers(&mut out.headers, &publish);
+        assert_eq!(
+            header(&out, "traceparent"),
+            ["00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01"],
+            "one traceparent: the publish span's"
+        );
+        assert!(header(&out, "tracestate").is_empty());
+        assert_eq!(header(&out, "Idem-Sequence"), ["1"]);
     }
 }

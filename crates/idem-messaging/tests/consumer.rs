@@ -27,7 +27,8 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
 
-use common::{Db, kafka, unique};
+use common::{Db, unique};
+use idem_testkit::kafka;
 
 /// Which broker a test runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -94,6 +94,7 @@ pub mod inbox;
 mod options;
 pub mod outbox;
 mod schema;
+pub mod trace_context;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -27,6 +27,13 @@
 //! aggregates. `idem_messaging::Relay` schedules and publishes on top of
 //! these and holds no SQL.
 //!
+//! Each row also carries the W3C trace context of the transaction that
+//! wrote it (headers `traceparent` and `tracestate`, see
+//! [`trace_context`](crate::trace_context)): given with
+//! [`OutboxMessage::with_trace_context`], or, with the `otel` feature,
+//! taken from the current `tracing` span. The relay publishes it, so the
+//! consumer's handler continues the trace.
+//!
 //! ```no_run
 //! # async fn pay(pool: sqlx::PgPool) -> Result<(), idem_postgres::MessagingError> {
 //! use idem_postgres::outbox::{Outbox, OutboxMessage};
@@ -48,6 +55,7 @@ use sqlx::{Executor, PgConnection, PgPool, Postgres, Row, Transaction};
 
 use crate::MessagingError;
 use crate::inbox::check_id;
+use crate::trace_context::{TRACEPARENT, TRACESTATE, TraceContext};
 
 // The outbox table's statements, one file each under `queries/outbox/`
 // (the tables themselves are in migrations 2, 4 and 5). Every statement on
@@ -80,6 +88,7 @@ pub struct OutboxMessage {
     message_type: String,
     payload: String,
     headers: BTreeMap<String, String>,
+    trace: Option<TraceContext>,
 }
 
 /// Where an enqueued message sits.
@@ -158,12 +167,22 @@ impl OutboxMessage {
             message_type: message_type.to_owned(),
             payload,
             headers: BTreeMap::new(),
+            trace: None,
         })
     }
 
-    /// Adds a header published with the message (e.g. a trace id).
+    /// Adds a header published with the message (e.g. a tenant). The
+    /// trace context's headers (`traceparent`, `tracestate`) are refused
+    /// here: they are given, checked, with
+    /// [`with_trace_context`](Self::with_trace_context).
     pub fn with_header(mut self, name: &str, value: &str) -> Result<Self, MessagingError> {
         check_id("header name", name)?;
+        if name.eq_ignore_ascii_case(TRACEPARENT) || name.eq_ignore_ascii_case(TRACESTATE) {
+            return Err(MessagingError::invalid(
+                "header name",
+                format!("{name:?} is the trace context: give it with with_trace_context"),
+            ));
+        }
         if name
             .chars()
             .any(|c| c.is_ascii_control() || c == ':' || c == ' ')
@@ -181,6 +200,48 @@ impl OutboxMessage {
         }
         self.headers.insert(name.to_owned(), value.to_owned());
         Ok(self)
+    }
+
+    /// Records this W3C trace context with the message (headers
+    /// `traceparent` and `tracestate`), instead of the current span's:
+    /// for a context that came from elsewhere (an incoming request's
+    /// headers, a job's record). Checked strictly (see
+    /// [`TraceContext::new`]): a malformed value is refused with
+    /// [`MessagingError::InvalidMessage`] and never stored.
+    pub fn with_trace_context(
+        mut self,
+        traceparent: &str,
+        tracestate: Option<&str>,
+    ) -> Result<Self, MessagingError> {
+        self.trace = Some(TraceContext::new(traceparent, tracestate)?);
+        Ok(self)
+    }
+
+    /// The trace context given with
+    /// [`with_trace_context`](Self::with_trace_context), if any (the
+    /// current span's, used when there is none, is read at enqueue).
+    pub fn trace_context(&self) -> Option<&TraceContext> {
+        self.trace.as_ref()
+    }
+
+    /// The headers stored with the row: the message's own, and the trace
+    /// context: the explicit one, else the current span's (`otel`
+    /// feature), else none.
+    fn stored_headers(&self) -> String {
+        let trace = self.trace.clone().or_else(TraceContext::current);
+        let json = match trace {
+            None => serde_json::to_string(&self.headers),
+            Some(trace) => {
+                let mut headers = self.headers.clone();
+                headers.insert(TRACEPARENT.to_owned(), trace.traceparent().to_owned());
+                if let Some(state) = trace.tracestate() {
+                    headers.insert(TRACESTATE.to_owned(), state.to_owned());
+                }
+                serde_json::to_string(&headers)
+            }
+        };
+        // A map of strings always serialises.
+        json.unwrap_or_else(|_| "{}".to_owned())
     }
 
     /// The aggregate's type (`payment`).
@@ -232,12 +293,15 @@ pub struct OutboxRow {
 }
 
 impl Outbox {
-    /// Writes `msg` in `tx` as the next event of its aggregate.
+    /// Writes `msg` in `tx` as the next event of its aggregate, with its
+    /// trace context: the one given with
+    /// [`OutboxMessage::with_trace_context`], else (feature `otel`) the
+    /// current span's, if an OpenTelemetry layer backs it.
     pub async fn enqueue(
         tx: &mut Transaction<'_, Postgres>,
         msg: &OutboxMessage,
     ) -> Result<Enqueued, MessagingError> {
-        let headers = serde_json::to_string(&msg.headers).unwrap_or_else(|_| "{}".to_owned());
+        let headers = msg.stored_headers();
         let row = sqlx::query(ENQUEUE)
             .bind(&msg.aggregate_type)
             .bind(&msg.aggregate_id)
@@ -707,7 +771,49 @@ mod tests {
         let msg = OutboxMessage::new("payment", "pay_1", "PaymentAuthorized", "{}").expect("valid");
         assert!(msg.clone().with_header("trace-id", "abc").is_ok());
         assert!(msg.clone().with_header("bad name", "x").is_err());
-        assert!(msg.with_header("x", "line\nbreak").is_err());
+        assert!(msg.clone().with_header("x", "line\nbreak").is_err());
+        assert!(msg.clone().with_header("Traceparent", "x").is_err());
+        assert!(msg.with_header("tracestate", "x").is_err());
+    }
+
+    #[test]
+    fn the_trace_context_is_checked_and_stored_in_the_headers() {
+        const GOOD: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let msg = OutboxMessage::new("payment", "pay_1", "PaymentAuthorized", "{}")
+            .and_then(|m| m.with_header("tenant", "acme"))
+            .expect("valid");
+        assert_eq!(msg.stored_headers(), r#"{"tenant":"acme"}"#);
+        let traced = msg
+            .clone()
+            .with_trace_context(GOOD, Some("rojo=1"))
+            .expect("valid");
+        assert_eq!(
+            traced.trace_context().map(TraceContext::trace_id),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736")
+        );
+        let stored: BTreeMap<String, String> =
+            serde_json::from_str(&traced.stored_headers()).expect("JSON");
+        assert_eq!(stored.get("traceparent").map(String::as_str), Some(GOOD));
+        assert_eq!(stored.get("tracestate").map(String::as_str), Some("rojo=1"));
+        assert_eq!(stored.get("tenant").map(String::as_str), Some("acme"));
+        for (parent, state, field) in [
+            (&GOOD.to_uppercase()[..], None, "traceparent"),
+            (
+                "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                None,
+                "traceparent",
+            ),
+            (GOOD, Some("a\u{0}b"), "tracestate"),
+        ] {
+            let err = msg
+                .clone()
+                .with_trace_context(parent, state)
+                .expect_err("malformed");
+            assert!(
+                matches!(&err, MessagingError::InvalidMessage { field: f, .. } if *f == field),
+                "{parent:?}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! * [`client`]: one-call HTTP requests with the answer fully read;
 //! * [`fault`]: a TCP proxy that cuts, black-holes, resets, slows or
 //!   throttles the line to a server;
+//! * [`kafka`]: a plain Kafka client (topics, produce, read back);
 //! * [`otlp`]: an OTLP/HTTP trace receiver that keeps what it decodes;
 //! * [`servers`]: a private Redis, Redis Cluster, PostgreSQL and Kafka
 //!   (Tansu) broker a test may crash and restart;
@@ -21,6 +22,7 @@ pub mod client;
 pub mod conformance;
 pub mod fault;
 pub mod gateway;
+pub mod kafka;
 pub mod ledger;
 pub mod otlp;
 pub mod servers;

@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 
 use crate::services;
 
-/// A free loopback port (bound, then released for the server to take).
-fn free_port() -> u16 {
+/// A free loopback port (bound, then released for the server to take;
+/// another process may take it before the server binds it).
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -481,6 +482,9 @@ fn as_root() -> bool {
 pub struct PrivateKafka {
     binary: PathBuf,
     port: u16,
+    /// The address given to clients in metadata, when not its own (a
+    /// fault proxy's in front of it).
+    advertised: Option<SocketAddr>,
     child: Option<Child>,
     dir: tempfile::TempDir,
 }
@@ -497,6 +501,7 @@ impl PrivateKafka {
         let mut kafka = Self {
             binary,
             port: 0,
+            advertised: None,
             child: None,
             dir,
         };
@@ -512,6 +517,31 @@ impl PrivateKafka {
             "tansu did not start on a free port in 5 tries; its log:\n{}",
             kafka.log()
         );
+    }
+
+    /// Starts one on `port` that tells clients to reach it at `advertised`
+    /// (a [`FaultProxy`](crate::fault::FaultProxy) forwarding to `port`):
+    /// Kafka clients connect to the address in the broker's metadata, not
+    /// to the one they bootstrapped from, so a proxy in front of a broker
+    /// sees their traffic only if the broker advertises it. `None` (a loud
+    /// skip) without the `tansu` binary; panics if `port` is taken.
+    pub fn start_behind(port: u16, advertised: SocketAddr) -> Option<Self> {
+        let binary = services::tansu()?;
+        let dir = tempfile::Builder::new()
+            .prefix("idem-kafka-")
+            .tempdir()
+            .expect("temp dir");
+        let mut kafka = Self {
+            binary,
+            port,
+            advertised: Some(advertised),
+            child: None,
+            dir,
+        };
+        if let Err(err) = kafka.launch() {
+            panic!("tansu on port {port}: {err}; its log:\n{}", kafka.log());
+        }
+        Some(kafka)
     }
 
     /// Spawns the broker on `self.port` and waits until it is ready; an
@@ -531,11 +561,14 @@ impl PrivateKafka {
             .metadata()
             .map_or(0, |m| usize::try_from(m.len()).unwrap_or(usize::MAX));
         let listener = format!("tcp://127.0.0.1:{}", self.port);
+        let advertised = self
+            .advertised
+            .map_or_else(|| listener.clone(), |a| format!("tcp://{a}"));
         let mut child = Command::new(&self.binary)
             .arg("broker")
             .args(["--cluster-id", "idem-test"])
             .args(["--listener-url", &listener])
-            .args(["--advertised-listener-url", &listener])
+            .args(["--advertised-listener-url", &advertised])
             .args(["--storage-engine", "memory://tansu/"])
             // Tansu reads these from the environment: no OTLP export and no
             // schema validation because the test's environment names one.

@@ -82,20 +82,23 @@ pub async fn main() -> ExitCode {
         .clone()
         .unwrap_or_else(|| if quiet { "warn" } else { "info" }.to_owned());
     // Traces are set up with the logs, so `[telemetry]` is read first.
+    // `idem relay` exports its publish spans with the same exporter, when
+    // given `--otlp-endpoint`.
     let traces = match &cli.command {
-        Command::Serve(args) => crate::config::telemetry_settings(args.config_file()),
+        Command::Serve(args) => {
+            crate::config::telemetry_settings(args.config_file()).map_err(GatewayError::from)
+        }
+        Command::Relay(args) => args.telemetry(),
         _ => Ok(None),
     };
-    let telemetry = match traces
-        .map_err(GatewayError::from)
-        .and_then(|traces| init_logs(cli.log_format, &filter, traces.as_ref()))
-    {
-        Ok(telemetry) => telemetry,
-        Err(err) => {
-            eprintln!("idem: {}", crate::error::error_chain(&err));
-            return ExitCode::from(2);
-        }
-    };
+    let telemetry =
+        match traces.and_then(|traces| init_logs(cli.log_format, &filter, traces.as_ref())) {
+            Ok(telemetry) => telemetry,
+            Err(err) => {
+                eprintln!("idem: {}", crate::error::error_chain(&err));
+                return ExitCode::from(2);
+            }
+        };
     let result = match cli.command {
         Command::Serve(args) => serve::run(args).await,
         Command::Demo(args) => demo::run(args).await,

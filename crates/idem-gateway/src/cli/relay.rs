@@ -1,6 +1,16 @@
 //! `idem relay`: publishes the PostgreSQL outbox to a broker (NATS
 //! JetStream, RabbitMQ or Kafka), with as many relays running at once as wanted; see
 //! [`idem_messaging::relay`] for the guarantees.
+//!
+//! With `--otlp-endpoint` (or `OTEL_EXPORTER_OTLP_ENDPOINT`), the relay
+//! exports its spans over OTLP/HTTP, as `idem serve` does with
+//! `[telemetry]` (the same exporter, see [`crate::telemetry`]): one
+//! `idem.publish` span per publish of a row that carries a trace context,
+//! child of that context, whose own context the message carries on as its
+//! `traceparent`. The relay starts no trace of its own: rows without a
+//! context are published without a span, and each traced row keeps the
+//! sampling decision made where its trace began (its `traceparent`'s
+//! flag), so there is no sample ratio to set here.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,6 +91,40 @@ pub(super) struct RelayArgs {
     /// Bearer token for /readyz and /metrics (required on a non-loopback address).
     #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// Export the publish spans of traced rows over OTLP/HTTP to this
+    /// collector (`http://host:4318`; `/v1/traces` is added to a URL
+    /// without a path). Off when unset.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// The `service.name` of the exported spans.
+    #[arg(long, env = "OTEL_SERVICE_NAME", default_value = "idem-relay")]
+    pub otlp_service_name: String,
+}
+
+impl RelayArgs {
+    /// The trace export asked for (`--otlp-endpoint`), checked as
+    /// `[telemetry] otlp_endpoint` is; `None` when off.
+    pub(super) fn telemetry(
+        &self,
+    ) -> Result<Option<crate::config::TelemetrySettings>, GatewayError> {
+        let Some(endpoint) = self.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) else {
+            return Ok(None);
+        };
+        let endpoint = crate::telemetry::traces_url(endpoint)
+            .map_err(|why| GatewayError::Invalid(format!("--otlp-endpoint {endpoint}: {why}")))?;
+        if self.otlp_service_name.trim().is_empty() {
+            return Err(GatewayError::Invalid(
+                "--otlp-service-name must not be empty".to_owned(),
+            ));
+        }
+        Ok(Some(crate::config::TelemetrySettings {
+            endpoint,
+            // Unused: the relay follows each row's sampling flag.
+            sample_ratio: 1.0,
+            trace_keys: false,
+            service_name: self.otlp_service_name.clone(),
+        }))
+    }
 }
 
 /// The relay's admin routes: `/healthz`, and behind the admin rules

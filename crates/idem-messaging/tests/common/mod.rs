@@ -2,8 +2,6 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-pub mod kafka;
-
 use std::error::Error;
 
 use idem_postgres::sqlx::{self, PgPool};

@@ -1,6 +1,7 @@
 //! A plain Kafka client for the tests (librdkafka through rdkafka, not
 //! idem's adapter): creates topics, produces with acknowledgement, and
-//! reads a whole topic back.
+//! reads a whole topic back, so what idem published or parked is checked
+//! by a client other than idem's own.
 
 use std::time::Duration;
 
@@ -18,9 +19,12 @@ pub const SESSION_TIMEOUT: Duration = Duration::from_secs(6);
 /// The test producer.
 pub type Producer = FutureProducer;
 
-/// `host:port,…` of a `kafka://` URL.
+/// `host:port,…` of a `kafka://host:port[,host:port…]` URL.
 pub fn servers(url: &str) -> String {
-    idem_messaging::kafka::bootstrap_servers(url).expect("a kafka:// URL")
+    url.strip_prefix("kafka://")
+        .unwrap_or_else(|| panic!("{url}: not a kafka:// URL"))
+        .trim_end_matches('/')
+        .to_owned()
 }
 
 /// Creates `topics` with `partitions` each (one replica).
@@ -90,10 +94,15 @@ pub async fn send(
 /// One record read back.
 #[derive(Debug, Clone)]
 pub struct Record {
+    /// Its partition.
     pub partition: i32,
+    /// Its offset there.
     pub offset: i64,
+    /// Its key (empty when it had none).
     pub key: String,
+    /// Its headers, in order.
     pub headers: Vec<(String, String)>,
+    /// Its value, as text.
     pub payload: String,
 }
 
@@ -114,7 +123,7 @@ pub async fn read_all(url: &str, topic: &str) -> Vec<Record> {
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", servers(&url))
-            .set("group.id", format!("reader-{}", idem::OwnerToken::random()))
+            .set("group.id", format!("reader-{}", std::process::id()))
             .set("enable.auto.commit", "false")
             .set("enable.partition.eof", "false")
             .create()
