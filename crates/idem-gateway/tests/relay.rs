@@ -687,20 +687,17 @@ fn an_unknown_broker_scheme_is_refused() {
         return;
     };
     let out = std::process::Command::new(IDEM)
-        .args([
-            "relay",
-            "--store",
-            &pg,
-            "--broker",
-            "kafka://127.0.0.1:9092",
-        ])
+        .args(["relay", "--store", &pg, "--broker", "mqtt://127.0.0.1:1883"])
         .args(["--admin-listen", "127.0.0.1:0"])
         .output()
         .expect("run idem relay");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("kafka://") && err.contains("nats://") && err.contains("amqp://"),
+        err.contains("mqtt://")
+            && err.contains("kafka://")
+            && err.contains("nats://")
+            && err.contains("amqp://"),
         "{err}"
     );
 }
