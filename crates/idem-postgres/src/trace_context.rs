@@ -187,14 +187,34 @@ impl TraceContext {
     /// context was given explicitly. Always `None` without the `otel`
     /// feature.
     pub fn current() -> Option<Self> {
-        otel::current()
+        #[cfg(feature = "otel")]
+        {
+            Self::of_span(&tracing::Span::current())
+                .or_else(|| Self::from_otel(&opentelemetry::Context::current()))
+        }
+        #[cfg(not(feature = "otel"))]
+        {
+            None
+        }
     }
 
     /// The context of `span` (its own span id), if an OpenTelemetry layer
     /// backs it; `None` for a disabled span, and always without the `otel`
     /// feature.
     pub fn of_span(span: &tracing::Span) -> Option<Self> {
-        otel::of_span(span)
+        #[cfg(feature = "otel")]
+        {
+            use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+            if span.is_disabled() {
+                return None;
+            }
+            Self::from_otel(&span.context())
+        }
+        #[cfg(not(feature = "otel"))]
+        {
+            let _ = span;
+            None
+        }
     }
 
     /// Makes `span` a child of this context (a span from another process,
@@ -202,103 +222,63 @@ impl TraceContext {
     /// happens without the `otel` feature, or when no OpenTelemetry layer
     /// backs `span`.
     pub fn set_as_parent_of(&self, span: &tracing::Span) {
-        otel::set_parent(span, self);
-    }
-
-    /// This context as OpenTelemetry's: a remote parent span context (a
-    /// `tracestate` OpenTelemetry does not accept is left out of it).
-    #[cfg(feature = "otel")]
-    pub fn to_otel_context(&self) -> opentelemetry::Context {
-        otel::to_context(self)
-    }
-}
-
-/// Without the `otel` feature: no span has an OpenTelemetry context.
-#[cfg(not(feature = "otel"))]
-mod otel {
-    use super::TraceContext;
-
-    pub(super) fn current() -> Option<TraceContext> {
-        None
-    }
-
-    pub(super) fn of_span(_: &tracing::Span) -> Option<TraceContext> {
-        None
-    }
-
-    pub(super) fn set_parent(_: &tracing::Span, _: &TraceContext) {}
-}
-
-#[cfg(feature = "otel")]
-mod otel {
-    use std::str::FromStr as _;
-
-    use opentelemetry::Context;
-    use opentelemetry::trace::{
-        SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState,
-    };
-    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-
-    use super::TraceContext;
-
-    /// The current span's context, else OpenTelemetry's current one.
-    pub(super) fn current() -> Option<TraceContext> {
-        of_span(&tracing::Span::current()).or_else(|| from_context(&Context::current()))
-    }
-
-    /// `span`'s context, if an OpenTelemetry layer backs it.
-    pub(super) fn of_span(span: &tracing::Span) -> Option<TraceContext> {
-        if span.is_disabled() {
-            return None;
+        #[cfg(feature = "otel")]
+        {
+            use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+            if !span.is_disabled() {
+                // Refused only once the span has started: the caller's
+                // contract is to call before.
+                let _ = span.set_parent(self.to_otel_context());
+            }
         }
-        from_context(&span.context())
-    }
-
-    /// Makes `span` a child of `cx`.
-    pub(super) fn set_parent(span: &tracing::Span, cx: &TraceContext) {
-        if !span.is_disabled() {
-            // Refused only once the span has started: the caller's
-            // contract is to call before.
-            let _ = span.set_parent(to_context(cx));
-        }
+        #[cfg(not(feature = "otel"))]
+        let _ = span;
     }
 
     /// The context of `cx`'s span, if it has a valid one.
-    pub(super) fn from_context(cx: &Context) -> Option<TraceContext> {
+    #[cfg(feature = "otel")]
+    fn from_otel(cx: &opentelemetry::Context) -> Option<Self> {
+        use opentelemetry::trace::TraceContextExt as _;
         let span = cx.span();
         let sc = span.span_context();
         if !sc.is_valid() {
             return None;
         }
         let state = sc.trace_state().header();
-        Some(TraceContext {
+        Some(Self {
             traceparent: format!(
                 "00-{}-{}-{:02x}",
                 sc.trace_id(),
                 sc.span_id(),
                 sc.trace_flags().to_u8()
             ),
-            tracestate: (!state.is_empty() && super::check_tracestate(&state).is_ok())
-                .then_some(state),
+            tracestate: (!state.is_empty() && check_tracestate(&state).is_ok()).then_some(state),
         })
     }
 
-    /// `cx` as a remote parent.
-    pub(super) fn to_context(cx: &TraceContext) -> Context {
-        let flags = u8::from_str_radix(&cx.traceparent[53..55], 16).unwrap_or(0);
-        let state = cx
+    /// This context as OpenTelemetry's: a remote parent span context (a
+    /// `tracestate` OpenTelemetry does not accept is left out of it).
+    #[cfg(feature = "otel")]
+    pub fn to_otel_context(&self) -> opentelemetry::Context {
+        use std::str::FromStr as _;
+
+        use opentelemetry::trace::{
+            SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState,
+        };
+        let flags = u8::from_str_radix(&self.traceparent[53..55], 16).unwrap_or(0);
+        let state = self
             .tracestate
             .as_deref()
             .and_then(|s| TraceState::from_str(s).ok())
             .unwrap_or_default();
         let parent = SpanContext::new(
-            TraceId::from_hex(cx.trace_id()).unwrap_or(TraceId::INVALID),
-            SpanId::from_hex(cx.span_id()).unwrap_or(SpanId::INVALID),
+            TraceId::from_hex(self.trace_id()).unwrap_or(TraceId::INVALID),
+            SpanId::from_hex(self.span_id()).unwrap_or(SpanId::INVALID),
             TraceFlags::new(flags),
             true,
             state,
         );
-        Context::new().with_remote_span_context(parent)
+        opentelemetry::Context::new().with_remote_span_context(parent)
     }
 }
 
@@ -411,7 +391,7 @@ mod tests {
     #[test]
     fn contexts_go_through_opentelemetry_unchanged() {
         let cx = TraceContext::new(GOOD, Some("rojo=00f067aa0ba902b7")).expect("valid");
-        let back = otel::from_context(&cx.to_otel_context()).expect("valid span context");
+        let back = TraceContext::from_otel(&cx.to_otel_context()).expect("valid span context");
         assert_eq!(back, cx);
         assert_eq!(TraceContext::of_span(&tracing::Span::none()), None);
     }
