@@ -49,25 +49,6 @@ pub fn install(
     ))
 }
 
-/// The OTLP/HTTP traces URL for `endpoint`: an `http(s)://` URL, with
-/// `/v1/traces` added when it has no path. The error says what is wrong
-/// (`idem relay --otlp-endpoint`; `[telemetry] otlp_endpoint` is checked by
-/// the same rule in `config`).
-pub fn traces_url(endpoint: &str) -> Result<String, String> {
-    let uri: http::Uri = endpoint.parse().map_err(|e| format!("not a URL ({e})"))?;
-    let (Some(scheme @ ("http" | "https")), Some(authority)) = (uri.scheme_str(), uri.authority())
-    else {
-        return Err(
-            "must be an OTLP/HTTP URL such as http://127.0.0.1:4318 (gRPC endpoints are not supported)"
-                .to_owned(),
-        );
-    };
-    Ok(match uri.path() {
-        "" | "/" => format!("{scheme}://{authority}/v1/traces"),
-        _ => endpoint.to_owned(),
-    })
-}
-
 /// What each request's span needs from `[telemetry]`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RequestTracing {
@@ -351,29 +332,5 @@ mod tests {
         // One exporter filter (on `TARGET`) takes the relay's and the
         // consumer runner's spans too.
         assert_eq!(idem_messaging::trace::TARGET, TARGET);
-    }
-
-    #[test]
-    fn otlp_endpoints_become_traces_urls() {
-        assert_eq!(
-            traces_url("http://127.0.0.1:4318").as_deref(),
-            Ok("http://127.0.0.1:4318/v1/traces")
-        );
-        assert_eq!(
-            traces_url("https://collector:4318/").as_deref(),
-            Ok("https://collector:4318/v1/traces")
-        );
-        assert_eq!(
-            traces_url("http://collector:4318/otlp/v1/traces").as_deref(),
-            Ok("http://collector:4318/otlp/v1/traces")
-        );
-        for bad in [
-            "collector:4318",
-            "grpc://collector:4317",
-            "http://",
-            "not a url",
-        ] {
-            assert!(traces_url(bad).is_err(), "{bad}");
-        }
     }
 }

@@ -110,7 +110,7 @@ impl RelayArgs {
         let Some(endpoint) = self.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) else {
             return Ok(None);
         };
-        let endpoint = crate::telemetry::traces_url(endpoint)
+        let endpoint = crate::config::traces_url(endpoint)
             .map_err(|why| GatewayError::Invalid(format!("--otlp-endpoint {endpoint}: {why}")))?;
         if self.otlp_service_name.trim().is_empty() {
             return Err(GatewayError::Invalid(

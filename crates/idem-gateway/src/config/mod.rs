@@ -316,6 +316,25 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
     })
 }
 
+/// The OTLP/HTTP traces URL for `endpoint`: an `http(s)://` URL, with
+/// `/v1/traces` added when it has no path. The error says what is wrong
+/// (the one rule for `[telemetry] otlp_endpoint` and `idem relay
+/// --otlp-endpoint`).
+pub fn traces_url(endpoint: &str) -> Result<String, String> {
+    let uri: http::Uri = endpoint.parse().map_err(|e| format!("not a URL ({e})"))?;
+    let (Some(scheme @ ("http" | "https")), Some(authority)) = (uri.scheme_str(), uri.authority())
+    else {
+        return Err(
+            "must be an OTLP/HTTP URL such as http://127.0.0.1:4318 (gRPC endpoints are not supported)"
+                .to_owned(),
+        );
+    };
+    Ok(match uri.path() {
+        "" | "/" => format!("{scheme}://{authority}/v1/traces"),
+        _ => endpoint.to_owned(),
+    })
+}
+
 /// `[telemetry]`: off without `otlp_endpoint`; the endpoint an
 /// `http(s)://` URL (`/v1/traces` added when it has no path), the ratio
 /// from 0 to 1.
@@ -348,28 +367,8 @@ fn telemetry(
             "this idem was built without its `otel` feature",
         ));
     }
-    let uri: http::Uri = endpoint.get_ref().parse().map_err(|e| {
-        src.error(
-            "telemetry.otlp_endpoint",
-            endpoint,
-            format!("not a URL ({e})"),
-        )
-    })?;
-    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
-        return Err(src.error(
-            "telemetry.otlp_endpoint",
-            endpoint,
-            "must be an OTLP/HTTP URL such as http://127.0.0.1:4318 (gRPC endpoints are not supported)",
-        ));
-    }
-    let endpoint_url = match uri.path() {
-        "" | "/" => format!(
-            "{}://{}/v1/traces",
-            uri.scheme_str().unwrap_or("http"),
-            uri.authority().map_or("", |a| a.as_str())
-        ),
-        _ => endpoint.get_ref().clone(),
-    };
+    let endpoint_url = traces_url(endpoint.get_ref())
+        .map_err(|why| src.error("telemetry.otlp_endpoint", endpoint, why))?;
     let sample_ratio = match &cfg.sample_ratio {
         None => 1.0,
         Some(v) if (0.0..=1.0).contains(v.get_ref()) => *v.get_ref(),
@@ -538,6 +537,30 @@ mod tests {
     use idem_http::MissingTenant;
 
     use super::*;
+
+    #[test]
+    fn otlp_endpoints_become_traces_urls() {
+        assert_eq!(
+            traces_url("http://127.0.0.1:4318").as_deref(),
+            Ok("http://127.0.0.1:4318/v1/traces")
+        );
+        assert_eq!(
+            traces_url("https://collector:4318/").as_deref(),
+            Ok("https://collector:4318/v1/traces")
+        );
+        assert_eq!(
+            traces_url("http://collector:4318/otlp/v1/traces").as_deref(),
+            Ok("http://collector:4318/otlp/v1/traces")
+        );
+        for bad in [
+            "collector:4318",
+            "grpc://collector:4317",
+            "http://",
+            "not a url",
+        ] {
+            assert!(traces_url(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn tenant_sources_and_hash_settings() {
