@@ -110,6 +110,38 @@ async fn published(store: &PgStore) -> i64 {
         .expect("count")
 }
 
+/// Starts three relays with `start`, SIGKILLs one once about a third of
+/// `total` rows is published and starts it again, and waits until every
+/// row is marked published; returns the three running relays.
+async fn three_relays_one_killed<F, Fut>(store: &PgStore, total: i64, start: F) -> Vec<RelayProcess>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = RelayProcess>,
+{
+    let mut relays = Vec::new();
+    for _ in 0..3 {
+        relays.push(start().await);
+    }
+    for _ in 0..600 {
+        if published(store).await >= total / 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let victim = relays.remove(0);
+    kill(&victim, "-KILL");
+    drop(victim);
+    relays.push(start().await);
+    for _ in 0..1200 {
+        if published(store).await == total {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(published(store).await, total, "every row marked published");
+    relays
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_relays_one_killed_every_row_once_in_order() {
     let Some(pg) = services::postgres() else {
@@ -155,28 +187,10 @@ async fn three_relays_one_killed_every_row_once_in_order() {
     }
     let total = (AGGREGATES * PER_AGGREGATE) as i64;
 
-    let mut relays = Vec::new();
-    for _ in 0..3 {
-        relays.push(start_relay(&store_url, &nats, &stream, &prefix).await);
-    }
-    // Kill one relay once about a third is out, then start it again.
-    for _ in 0..600 {
-        if published(&store).await >= total / 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let victim = relays.remove(0);
-    kill(&victim, "-KILL");
-    drop(victim);
-    relays.push(start_relay(&store_url, &nats, &stream, &prefix).await);
-    for _ in 0..1200 {
-        if published(&store).await == total {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(published(&store).await, total, "every row marked published");
+    let relays = three_relays_one_killed(&store, total, || {
+        start_relay(&store_url, &nats, &stream, &prefix)
+    })
+    .await;
     for r in &relays {
         kill(r, "-TERM");
     }
@@ -941,21 +955,10 @@ mod kafka {
         let (aggregates, per_aggregate) = (50, 40);
         enqueue(&store, aggregates, per_aggregate).await;
         let total = (aggregates * per_aggregate) as i64;
-        let mut relays = Vec::new();
-        for _ in 0..3 {
-            relays.push(start(&store_url, &broker, &prefix, Stdio::inherit()).await);
-        }
-        for _ in 0..600 {
-            if published(&store).await >= total / 3 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let victim = relays.remove(0);
-        kill(&victim, "-KILL");
-        drop(victim);
-        relays.push(start(&store_url, &broker, &prefix, Stdio::inherit()).await);
-        until_published(&store, total).await;
+        let relays = three_relays_one_killed(&store, total, || {
+            start(&store_url, &broker, &prefix, Stdio::inherit())
+        })
+        .await;
         for relay in relays {
             stop(relay).await;
         }
