@@ -26,6 +26,14 @@ pub fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
+/// SIGKILLs `child`, if any, and reaps it.
+fn sigkill(child: Option<Child>) {
+    if let Some(mut child) = child {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
 /// Waits until something accepts connections on `port`.
 fn wait_for_port(port: u16, within: Duration, what: &str) {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
@@ -81,10 +89,7 @@ impl PrivateRedis {
 
     /// SIGKILL: every key is gone.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        sigkill(self.child.take());
     }
 
     /// Starts it again on the same port, empty.
@@ -647,10 +652,7 @@ impl PrivateKafka {
 
     /// SIGKILL: every topic, message and offset is gone.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        sigkill(self.child.take());
     }
 
     /// Starts it again on the same port (killing it first if it runs),
