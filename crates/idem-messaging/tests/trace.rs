@@ -296,15 +296,7 @@ async fn a_trace_goes_from_a_row_through_the_broker_to_the_handler_rows() {
     let pool = db.pool();
     wait_for("both rows published", || {
         let pool = pool.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM idem_outbox WHERE aggregate_type = 'payment' AND state = 'published'",
-            )
-            .fetch_one(&pool)
-            .await
-            .expect("count")
-                == 2
-        }
+        async move { count(&pool, "SELECT count(*) FROM idem_outbox WHERE aggregate_type = 'payment' AND state = 'published'").await == 2 }
     })
     .await;
     stop.notify_one();
@@ -333,12 +325,11 @@ async fn a_trace_goes_from_a_row_through_the_broker_to_the_handler_rows() {
     wait_for("both messages handled", || {
         let pool = pool.clone();
         async move {
-            sqlx::query_scalar::<_, i64>(
+            count(
+                &pool,
                 "SELECT count(*) FROM idem_outbox WHERE aggregate_type = 'order'",
             )
-            .fetch_one(&pool)
             .await
-            .expect("count")
                 == 4
         }
     })
@@ -507,4 +498,12 @@ async fn enqueue_takes_the_current_span_unless_given_a_context() {
     #[cfg(not(feature = "otel"))]
     assert_eq!(row("PaymentAuthorized"), None);
     db.drop().await;
+}
+
+/// The single number `sql` selects.
+async fn count(pool: &sqlx::PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(pool)
+        .await
+        .expect("count")
 }
