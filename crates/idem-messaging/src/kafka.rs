@@ -689,13 +689,16 @@ impl ConsumerContext for GroupContext {
                     .remove(&(tp.topic().to_owned(), tp.partition()));
             }
             // Retries of partitions no longer ours are the new owner's.
-            let partitions = std::mem::take(&mut ledger.partitions);
-            ledger.retries.retain(|due| {
+            let Ledger {
+                partitions,
+                retries,
+                ..
+            } = &mut *ledger;
+            retries.retain(|due| {
                 partitions
                     .get(&due.delivery.partition_key())
                     .is_some_and(|p| p.generation == due.delivery.generation)
             });
-            ledger.partitions = partitions;
             tracing::info!(
                 reason = "kafka_partitions_revoked",
                 partitions = list.count()
