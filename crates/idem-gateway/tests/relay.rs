@@ -903,6 +903,17 @@ mod kafka {
     /// aggregate in one partition and keyed by its id. Returns how many
     /// copies the de-duplication dropped.
     fn once_in_order(records: &[Record], aggregates: usize, per_aggregate: usize) -> usize {
+        once_in_order_from(records, aggregates, 1, per_aggregate)
+    }
+
+    /// [`once_in_order`] for a topic whose aggregates start at `first`
+    /// (a broker that lost the earlier records) and hold `count` rows each.
+    fn once_in_order_from(
+        records: &[Record],
+        aggregates: usize,
+        first: i64,
+        count: usize,
+    ) -> usize {
         let mut seen = std::collections::HashSet::new();
         let mut next: HashMap<String, (i32, i64)> = HashMap::new();
         let mut copies = 0;
@@ -919,7 +930,9 @@ mod kafka {
             assert_eq!(r.key, aggregate, "keyed by the aggregate id");
             assert_eq!(header("Idem-Message-Type"), "OrderNoted");
             let sequence: i64 = header("Idem-Sequence").parse().expect("number");
-            let (partition, expected) = next.entry(aggregate.clone()).or_insert((r.partition, 1));
+            let (partition, expected) = next
+                .entry(aggregate.clone())
+                .or_insert((r.partition, first));
             assert_eq!(*partition, r.partition, "{aggregate} in one partition");
             assert_eq!(
                 sequence, *expected,
@@ -930,7 +943,7 @@ mod kafka {
         }
         assert_eq!(next.len(), aggregates, "every aggregate arrived");
         assert!(
-            next.values().all(|(_, n)| *n == per_aggregate as i64 + 1),
+            next.values().all(|(_, n)| *n == first + count as i64),
             "every row of every aggregate arrived"
         );
         copies
@@ -966,6 +979,143 @@ mod kafka {
         let copies = once_in_order(&records, aggregates, per_aggregate);
         eprintln!(
             "kafka relay kill: {} records, {copies} re-published copies dropped by id",
+            records.len()
+        );
+        drop_schema(&store, &schema).await;
+    }
+
+    /// Attempts spent on rows still pending: the relay counts an attempt
+    /// when a row is published too, so only the pending ones tell whether
+    /// an outage was charged to the rows.
+    async fn attempts_on_pending(store: &PgStore) -> i64 {
+        sqlx::query_scalar(
+            "SELECT COALESCE(sum(attempts) FILTER (WHERE state = 'pending'), 0) FROM idem_outbox",
+        )
+        .fetch_one(store.pool())
+        .await
+        .expect("attempts")
+    }
+
+    /// The broker link turns slow (latency with jitter), then silent for
+    /// longer than the producer's delivery time-out (a black hole: the
+    /// connection stays open and nothing comes back), then returns.
+    /// Nothing is marked published through the hole, no attempt is spent
+    /// on it, and afterwards every row reaches the topic once (after
+    /// de-duplication), in order per aggregate: the producer that timed
+    /// out is not left stuck.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_slow_then_silent_kafka_link_delivers_every_row_once_in_order() {
+        let Some(pg) = services::postgres() else {
+            return;
+        };
+        // The broker must advertise the proxy: Kafka clients connect where
+        // the metadata says, not where they bootstrapped.
+        let port = idem_testkit::servers::free_port();
+        let proxy = idem_testkit::fault::FaultProxy::start(std::net::SocketAddr::from((
+            [127, 0, 0, 1],
+            port,
+        )))
+        .await;
+        let Some(broker) = idem_testkit::servers::PrivateKafka::start_behind(port, proxy.addr())
+        else {
+            return;
+        };
+        let url = format!("kafka://{}", proxy.addr());
+        let (store, store_url, schema, _, prefix) = isolated(&pg, "khole").await;
+        let relay = start(&store_url, &url, &prefix, Stdio::inherit()).await;
+
+        enqueue(&store, 5, 4).await;
+        until_published(&store, 20).await;
+
+        proxy.set_latency(Duration::from_millis(100), Duration::from_millis(100));
+        enqueue(&store, 5, 4).await;
+        until_published(&store, 40).await;
+
+        proxy.restore();
+        proxy.blackhole();
+        enqueue(&store, 5, 4).await;
+        // Past the 10 s delivery time-out: the sends in the hole fail.
+        tokio::time::sleep(Duration::from_secs(14)).await;
+        assert_eq!(
+            published(&store).await,
+            40,
+            "nothing confirmed through the hole"
+        );
+        assert_eq!(attempts_on_pending(&store).await, 0, "no attempt spent");
+
+        proxy.restore();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+        while published(&store).await < 60 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the relay did not recover from the hole; the broker's log:\n{}",
+                broker.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        stop(relay).await;
+        let records = kafka::read_all(&url, &format!("{prefix}.order")).await;
+        let copies = once_in_order(&records, 5, 12);
+        eprintln!(
+            "kafka link hole: {} records, {copies} copies dropped by id",
+            records.len()
+        );
+        drop_schema(&store, &schema).await;
+    }
+
+    /// The broker is SIGKILLed with rows pending and started again empty
+    /// (as a broker whose disk was lost): the rows stay pending with no
+    /// attempt spent and `/readyz` says not ready while it is away; once
+    /// it is back, the relay re-creates the topic and every later row
+    /// reaches it once, in order per aggregate. The relay warned at start
+    /// that one replica cannot keep an acknowledged event.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_restarted_kafka_broker_gets_every_pending_row_in_order() {
+        let Some(pg) = services::postgres() else {
+            return;
+        };
+        let Some(mut broker) = idem_testkit::servers::PrivateKafka::start() else {
+            return;
+        };
+        let url = broker.url();
+        let (store, store_url, schema, _, prefix) = isolated(&pg, "krestart").await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = dir.path().join("relay.err");
+        let stderr = Stdio::from(std::fs::File::create(&log).expect("log file"));
+        let relay = start(&store_url, &url, &prefix, stderr).await;
+
+        enqueue(&store, 5, 4).await;
+        until_published(&store, 20).await;
+
+        broker.kill();
+        enqueue(&store, 5, 4).await;
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        let ready =
+            idem_testkit::client::send(relay.admin, http::Method::GET, "/readyz", &[], "").await;
+        assert_eq!(ready.status, http::StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(published(&store).await, 20, "nothing published while away");
+        assert_eq!(attempts_on_pending(&store).await, 0, "no attempt spent");
+
+        broker.restart();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+        while published(&store).await < 40 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the relay did not come back; its log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let ready =
+            idem_testkit::client::send(relay.admin, http::Method::GET, "/readyz", &[], "").await;
+        assert_eq!(ready.status, http::StatusCode::OK);
+        stop(relay).await;
+        let err = std::fs::read_to_string(&log).expect("stderr");
+        assert!(err.contains("1 replica(s)"), "{err}");
+        let records = kafka::read_all(&url, &format!("{prefix}.order")).await;
+        let copies = once_in_order_from(&records, 5, 5, 4);
+        eprintln!(
+            "kafka restart: {} records, {copies} copies dropped by id",
             records.len()
         );
         drop_schema(&store, &schema).await;

@@ -67,6 +67,10 @@ pub const SCHEME: &str = "kafka://";
 /// `message.timeout.ms`) before the publish fails as broker-down.
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// What fewer than 3 replicas risk, in the durability warnings.
+const ONE_BROKER_LOST: &str =
+    "one broker lost can lose acknowledged events (3 with min.insync.replicas=2 survive one)";
+
 /// How long an admin request (topic creation, configuration) may take.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -132,6 +136,41 @@ fn unreachable(code: RDKafkaErrorCode) -> bool {
             | C::NetworkException
             | C::Resolve
     )
+}
+
+/// Why a producer is replaced by a new one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Renewal {
+    /// librdkafka declared it unusable.
+    Fatal,
+    /// A send timed out, or the broker no longer knows its producer id or
+    /// sequence: the idempotent producer then drains and asks the broker
+    /// for a new epoch, and a broker that restarted empty or lacks
+    /// KIP-360 can leave it waiting for good, every later send timing out.
+    Stalled,
+}
+
+/// Whether a send that failed with `code` (the producer in a fatal state
+/// or not) calls for a new producer. Replacing one costs a connection and
+/// at worst a second copy of the rows that timed out, which the relay
+/// re-publishes anyway and consumers drop by id; an aggregate's next row
+/// is sent only after the previous one's acknowledgement, so the order
+/// holds across the change.
+fn renew_after(code: Option<RDKafkaErrorCode>, fatal: bool) -> Option<Renewal> {
+    use RDKafkaErrorCode as C;
+    if fatal || code == Some(C::Fatal) {
+        return Some(Renewal::Fatal);
+    }
+    matches!(
+        code?,
+        C::MessageTimedOut
+            | C::UnknownProducerId
+            | C::OutOfOrderSequenceNumber
+            | C::InvalidProducerEpoch
+            | C::InvalidProducerIdMapping
+            | C::Inconsistent
+    )
+    .then_some(Renewal::Stalled)
 }
 
 /// The client's events as tracing events, and the link's state: whether
@@ -242,6 +281,95 @@ fn producer_config(servers: &str, client_id: &str, linger: Duration) -> ClientCo
     config
 }
 
+/// An idempotent producer ([`producer_config`]) that replaces itself with
+/// a new one when a send shows it stuck or broken ([`renew_after`]): the
+/// relay's and the parking producer.
+struct RenewingProducer {
+    config: ClientConfig,
+    /// The link's state, shared by every producer it makes.
+    link: LinkContext,
+    /// The producer in use and how many came before it.
+    slot: RwLock<(u64, FutureProducer<LinkContext>)>,
+}
+
+/// A send that failed, and whether the producer was replaced after it.
+struct SendFailure {
+    err: KafkaError,
+    renewed: bool,
+}
+
+impl RenewingProducer {
+    fn new(config: ClientConfig, link: LinkContext) -> Result<Self, String> {
+        let producer = client(&config, link.clone(), "producer")?;
+        Ok(Self {
+            config,
+            link,
+            slot: RwLock::new((0, producer)),
+        })
+    }
+
+    /// The producer in use (for metadata requests).
+    fn current(&self) -> (u64, FutureProducer<LinkContext>) {
+        self.slot.read().expect("producer lock").clone()
+    }
+
+    /// Sends `record` and waits for its acknowledgement (at most the
+    /// delivery time-out, queueing included: a full local queue is the
+    /// broker not keeping up).
+    async fn send<K, P>(&self, record: FutureRecord<'_, K, P>) -> Result<(), SendFailure>
+    where
+        K: rdkafka::message::ToBytes + ?Sized,
+        P: rdkafka::message::ToBytes + ?Sized,
+    {
+        let (number, producer) = self.current();
+        match producer.send(record, DELIVERY_TIMEOUT).await {
+            Ok(_) => Ok(()),
+            Err((err, _)) => {
+                let why = renew_after(
+                    err.rdkafka_error_code(),
+                    producer.client().fatal_error().is_some(),
+                );
+                if let Some(why) = why {
+                    self.replace(number, why);
+                }
+                Err(SendFailure {
+                    err,
+                    renewed: why.is_some(),
+                })
+            }
+        }
+    }
+
+    /// A new producer in place of producer number `broken` (a new one
+    /// starts with a new producer id, so no idempotence state of the old
+    /// one is carried over).
+    fn replace(&self, broken: u64, why: Renewal) {
+        let mut slot = self.slot.write().expect("producer lock");
+        if slot.0 != broken {
+            return; // replaced already, after another send's failure
+        }
+        let role = self.link.role;
+        match client(&self.config, self.link.clone(), "producer") {
+            Ok(fresh) => {
+                match why {
+                    Renewal::Fatal => tracing::warn!(
+                        reason = "kafka_producer_replaced",
+                        role,
+                        "the Kafka producer hit a fatal error; sending goes on with a new one"
+                    ),
+                    Renewal::Stalled => tracing::info!(
+                        reason = "kafka_producer_replaced",
+                        role,
+                        "a Kafka send timed out or the broker forgot the producer; sending goes on with a new producer"
+                    ),
+                }
+                *slot = (broken + 1, fresh);
+            }
+            Err(err) => tracing::error!(reason = "kafka_producer_replaced", role, %err),
+        }
+    }
+}
+
 /// Where the relay's events go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KafkaTopics {
@@ -299,12 +427,7 @@ impl Default for KafkaPublisherOptions {
 pub struct KafkaPublisher {
     servers: String,
     options: KafkaPublisherOptions,
-    /// The link's state (shared with every producer's context).
-    link: LinkContext,
-    /// Replaced when the producer hits a fatal error (an idempotence
-    /// violation leaves a librdkafka producer unusable); the number counts
-    /// the replacements.
-    producer: RwLock<(u64, FutureProducer<LinkContext>)>,
+    producer: RenewingProducer,
     admin: AdminClient<DefaultClientContext>,
     /// Topics known to exist (created or seen).
     known: Mutex<std::collections::HashSet<String>>,
@@ -335,11 +458,9 @@ impl KafkaPublisher {
     /// Nothing is sent yet: the client connects in the background.
     pub fn connect(url: &str, options: KafkaPublisherOptions) -> Result<Self, PublishError> {
         let servers = bootstrap_servers(url).map_err(PublishError::refused)?;
-        let link = LinkContext::new("relay", &servers, Arc::new(AtomicBool::new(false)));
-        let producer = client(
-            &producer_config(&servers, "idem-relay", options.linger),
-            link.clone(),
-            "producer",
+        let producer = RenewingProducer::new(
+            producer_config(&servers, "idem-relay", options.linger),
+            LinkContext::new("relay", &servers, Arc::new(AtomicBool::new(false))),
         )
         .map_err(PublishError::refused)?;
         let admin = client(
@@ -351,8 +472,7 @@ impl KafkaPublisher {
         Ok(Self {
             servers,
             options,
-            link,
-            producer: RwLock::new((0, producer)),
+            producer,
             admin,
             known: Mutex::new(std::collections::HashSet::new()),
         })
@@ -395,7 +515,7 @@ impl KafkaPublisher {
     /// settings the broker did not say. Empty when nothing is amiss.
     pub async fn durability_warnings(&self) -> Result<Vec<String>, PublishError> {
         let metadata = {
-            let (_, producer) = self.current();
+            let (_, producer) = self.producer.current();
             tokio::task::spawn_blocking(move || {
                 producer.client().fetch_metadata(None, ADMIN_TIMEOUT)
             })
@@ -408,6 +528,12 @@ impl KafkaPublisher {
             KafkaTopics::PerAggregateType => !name.starts_with("__"),
         };
         let mut warnings = Vec::new();
+        if let Some(spec) = self.options.create.filter(|s| s.replication < 3) {
+            warnings.push(format!(
+                "topics this relay creates get {} replica(s): {ONE_BROKER_LOST}",
+                spec.replication
+            ));
+        }
         let mut topics = Vec::new();
         for topic in metadata.topics().iter().filter(|t| ours(t.name())) {
             let replicas = topic
@@ -418,7 +544,7 @@ impl KafkaPublisher {
                 .unwrap_or(0);
             if replicas < 3 {
                 warnings.push(format!(
-                    "topic {} has {replicas} replica(s): one broker lost can lose acknowledged events (3 with min.insync.replicas=2 survive one)",
+                    "topic {} has {replicas} replica(s): {ONE_BROKER_LOST}",
                     topic.name()
                 ));
             }
@@ -450,31 +576,6 @@ impl KafkaPublisher {
             }
         }
         Ok(warnings)
-    }
-
-    fn current(&self) -> (u64, FutureProducer<LinkContext>) {
-        self.producer.read().expect("producer lock").clone()
-    }
-
-    /// A new producer after a fatal error of producer number `broken` (its
-    /// idempotence state cannot be recovered; a new one starts a new
-    /// producer id).
-    fn replace_producer(&self, broken: u64) {
-        let mut slot = self.producer.write().expect("producer lock");
-        if slot.0 != broken {
-            return; // someone replaced it already
-        }
-        let config = producer_config(&self.servers, "idem-relay", self.options.linger);
-        match client(&config, self.link.clone(), "producer") {
-            Ok(fresh) => {
-                tracing::warn!(
-                    reason = "kafka_producer_replaced",
-                    "the Kafka producer hit a fatal error; publishing goes on with a new one"
-                );
-                *slot = (broken + 1, fresh);
-            }
-            Err(err) => tracing::error!(reason = "kafka_producer_replaced", %err),
-        }
     }
 
     async fn ensure_topic(&self, topic: &str) -> Result<(), PublishError> {
@@ -524,16 +625,12 @@ impl Publisher for KafkaPublisher {
             .key(key)
             .payload(&msg.payload[..])
             .headers(list);
-        let (number, producer) = self.current();
-        // The queue timeout is the whole delivery timeout: a full local
-        // queue is the broker not keeping up.
-        let sent = producer.send(record, DELIVERY_TIMEOUT).await;
-        match sent {
-            Ok(_) => {
-                self.link.set_down(false);
+        match self.producer.send(record).await {
+            Ok(()) => {
+                self.producer.link.set_down(false);
                 Ok(Published { duplicate: false })
             }
-            Err((err, _)) => {
+            Err(SendFailure { err, renewed }) => {
                 let code = err.rdkafka_error_code();
                 let message = format!("publish to {topic}");
                 if matches!(
@@ -546,22 +643,18 @@ impl Publisher for KafkaPublisher {
                     // again before the next attempt.
                     self.known.lock().expect("topics").remove(topic);
                 }
-                if code == Some(RDKafkaErrorCode::Fatal)
-                    || producer.client().fatal_error().is_some()
-                {
-                    self.replace_producer(number);
-                    return Err(PublishError::broker_down_with(message, err));
-                }
                 match code {
                     Some(code) if unreachable(code) => {
                         if matches!(
                             code,
                             RDKafkaErrorCode::AllBrokersDown | RDKafkaErrorCode::MessageTimedOut
                         ) {
-                            self.link.set_down(true);
+                            self.producer.link.set_down(true);
                         }
                         Err(PublishError::broker_down_with(message, err))
                     }
+                    // Not the row's fault: the producer's state was lost.
+                    _ if renewed => Err(PublishError::broker_down_with(message, err)),
                     _ => Err(PublishError::refused_with(message, err)),
                 }
             }
@@ -575,7 +668,7 @@ impl Publisher for KafkaPublisher {
     }
 
     fn is_connected(&self) -> bool {
-        !self.link.down.load(Ordering::Relaxed)
+        !self.producer.link.down.load(Ordering::Relaxed)
     }
 }
 
@@ -762,7 +855,7 @@ impl std::fmt::Debug for KafkaSource {
 
 /// Publishes parked messages.
 struct Parker {
-    producer: FutureProducer<LinkContext>,
+    producer: RenewingProducer,
     suffix: String,
 }
 
@@ -807,10 +900,9 @@ impl KafkaSource {
         consumer
             .subscribe(&topics)
             .map_err(|e| SettleError::with_source("subscribe", e))?;
-        let producer = client(
-            &producer_config(&servers, "idem-consumer-parker", Duration::ZERO),
+        let producer = RenewingProducer::new(
+            producer_config(&servers, "idem-consumer-parker", Duration::ZERO),
             LinkContext::new("parker", &servers, Arc::new(AtomicBool::new(false))),
-            "producer",
         )
         .map_err(SettleError::new)?;
         Ok(Self {
@@ -1101,9 +1193,9 @@ impl Delivery for KafkaDelivery {
         }
         self.parker
             .producer
-            .send(record, DELIVERY_TIMEOUT)
+            .send(record)
             .await
-            .map_err(|(e, _)| SettleError::with_source(format!("park to {parked}"), e))?;
+            .map_err(|f| SettleError::with_source(format!("park to {parked}"), f.err))?;
         self.settle()
     }
 }
@@ -1136,6 +1228,29 @@ mod tests {
             let err = bootstrap_servers(bad).expect_err(bad);
             assert!(!err.contains("secret"), "{err}");
         }
+    }
+
+    #[test]
+    fn a_lost_producer_state_or_a_timeout_renews_the_producer() {
+        use RDKafkaErrorCode as C;
+        assert_eq!(renew_after(Some(C::Fatal), false), Some(Renewal::Fatal));
+        assert_eq!(
+            renew_after(Some(C::MessageTimedOut), true),
+            Some(Renewal::Fatal)
+        );
+        for stalled in [
+            C::MessageTimedOut,
+            C::UnknownProducerId,
+            C::OutOfOrderSequenceNumber,
+            C::InvalidProducerEpoch,
+        ] {
+            assert_eq!(renew_after(Some(stalled), false), Some(Renewal::Stalled));
+        }
+        // A refusal of the message, or a broker merely away, keeps it.
+        for kept in [C::MessageSizeTooLarge, C::AllBrokersDown, C::UnknownTopic] {
+            assert_eq!(renew_after(Some(kept), false), None, "{kept:?}");
+        }
+        assert_eq!(renew_after(None, false), None);
     }
 
     #[test]
