@@ -996,15 +996,16 @@ mod kafka {
         .expect("attempts")
     }
 
-    /// The broker link turns slow (latency with jitter), then silent for
-    /// longer than the producer's delivery time-out (a black hole: the
-    /// connection stays open and nothing comes back), then returns.
-    /// Nothing is marked published through the hole, no attempt is spent
-    /// on it, and afterwards every row reaches the topic once (after
-    /// de-duplication), in order per aggregate: the producer that timed
-    /// out is not left stuck.
+    /// The broker link is cut (connections closed, new ones refused), then
+    /// turns slow (latency with jitter), then silent for longer than the
+    /// producer's delivery time-out (a black hole: the connection stays
+    /// open and nothing comes back), then returns. Nothing is marked
+    /// published while cut or through the hole, no attempt is spent on
+    /// either, `/readyz` says not ready, and afterwards every row reaches
+    /// the topic once (after de-duplication), in order per aggregate: the
+    /// producer that timed out is not left stuck.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_slow_then_silent_kafka_link_delivers_every_row_once_in_order() {
+    async fn a_cut_slow_then_silent_kafka_link_delivers_every_row_once_in_order() {
         let Some(pg) = services::postgres() else {
             return;
         };
@@ -1027,25 +1028,37 @@ mod kafka {
         enqueue(&store, 5, 4).await;
         until_published(&store, 20).await;
 
+        proxy.cut();
+        enqueue(&store, 5, 4).await;
+        // Past the 10 s delivery time-out: the sends fail, and say so.
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        assert_eq!(published(&store).await, 20, "nothing published while cut");
+        assert_eq!(attempts_on_pending(&store).await, 0, "no attempt spent");
+        let ready =
+            idem_testkit::client::send(relay.admin, http::Method::GET, "/readyz", &[], "").await;
+        assert_eq!(ready.status, http::StatusCode::SERVICE_UNAVAILABLE);
+        proxy.restore();
+        until_published(&store, 40).await;
+
         proxy.set_latency(Duration::from_millis(100), Duration::from_millis(100));
         enqueue(&store, 5, 4).await;
-        until_published(&store, 40).await;
+        until_published(&store, 60).await;
 
         proxy.restore();
         proxy.blackhole();
         enqueue(&store, 5, 4).await;
-        // Past the 10 s delivery time-out: the sends in the hole fail.
+        // Past the delivery time-out again: the sends in the hole fail.
         tokio::time::sleep(Duration::from_secs(14)).await;
         assert_eq!(
             published(&store).await,
-            40,
+            60,
             "nothing confirmed through the hole"
         );
         assert_eq!(attempts_on_pending(&store).await, 0, "no attempt spent");
 
         proxy.restore();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-        while published(&store).await < 60 {
+        while published(&store).await < 80 {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "the relay did not recover from the hole; the broker's log:\n{}",
@@ -1055,9 +1068,9 @@ mod kafka {
         }
         stop(relay).await;
         let records = kafka::read_all(&url, &format!("{prefix}.order")).await;
-        let copies = once_in_order(&records, 5, 12);
+        let copies = once_in_order(&records, 5, 16);
         eprintln!(
-            "kafka link hole: {} records, {copies} copies dropped by id",
+            "kafka link cut, slow, silent: {} records, {copies} copies dropped by id",
             records.len()
         );
         drop_schema(&store, &schema).await;

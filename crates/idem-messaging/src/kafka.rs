@@ -18,6 +18,13 @@
 //! acknowledgement and the mark) is a second record with the same
 //! `Idem-Message-Id`, which the consumer's inbox drops.
 //!
+//! A send that times out, or that the broker answers with a producer id or
+//! sequence it no longer knows (it restarted empty, or a link went silent
+//! and librdkafka's epoch bump never completes), replaces the producer
+//! with a new one: without that, an idempotent producer can wait for good
+//! and every later send time out. Such a failure is the broker's, never
+//! the row's: no attempt is spent.
+//!
 //! ## Consuming
 //!
 //! A [`KafkaSource`] is a member of a consumer group. Offsets are stored

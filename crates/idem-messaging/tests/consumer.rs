@@ -250,10 +250,15 @@ impl Broker {
                 if let Some(id) = id {
                     list.push(("Idem-Message-Id", id));
                 }
+                // Keyed as the relay keys: by aggregate id.
+                let key = headers
+                    .iter()
+                    .find(|(n, _)| *n == "Idem-Aggregate-Id")
+                    .map_or("k", |(_, v)| v.as_str());
                 kafka::send(
                     self.kafka.as_ref().expect("producer"),
                     topic,
-                    "k",
+                    key,
                     &list,
                     payload,
                 )
@@ -755,6 +760,102 @@ async fn business_identity_and_ordering_rabbitmq() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn business_identity_and_ordering_kafka() {
     business_identity_and_ordering(Kind::Kafka).await;
+}
+
+/// Two members of one Kafka group and three partitions: a second member
+/// joins while the first is handling (a rebalance splits the partitions),
+/// then the first leaves (the second takes them all). Messages the first
+/// held uncommitted are read again by their new owner; every event is
+/// applied once, each order's versions in order, and the copies are inbox
+/// duplicates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rebalances_apply_every_event_once_in_order_kafka() {
+    let (Some(db), Some(broker)) = (
+        Db::new("rebalance").await,
+        Broker::new(Kind::Kafka, &unique("rebalance")).await,
+    ) else {
+        return;
+    };
+    let (orders, versions) = (30, 10);
+    for v in 1..=versions {
+        for o in 0..orders {
+            let order = format!("o-{o}");
+            broker
+                .publish(
+                    Some(&format!("{order}-v{v}")),
+                    "order.PaymentAuthorized",
+                    &ordering(&order, v),
+                    &payment(&order, &format!("pay-{o}-{v}")),
+                )
+                .await;
+        }
+    }
+    let total = orders * versions;
+    let handler = Orders {
+        slow: Some(Duration::from_millis(30)),
+        ..Orders::default()
+    };
+    let options = || {
+        let mut options = ConsumerOptions::new("orders");
+        options.gap_delay = Duration::from_millis(20);
+        options.max_deliveries = 1000;
+        options
+    };
+    let inbox = move |p: ConsumerProbe, n: i64| async move {
+        p.scalar("SELECT count(*) FROM idem_inbox").await >= n
+    };
+    // The first member, until a third of the events are applied after the
+    // second joined.
+    let first = {
+        let (db_pool, source) = (
+            db.pool(),
+            broker.source("orders", Duration::from_secs(5)).await,
+        );
+        let handler = handler.clone();
+        let options = options();
+        tokio::spawn(async move {
+            let consumer = Consumer::new(db_pool.clone(), handler, options);
+            let probe = ConsumerProbe { pool: db_pool };
+            consumer
+                .run(source, async move {
+                    while !inbox(probe.clone(), total as i64 / 2).await {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                })
+                .await
+        })
+    };
+    // The second member joins once the first has applied some.
+    let probe = ConsumerProbe { pool: db.pool() };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !inbox(probe.clone(), total as i64 / 10).await {
+        assert!(tokio::time::Instant::now() < deadline, "nothing applied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let source = broker.source("orders", Duration::from_secs(5)).await;
+    let second = run_until(&db, handler, options(), source, move |p| async move {
+        p.scalar("SELECT count(*) FROM idem_inbox").await >= total as i64
+    })
+    .await;
+    let first = first.await.expect("first member");
+    for o in 0..orders {
+        let expected: Vec<String> = (1..=versions).map(|v| v.to_string()).collect();
+        assert_eq!(
+            db.applied(&format!("o-{o}")).await,
+            expected,
+            "o-{o}: every version once, in order"
+        );
+    }
+    assert_eq!(
+        first.applied + second.applied,
+        total as u64,
+        "{first:?} {second:?}"
+    );
+    assert_eq!(first.parked + second.parked, 0, "{first:?} {second:?}");
+    assert!(second.applied > 0, "the second member took partitions");
+    eprintln!("kafka rebalance: first member {first:?}; second member {second:?}");
+    broker.cleanup().await;
+    db.drop().await;
 }
 
 async fn poison_and_id_less_messages_are_parked(kind: Kind) {
