@@ -818,7 +818,7 @@ async fn rebalances_apply_every_event_once_in_order_kafka() {
             let probe = ConsumerProbe { pool: db_pool };
             consumer
                 .run(source, async move {
-                    while !inbox(probe.clone(), total as i64 / 2).await {
+                    while !inbox(probe.clone(), total / 2).await {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 })
@@ -828,13 +828,13 @@ async fn rebalances_apply_every_event_once_in_order_kafka() {
     // The second member joins once the first has applied some.
     let probe = ConsumerProbe { pool: db.pool() };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !inbox(probe.clone(), total as i64 / 10).await {
+    while !inbox(probe.clone(), total / 10).await {
         assert!(tokio::time::Instant::now() < deadline, "nothing applied");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let source = broker.source("orders", Duration::from_secs(5)).await;
     let second = run_until(&db, handler, options(), source, move |p| async move {
-        p.scalar("SELECT count(*) FROM idem_inbox").await >= total as i64
+        p.scalar("SELECT count(*) FROM idem_inbox").await >= total
     })
     .await;
     let first = first.await.expect("first member");
