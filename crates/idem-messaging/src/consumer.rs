@@ -13,7 +13,11 @@
 //!    `Idem-Aggregate-Id` and `Idem-Sequence` headers, asks the ordering
 //!    guard (`idem_postgres::guard`): an event already applied is dropped
 //!    (acknowledged), an event that arrives before its predecessor is
-//!    redelivered after [`ConsumerOptions::gap_delay`];
+//!    redelivered after [`ConsumerOptions::gap_delay`]. With
+//!    [`ConsumerOptions::ordering`] on, one aggregate's deliveries are
+//!    handled one after another in the order they came (other aggregates'
+//!    beside them, up to [`ConsumerOptions::concurrency`] in all), so an
+//!    in-order stream never trips over its own events;
 //! 4. runs the [`Handler`] in the same transaction, commits, and only then
 //!    acknowledges. A crash after the commit and before the acknowledgement
 //!    makes the broker deliver the message again; the inbox row committed
@@ -268,7 +272,8 @@ pub struct ConsumerOptions {
     /// The consumer's name in the inbox and the ordering guard: one per
     /// logical consumer (several replicas share it).
     pub consumer: String,
-    /// Messages handled at once.
+    /// Messages handled at once (one aggregate's one at a time, with
+    /// `ordering`).
     pub concurrency: usize,
     /// Deliveries before a failing message is parked.
     pub max_deliveries: u32,
@@ -419,7 +424,8 @@ impl<H: Handler> Consumer<H> {
     ) -> ConsumerStats {
         let mut stats = ConsumerStats::default();
         let limit = Arc::new(tokio::sync::Semaphore::new(self.options.concurrency.max(1)));
-        let mut tasks: JoinSet<(Outcome, bool)> = JoinSet::new();
+        let mut tasks: JoinSet<Vec<(Outcome, bool)>> = JoinSet::new();
+        let lanes = Arc::new(std::sync::Mutex::new(Lanes::default()));
         let retention = self.options.inbox_retention.map(|keep| {
             tokio::spawn(purge_inbox(
                 self.pool.clone(),
@@ -456,19 +462,23 @@ impl<H: Handler> Consumer<H> {
                     }
                 }
                 Some(Ok(delivery)) => {
-                    let (pool, handler, options) = (
-                        self.pool.clone(),
-                        Arc::clone(&self.handler),
-                        Arc::clone(&self.options),
-                    );
-                    tasks.spawn(async move {
-                        let _permit = permit;
-                        handle_one(&pool, &*handler, &options, delivery).await
-                    });
+                    let lane = if self.options.ordering {
+                        Lanes::<S::Delivery>::of(delivery.message())
+                    } else {
+                        None
+                    };
+                    let admitted =
+                        lanes
+                            .lock()
+                            .expect("lanes")
+                            .admit(lane.clone(), delivery, permit);
+                    if let Some(first) = admitted {
+                        self.start(&mut tasks, &lanes, first, lane);
+                    }
                 }
             }
         }
-        // Finish what is in hand.
+        // Finish what is in hand, the deliveries waiting in lanes included.
         while let Some(done) = tasks.join_next().await {
             record(&mut stats, &self.options.consumer, done);
         }
@@ -477,6 +487,136 @@ impl<H: Handler> Consumer<H> {
             task.abort();
         }
         stats
+    }
+}
+
+impl<H: Handler> Consumer<H> {
+    /// Handles `first` in a task of `tasks`, then, in the same task, each
+    /// delivery that waits behind it in its `lane`, until the lane is
+    /// empty; each holds its slot until it is handled.
+    fn start<D: Delivery>(
+        &self,
+        tasks: &mut JoinSet<Vec<(Outcome, bool)>>,
+        lanes: &Arc<std::sync::Mutex<Lanes<D>>>,
+        first: Waiting<D>,
+        lane: Option<Lane>,
+    ) {
+        let (pool, handler, options, lanes) = (
+            self.pool.clone(),
+            Arc::clone(&self.handler),
+            Arc::clone(&self.options),
+            Arc::clone(lanes),
+        );
+        tasks.spawn(async move {
+            // A panicking handler must not leave its lane busy for good.
+            let _free = lane.clone().map(|lane| LaneGuard {
+                lanes: Arc::clone(&lanes),
+                lane,
+            });
+            let mut handled = Vec::new();
+            let (mut delivery, mut permit) = first;
+            loop {
+                handled.push(handle_one(&pool, &*handler, &options, delivery).await);
+                drop(permit);
+                let next = lane
+                    .as_ref()
+                    .and_then(|lane| lanes.lock().expect("lanes").release(lane));
+                match next {
+                    Some(waiting) => (delivery, permit) = waiting,
+                    None => return handled,
+                }
+            }
+        });
+    }
+}
+
+/// Frees a lane whose task ended without emptying it (its handler
+/// panicked): what waited there is dropped unsettled, as the panicking
+/// delivery is, and the broker delivers it again.
+struct LaneGuard<D> {
+    lanes: Arc<std::sync::Mutex<Lanes<D>>>,
+    lane: Lane,
+}
+
+impl<D> Drop for LaneGuard<D> {
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Ok(mut lanes) = self.lanes.lock()
+            && let Some(dropped) = lanes.busy.remove(&self.lane)
+        {
+            tracing::error!(reason = "consumer_task_failed", aggregate = %self.lane.1, waiting = dropped.len(), "a handler panicked; the deliveries waiting behind it are dropped unsettled and come again");
+        }
+    }
+}
+
+/// An aggregate: its type and id.
+type Lane = (String, String);
+
+/// One aggregate's deliveries run one after another, in the order the
+/// source gave them, while other aggregates' run beside them. Brokers
+/// deliver an aggregate's events in order (a Kafka partition holds long
+/// runs of one key); handled at once, a later event would find its
+/// predecessor uncommitted and come back after `gap_delay` (a gap), so
+/// an in-order stream of one aggregate would move at one event per gap
+/// delay. A waiting delivery keeps its concurrency slot.
+struct Lanes<D> {
+    /// The aggregates with a delivery in hand, and what waits behind it.
+    busy: std::collections::HashMap<Lane, std::collections::VecDeque<Waiting<D>>>,
+}
+
+/// A delivery waiting for its lane, with its slot.
+type Waiting<D> = (D, tokio::sync::OwnedSemaphorePermit);
+
+impl<D> Default for Lanes<D> {
+    fn default() -> Self {
+        Self {
+            busy: std::collections::HashMap::new(),
+        }
+    }
+}
+
+impl<D> Lanes<D> {
+    /// The lane of `msg`: its ordering headers' aggregate (none without
+    /// them, or with broken ones, which the handling reports).
+    fn of(msg: &Message) -> Option<Lane> {
+        msg.aggregate()
+            .ok()
+            .flatten()
+            .map(|(kind, id, _)| (kind.to_owned(), id.to_owned()))
+    }
+
+    /// What to start now: `delivery` itself, unless its lane is busy (it
+    /// then waits its turn).
+    fn admit(
+        &mut self,
+        lane: Option<Lane>,
+        delivery: D,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> Option<Waiting<D>> {
+        let Some(lane) = lane else {
+            return Some((delivery, permit));
+        };
+        match self.busy.entry(lane) {
+            std::collections::hash_map::Entry::Occupied(mut queue) => {
+                queue.get_mut().push_back((delivery, permit));
+                None
+            }
+            std::collections::hash_map::Entry::Vacant(free) => {
+                free.insert(std::collections::VecDeque::new());
+                Some((delivery, permit))
+            }
+        }
+    }
+
+    /// The next delivery of `lane`, whose last one is done; the lane is
+    /// free when none waits.
+    fn release(&mut self, lane: &Lane) -> Option<Waiting<D>> {
+        let queue = self.busy.get_mut(lane)?;
+        let next = queue.pop_front();
+        if next.is_none() {
+            self.busy.remove(lane);
+        }
+        next
     }
 }
 
@@ -500,28 +640,35 @@ async fn purge_inbox(pool: PgPool, consumer: String, keep: Duration) {
     }
 }
 
-/// Counts one delivery's outcome in `stats` and in
+/// Counts the outcomes of one task's deliveries in `stats` and in
 /// `idem_inbox_messages_total{consumer,outcome}`.
 fn record(
     stats: &mut ConsumerStats,
     consumer: &str,
-    done: Result<(Outcome, bool), tokio::task::JoinError>,
+    done: Result<Vec<(Outcome, bool)>, tokio::task::JoinError>,
 ) {
     match done {
-        Ok((outcome, settled)) => {
-            stats.count(outcome);
-            if !settled {
-                stats.settle_failures += 1;
+        Ok(handled) => {
+            for (outcome, settled) in handled {
+                count(stats, consumer, outcome, settled);
             }
-            metrics::counter!(
-                idem::metrics::INBOX_MESSAGES_TOTAL.name,
-                "consumer" => consumer.to_owned(),
-                "outcome" => outcome.as_str()
-            )
-            .increment(1);
         }
         Err(err) => tracing::error!(reason = "consumer_task_failed", %err),
     }
+}
+
+/// Counts one delivery's outcome.
+fn count(stats: &mut ConsumerStats, consumer: &str, outcome: Outcome, settled: bool) {
+    stats.count(outcome);
+    if !settled {
+        stats.settle_failures += 1;
+    }
+    metrics::counter!(
+        idem::metrics::INBOX_MESSAGES_TOTAL.name,
+        "consumer" => consumer.to_owned(),
+        "outcome" => outcome.as_str()
+    )
+    .increment(1);
 }
 
 /// Handles one delivery and settles it inside its `idem.consume` span;
@@ -681,6 +828,34 @@ mod tests {
     }
 
     #[test]
+    fn an_aggregates_deliveries_wait_for_each_other_in_order() {
+        let slots = Arc::new(tokio::sync::Semaphore::new(8));
+        let slot = || Arc::clone(&slots).try_acquire_owned().expect("a slot");
+        let lane = |id: &str| Some(("order".to_owned(), id.to_owned()));
+        let mut lanes = Lanes::default();
+        assert_eq!(lanes.admit(lane("a"), 1, slot()).map(|w| w.0), Some(1));
+        assert_eq!(lanes.admit(lane("b"), 2, slot()).map(|w| w.0), Some(2));
+        assert!(lanes.admit(lane("a"), 3, slot()).is_none(), "a is busy");
+        assert!(lanes.admit(lane("a"), 4, slot()).is_none(), "a is busy");
+        assert_eq!(lanes.admit(None, 5, slot()).map(|w| w.0), Some(5));
+        // The two waiting deliveries keep their slots (the started ones'
+        // were dropped here).
+        assert_eq!(slots.available_permits(), 6);
+        assert_eq!(
+            lanes.release(&("order".into(), "a".into())).map(|w| w.0),
+            Some(3)
+        );
+        assert_eq!(
+            lanes.release(&("order".into(), "a".into())).map(|w| w.0),
+            Some(4)
+        );
+        assert!(lanes.release(&("order".into(), "a".into())).is_none());
+        assert!(lanes.release(&("order".into(), "b".into())).is_none());
+        assert!(lanes.busy.is_empty(), "free lanes are forgotten");
+        assert_eq!(lanes.admit(lane("a"), 6, slot()).map(|w| w.0), Some(6));
+    }
+
+    #[test]
     fn ordering_headers_are_all_or_nothing() {
         assert_eq!(message(&[]).aggregate().ok(), Some(None));
         let full = message(&[
@@ -804,8 +979,8 @@ mod tests {
         let recorder = Counters::default();
         let mut stats = ConsumerStats::default();
         metrics::with_local_recorder(&recorder, || {
-            record(&mut stats, "orders", Ok((Outcome::Applied, true)));
-            record(&mut stats, "orders", Ok((Outcome::Duplicate, false)));
+            record(&mut stats, "orders", Ok(vec![(Outcome::Applied, true)]));
+            record(&mut stats, "orders", Ok(vec![(Outcome::Duplicate, false)]));
         });
         assert_eq!(stats.applied, 1);
         assert_eq!(stats.duplicates, 1);

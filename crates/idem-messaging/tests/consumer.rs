@@ -764,7 +764,8 @@ async fn business_identity_and_ordering_kafka() {
 
 /// Two members of one Kafka group and three partitions: a second member
 /// joins while the first is handling (a rebalance splits the partitions),
-/// then the first leaves (the second takes them all). Messages the first
+/// then, once the second has handled one, the first leaves (the second
+/// takes them all). Messages the first
 /// held uncommitted are read again by their new owner; every event is
 /// applied once, each order's versions in order, and the copies are inbox
 /// duplicates.
@@ -791,10 +792,17 @@ async fn rebalances_apply_every_event_once_in_order_kafka() {
         }
     }
     let total = orders * versions;
+    // Slow enough that the first member is still at work when the second
+    // has joined (a Tansu join takes seconds).
     let handler = Orders {
-        slow: Some(Duration::from_millis(30)),
+        slow: Some(Duration::from_millis(250)),
         ..Orders::default()
     };
+    let second_handler = Orders {
+        calls: Arc::new(AtomicUsize::new(0)),
+        ..handler.clone()
+    };
+    let second_calls = Arc::clone(&second_handler.calls);
     let options = || {
         let mut options = ConsumerOptions::new("orders");
         options.gap_delay = Duration::from_millis(20);
@@ -804,8 +812,8 @@ async fn rebalances_apply_every_event_once_in_order_kafka() {
     let inbox = move |p: ConsumerProbe, n: i64| async move {
         p.scalar("SELECT count(*) FROM idem_inbox").await >= n
     };
-    // The first member, until a third of the events are applied after the
-    // second joined.
+    // The first member, until the second has handled one (the partitions
+    // were split between them), then it leaves.
     let first = {
         let (db_pool, source) = (
             db.pool(),
@@ -818,7 +826,9 @@ async fn rebalances_apply_every_event_once_in_order_kafka() {
             let probe = ConsumerProbe { pool: db_pool };
             consumer
                 .run(source, async move {
-                    while !inbox(probe.clone(), total / 2).await {
+                    while second_calls.load(Ordering::SeqCst) == 0
+                        && !inbox(probe.clone(), total).await
+                    {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 })
@@ -833,11 +843,16 @@ async fn rebalances_apply_every_event_once_in_order_kafka() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let source = broker.source("orders", Duration::from_secs(5)).await;
-    let second = run_until(&db, handler, options(), source, move |p| async move {
-        p.scalar("SELECT count(*) FROM idem_inbox").await >= total
-    })
+    let second = run_until(
+        &db,
+        second_handler,
+        options(),
+        source,
+        move |p| async move { p.scalar("SELECT count(*) FROM idem_inbox").await >= total },
+    )
     .await;
     let first = first.await.expect("first member");
+    eprintln!("kafka rebalance: first member {first:?}; second member {second:?}");
     for o in 0..orders {
         let expected: Vec<String> = (1..=versions).map(|v| v.to_string()).collect();
         assert_eq!(
@@ -853,7 +868,6 @@ async fn rebalances_apply_every_event_once_in_order_kafka() {
     );
     assert_eq!(first.parked + second.parked, 0, "{first:?} {second:?}");
     assert!(second.applied > 0, "the second member took partitions");
-    eprintln!("kafka rebalance: first member {first:?}; second member {second:?}");
     broker.cleanup().await;
     db.drop().await;
 }
