@@ -56,43 +56,47 @@ impl OrderingGuard {
                 format!("{version} is not a version (they start at 1)"),
             ));
         }
-        // Make sure the row exists, then lock it: two first deliveries of a
-        // new aggregate cannot both see "nothing yet".
-        sqlx::query(
-            "INSERT INTO idem_aggregate_versions (consumer, aggregate_type, aggregate_id, version) \
-             VALUES ($1, $2, $3, 0) ON CONFLICT (consumer, aggregate_type, aggregate_id) DO NOTHING",
-        )
-        .bind(consumer)
-        .bind(aggregate_type)
-        .bind(aggregate_id)
-        .execute(&mut **tx)
-        .await?;
-        let last: i64 = sqlx::query(
-            "SELECT version FROM idem_aggregate_versions \
-             WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 FOR UPDATE",
-        )
-        .bind(consumer)
-        .bind(aggregate_type)
-        .bind(aggregate_id)
-        .fetch_one(&mut **tx)
-        .await?
-        .try_get("version")?;
-        if version <= last {
-            return Ok(Order::Stale { last });
-        }
-        if version > last + 1 {
-            return Ok(Order::Gap { expected: last + 1 });
-        }
-        sqlx::query(
-            "UPDATE idem_aggregate_versions SET version = $4, updated_at = clock_timestamp() \
-             WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3",
+        // One statement on the common path: a new aggregate's row is
+        // created (at 1 for its first version, else at 0), an existing row
+        // moves to `version` when it is the next one. The conflicting row
+        // is locked either way (ON CONFLICT DO UPDATE locks it even when
+        // its WHERE is false), so concurrent deliveries of one aggregate
+        // serialise, and two first deliveries of a new aggregate cannot
+        // both see "nothing yet".
+        let moved: Option<i64> = sqlx::query_scalar(
+            "INSERT INTO idem_aggregate_versions AS v \
+               (consumer, aggregate_type, aggregate_id, version) \
+             VALUES ($1, $2, $3, CASE WHEN $4 = 1 THEN 1 ELSE 0 END) \
+             ON CONFLICT (consumer, aggregate_type, aggregate_id) DO UPDATE \
+               SET version = $4, updated_at = clock_timestamp() \
+               WHERE v.version = $4 - 1 \
+             RETURNING version",
         )
         .bind(consumer)
         .bind(aggregate_type)
         .bind(aggregate_id)
         .bind(version)
-        .execute(&mut **tx)
+        .fetch_optional(&mut **tx)
         .await?;
-        Ok(Order::Apply)
+        let last = match moved {
+            Some(v) if v == version => return Ok(Order::Apply),
+            // Created at 0: its first version has not come yet.
+            Some(v) => v,
+            // Not the next version: read the last one (the row is ours).
+            None => sqlx::query(
+                "SELECT version FROM idem_aggregate_versions \
+                 WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3",
+            )
+            .bind(consumer)
+            .bind(aggregate_type)
+            .bind(aggregate_id)
+            .fetch_one(&mut **tx)
+            .await?
+            .try_get("version")?,
+        };
+        if version <= last {
+            return Ok(Order::Stale { last });
+        }
+        Ok(Order::Gap { expected: last + 1 })
     }
 }

@@ -398,6 +398,22 @@ async fn out_of_order_versions_are_applied_in_order() {
         .expect("applied");
     assert_eq!(applied, (1..=30).collect::<Vec<i64>>());
 
+    // Two first deliveries of a new aggregate at once: one applies it,
+    // the other waits on its row and finds it applied.
+    let first = |pool: PgPool| async move {
+        let mut tx = pool.begin().await.expect("begin");
+        let order = OrderingGuard::check(&mut tx, "orders", "order", "o-new", 1)
+            .await
+            .expect("guard");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        tx.commit().await.expect("commit");
+        order
+    };
+    let (a, b) = tokio::join!(first(pool.clone()), first(pool.clone()));
+    let mut both = [a, b];
+    both.sort_by_key(|o| matches!(o, Order::Stale { .. }));
+    assert_eq!(both, [Order::Apply, Order::Stale { last: 1 }]);
+
     // Another aggregate type with the same id is another aggregate.
     let mut tx = pool.begin().await.expect("begin");
     assert_eq!(
