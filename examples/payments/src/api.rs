@@ -23,12 +23,20 @@
 //! `provider_outcome_unknown`; the reconciliation worker ([`Api::reconcile`]) asks
 //! the provider by operation id and finishes it, so a later retry gets the
 //! real answer. A provider error before charging releases the key.
+//!
+//! The request's W3C trace context (`traceparent`, `tracestate`) is kept
+//! with the payment attempt and given to its `PaymentAuthorized` outbox
+//! row, whichever path settles it (this request, or the reconciler after
+//! it timed out): the event, and what the Order service does with it,
+//! continue the trace of the request that caused the charge. A request
+//! without a valid `traceparent` is served all the same (a malformed one
+//! is ignored, as W3C says); its events carry no trace context.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -43,6 +51,7 @@ use idem::{
     Reservation, ReserveRequest, Store, StoredResponse, Verdict,
 };
 use idem_http::{IdempotencyLayer, Reserved, RoutePolicy, Routes, TenantSource, UpstreamOutcome};
+use idem_messaging::trace::TraceContext;
 use idem_postgres::PgStore;
 use idem_postgres::outbox::{Outbox, OutboxMessage};
 use idem_postgres::sqlx::{self, Postgres, Row, Transaction};
@@ -53,6 +62,14 @@ use crate::provider::{Charge, ChargeRequest};
 
 /// The operation the layer protects (method and route pattern).
 pub const OPERATION: &str = "POST /v1/payments";
+
+/// The aggregate type of the payments' events (the `payment` of subject
+/// `<prefix>.payment.<message_type>` and of Kafka topic
+/// `<prefix>.payment`).
+pub const AGGREGATE_TYPE: &str = "payment";
+
+/// The message type of the [`PaymentAuthorized`] event.
+pub const PAYMENT_AUTHORIZED: &str = "PaymentAuthorized";
 
 /// How the API runs.
 #[derive(Debug, Clone)]
@@ -114,15 +131,22 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS payments (
     payment_method_id  text NOT NULL,
     status             text NOT NULL CHECK (status IN ('attempted', 'authorized', 'declined')),
     provider_charge_id text,
+    traceparent        text,
+    tracestate         text,
     created_at         timestamptz NOT NULL DEFAULT now(),
     updated_at         timestamptz NOT NULL DEFAULT now(),
     UNIQUE (tenant, operation_id)
 )";
 
+/// The trace context columns, for a `payments` table made before them.
+const ADD_TRACE_CONTEXT: &str = "ALTER TABLE payments \
+    ADD COLUMN IF NOT EXISTS traceparent text, \
+    ADD COLUMN IF NOT EXISTS tracestate text";
+
 impl Api {
     /// Connects to the database (creating idem's tables and `payments`).
     pub async fn connect(config: ApiConfig) -> Result<Self, String> {
-        let store = crate::connect_store(&config.database, SCHEMA).await?;
+        let store = crate::connect_store(&config.database, &[SCHEMA, ADD_TRACE_CONTEXT]).await?;
         Ok(Self {
             store: Arc::new(store),
             provider: ProviderClient::new(&config.provider, config.provider_timeout),
@@ -266,9 +290,22 @@ pub struct PaymentAuthorized {
     pub currency: String,
 }
 
+/// The W3C trace context of a request's `traceparent` and `tracestate`
+/// headers; `None` without a valid `traceparent` (a malformed one is
+/// ignored, as W3C says, never refused). A `tracestate` that does not pass
+/// is dropped and the `traceparent` kept.
+pub fn request_trace_context(headers: &HeaderMap) -> Option<TraceContext> {
+    TraceContext::from_headers(
+        headers
+            .iter()
+            .filter_map(|(name, value)| Some((name.as_str(), value.to_str().ok()?))),
+    )
+}
+
 async fn create(
     State(api): State<Api>,
     reserved: Option<Extension<Reserved>>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     let Some(Extension(reserved)) = reserved else {
@@ -288,7 +325,8 @@ async fn create(
         // A deterministic failure: the layer records and replays it.
         Err(why) => return problem_response(StatusCode::BAD_REQUEST, "invalid_payment", why),
     };
-    match api.pay(&reserved, &valid).await {
+    let trace = request_trace_context(&headers);
+    match api.pay(&reserved, &valid, trace.as_ref()).await {
         Ok(resp) => resp,
         Err(why) => {
             tracing::error!(%why, "payment failed");
@@ -350,19 +388,28 @@ fn with_outcome(mut resp: Response, outcome: UpstreamOutcome) -> Response {
 }
 
 impl Api {
-    /// Steps 2 to 5 of the flow, as the record's owner.
-    async fn pay(&self, reserved: &Reserved, p: &Valid) -> Result<Response, String> {
+    /// Steps 2 to 5 of the flow, as the record's owner; `trace` is the
+    /// request's, kept with the attempt for its event.
+    async fn pay(
+        &self,
+        reserved: &Reserved,
+        p: &Valid,
+        trace: Option<&TraceContext>,
+    ) -> Result<Response, String> {
         let tenant = reserved.scope.tenant().to_owned();
         let operation_id = format!("{tenant}:{}", reserved.key);
         // Refuse what can never succeed before charging anything.
         if let Some(refusal) = self.check_order(p).await? {
             return Ok(refusal);
         }
-        // 2. The local attempt (a retry after a takeover finds it).
+        // 2. The local attempt (a retry after a takeover finds it, and
+        // its request becomes the one the event's trace continues).
         let payment_id: String = sqlx::query_scalar(
-            "INSERT INTO payments (id, tenant, operation_id, order_id, amount_cents, currency, payment_method_id, status) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, 'attempted') \
-             ON CONFLICT (tenant, operation_id) DO UPDATE SET updated_at = now() RETURNING id",
+            "INSERT INTO payments (id, tenant, operation_id, order_id, amount_cents, currency, payment_method_id, status, traceparent, tracestate) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 'attempted', $8, $9) \
+             ON CONFLICT (tenant, operation_id) DO UPDATE \
+             SET updated_at = now(), traceparent = EXCLUDED.traceparent, tracestate = EXCLUDED.tracestate \
+             RETURNING id",
         )
         .bind(format!("pay_{}", uuid::Uuid::new_v4().simple()))
         .bind(&tenant)
@@ -371,6 +418,8 @@ impl Api {
         .bind(p.amount_cents)
         .bind(&p.currency)
         .bind(&p.payment_method_id)
+        .bind(trace.map(TraceContext::traceparent))
+        .bind(trace.and_then(TraceContext::tracestate))
         .fetch_one(self.store.pool())
         .await
         .map_err(|e| format!("cannot record the payment attempt: {e}"))?;
@@ -558,7 +607,8 @@ fn content_type(stored: &StoredResponse) -> String {
 }
 
 /// In `tx`: moves the payment to the charge's result and, for a success,
-/// enqueues `PaymentAuthorized`. Returns the answer to record.
+/// enqueues `PaymentAuthorized` with the trace context kept with the
+/// attempt. Returns the answer to record.
 async fn settle_in(
     tx: &mut Transaction<'_, Postgres>,
     payment_id: &str,
@@ -567,7 +617,8 @@ async fn settle_in(
     let authorized = charge.status == "succeeded";
     let row = sqlx::query(
         "UPDATE payments SET status = $2, provider_charge_id = $3, updated_at = now() \
-         WHERE id = $1 RETURNING id, order_id, amount_cents, currency, status, provider_charge_id",
+         WHERE id = $1 \
+         RETURNING id, order_id, amount_cents, currency, status, provider_charge_id, traceparent, tracestate",
     )
     .bind(payment_id)
     .bind(if authorized { "authorized" } else { "declined" })
@@ -576,6 +627,11 @@ async fn settle_in(
     .await
     .map_err(|e| format!("cannot store the payment: {e}"))?;
     let payment = payment_from_row(&row).map_err(|e| e.to_string())?;
+    // Stored from a valid context; read leniently all the same (an event
+    // without its trace beats no event).
+    let traceparent: Option<String> = row.try_get("traceparent").map_err(|e| e.to_string())?;
+    let tracestate: Option<String> = row.try_get("tracestate").map_err(|e| e.to_string())?;
+    let trace = traceparent.and_then(|p| TraceContext::new(&p, tracestate.as_deref()).ok());
     if !authorized {
         let (_, body) = crate::problem(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -593,7 +649,8 @@ async fn settle_in(
         currency: payment.currency.clone(),
     };
     let payload = serde_json::to_string(&event).map_err(|e| e.to_string())?;
-    let msg = OutboxMessage::new("payment", &payment.id, "PaymentAuthorized", &payload)
+    let msg = OutboxMessage::new(AGGREGATE_TYPE, &payment.id, PAYMENT_AUTHORIZED, &payload)
+        .and_then(|msg| crate::traced(msg, trace.as_ref()))
         .map_err(|e| e.to_string())?;
     Outbox::enqueue(tx, &msg)
         .await

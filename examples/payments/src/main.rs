@@ -1,6 +1,8 @@
 //! `payments`: the reference Payment API, its fake provider, the Order
 //! service and their outbox relays, as one binary with a subcommand each;
-//! `payments all` runs them all as child processes.
+//! `payments all` runs them all as child processes. The broker is NATS
+//! JetStream or Kafka, by the `--broker` URL's scheme (see
+//! [`payments::Bus`]).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -57,7 +59,8 @@ enum Command {
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         reconcile_every: Duration,
     },
-    /// The Order service: HTTP and the PaymentAuthorized consumer.
+    /// The Order service: HTTP and the PaymentAuthorized consumer (it
+    /// creates the broker's streams or topics if missing).
     Orders {
         /// Where to listen.
         #[arg(long, default_value = "127.0.0.1:4001")]
@@ -82,33 +85,54 @@ enum Command {
         /// PostgreSQL server (each service gets its own schema).
         #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
         postgres: String,
-        /// NATS with JetStream.
-        #[arg(long, default_value = "nats://127.0.0.1:4222")]
-        nats: String,
+        #[command(flatten)]
+        bus: BusArgs,
     },
 }
 
-/// Where events travel.
+/// Where events travel (see `payments::Bus`).
 #[derive(Debug, Clone, clap::Args)]
 struct BusArgs {
-    /// NATS with JetStream.
-    #[arg(long, default_value = "nats://127.0.0.1:4222")]
-    nats: String,
-    /// The event stream.
+    /// The broker: nats://host:port (NATS JetStream) or
+    /// kafka://host:port[,host:port…] (Kafka). `--nats` is an older name
+    /// for it.
+    #[arg(long, alias = "nats", default_value = "nats://127.0.0.1:4222")]
+    broker: String,
+    /// NATS: the event stream.
     #[arg(long, default_value = "PAYMENTS")]
     stream: String,
-    /// Subject prefix.
+    /// Subject prefix (NATS); topic prefix, `<prefix>.<aggregate_type>`
+    /// (Kafka).
     #[arg(long, default_value = "idem")]
     prefix: String,
+    /// Kafka: partitions of the topics created at start.
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(i32).range(1..=10_000))]
+    topic_partitions: i32,
+    /// Kafka: replication factor of the topics created at start (1 fits
+    /// a single broker; 3 survives losing one).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=100))]
+    topic_replication: i32,
+    /// Kafka: the Order service's consumer-group session timeout.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    session_timeout: Duration,
 }
 
 impl BusArgs {
-    fn bus(&self) -> payments::Bus {
-        payments::Bus {
-            nats: self.nats.clone(),
+    /// The bus these flags give; an error for a broker URL of another
+    /// scheme.
+    fn bus(&self) -> Result<payments::Bus, String> {
+        let bus = payments::Bus {
+            broker: self.broker.clone(),
             stream: self.stream.clone(),
             prefix: self.prefix.clone(),
-        }
+            topics: idem_messaging::TopicSpec {
+                partitions: self.topic_partitions,
+                replication: self.topic_replication,
+            },
+            session_timeout: self.session_timeout,
+        };
+        bus.kind()?;
+        Ok(bus)
     }
 }
 
@@ -158,19 +182,9 @@ async fn main() -> ExitCode {
             listen,
             database,
             bus,
-        } => run_orders(listen, &database, bus.bus()).await,
-        Command::Relay { database, bus } => {
-            bus.bus()
-                .run_relay(&database, shutdown())
-                .await
-                .map(|stats| {
-                    println!(
-                        "payments relay: stopped after publishing {}",
-                        stats.published
-                    )
-                })
-        }
-        Command::All { postgres, nats } => run_all(&postgres, &nats).await,
+        } => run_orders(listen, &database, &bus).await,
+        Command::Relay { database, bus } => run_relay(&database, &bus).await,
+        Command::All { postgres, bus } => run_all(&postgres, &bus).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -209,14 +223,29 @@ async fn run_api(listen: SocketAddr, config: ApiConfig, every: Duration) -> Resu
     served
 }
 
-async fn run_orders(listen: SocketAddr, database: &str, bus: payments::Bus) -> Result<(), String> {
+async fn run_orders(listen: SocketAddr, database: &str, bus: &BusArgs) -> Result<(), String> {
+    let bus = bus.bus()?;
     let orders = payments::orders::Orders::connect(database).await?;
-    bus.ensure_streams().await?;
+    bus.ensure_destinations().await?;
     let (addr, task) = payments::serve(listen, orders.router(), shutdown()).await?;
-    println!("payments orders: listening on http://{addr}");
+    println!(
+        "payments orders: listening on http://{addr}, consuming from {}",
+        bus.describe()
+    );
     let stats = bus.run_order_consumer(&orders, shutdown()).await?;
     tracing::info!(?stats, "consumer stopped");
     task.await.map_err(|e| e.to_string())
+}
+
+async fn run_relay(database: &str, bus: &BusArgs) -> Result<(), String> {
+    let bus = bus.bus()?;
+    println!("payments relay: publishing to {}", bus.describe());
+    let stats = bus.run_relay(database, shutdown()).await?;
+    println!(
+        "payments relay: stopped after publishing {}",
+        stats.published
+    );
+    Ok(())
 }
 
 /// `schema=NAME` on a PostgreSQL URL.
@@ -225,14 +254,18 @@ fn with_schema(postgres: &str, schema: &str) -> String {
     format!("{postgres}{sep}schema={schema}")
 }
 
-async fn run_all(postgres: &str, nats: &str) -> Result<(), String> {
+async fn run_all(postgres: &str, bus: &BusArgs) -> Result<(), String> {
+    let bus = bus.bus()?;
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
     let (payments_db, orders_db) = (
         with_schema(postgres, "payments"),
         with_schema(postgres, "orders"),
     );
-    let bus = payments::Bus::new(nats);
-    bus.ensure_streams().await?;
+    bus.ensure_destinations().await?;
+    let with_bus = |mut args: Vec<String>| {
+        args.extend(bus.to_args());
+        args
+    };
     let parts: [(&str, Vec<String>); 5] = [
         ("provider", vec!["provider".into()]),
         (
@@ -247,33 +280,19 @@ async fn run_all(postgres: &str, nats: &str) -> Result<(), String> {
         ),
         (
             "orders",
-            vec![
+            with_bus(vec![
                 "orders".into(),
                 "--database".into(),
                 orders_db.clone(),
-                "--nats".into(),
-                nats.into(),
-            ],
+            ]),
         ),
         (
             "relay (payments)",
-            vec![
-                "relay".into(),
-                "--database".into(),
-                payments_db,
-                "--nats".into(),
-                nats.into(),
-            ],
+            with_bus(vec!["relay".into(), "--database".into(), payments_db]),
         ),
         (
             "relay (orders)",
-            vec![
-                "relay".into(),
-                "--database".into(),
-                orders_db,
-                "--nats".into(),
-                nats.into(),
-            ],
+            with_bus(vec!["relay".into(), "--database".into(), orders_db]),
         ),
     ];
     let mut children = Vec::new();
@@ -287,8 +306,8 @@ async fn run_all(postgres: &str, nats: &str) -> Result<(), String> {
     }
     println!(
         "payments all: provider http://127.0.0.1:4100, Payment API http://127.0.0.1:4000, \
-         Order service http://127.0.0.1:4001, relays to {nats} stream {}; Ctrl-C stops everything",
-        bus.stream
+         Order service http://127.0.0.1:4001, relays to {}; Ctrl-C stops everything",
+        bus.describe()
     );
     shutdown().await;
     for (_, child) in &mut children {

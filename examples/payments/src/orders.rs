@@ -3,10 +3,14 @@
 //! `POST /v1/orders` `{amount_cents, currency}` creates an order in
 //! `payment_pending` (behind the idempotency layer: a keyed create is
 //! created once); `GET /v1/orders/{id}` shows it. A consumer runner takes
-//! `PaymentAuthorized` events from JetStream and, in one transaction with
-//! the inbox row, moves the order `payment_pending → paid` with a
-//! conditional update and enqueues `OrderPaid` in its own outbox:
+//! `PaymentAuthorized` events from the broker (see [`crate::Bus`]) and, in
+//! one transaction with the inbox row, moves the order `payment_pending →
+//! paid` with a conditional update and enqueues `OrderPaid` in its own
+//! outbox, carrying the event's W3C trace context on:
 //!
+//! * another payment event (on Kafka, the payment topic holds all of
+//!   them) is acknowledged and skipped; one whose type cannot be told is
+//!   parked;
 //! * a redelivered event is an inbox duplicate: nothing happens;
 //! * the same payment announced again under another message id finds the
 //!   order already paid by that payment: an idempotent no-op;
@@ -22,17 +26,25 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
 use idem_http::{IdempotencyLayer, RoutePolicy, Routes, TenantSource};
-use idem_messaging::{Handler, HandlerError, Message};
+use idem_messaging::trace::TraceContext;
+use idem_messaging::{Handler, HandlerError, Message, headers};
 use idem_postgres::PgStore;
 use idem_postgres::outbox::{Outbox, OutboxMessage};
 use idem_postgres::sqlx::{self, Postgres, Row, Transaction};
 use serde::{Deserialize, Serialize};
 
-use crate::api::PaymentAuthorized;
+use crate::api::{self, PaymentAuthorized};
 use crate::problem_response;
 
 /// The consumer's name in the inbox.
 pub const CONSUMER: &str = "orders";
+
+/// The aggregate type of the orders' events (the `order` of subject
+/// `<prefix>.order.<message_type>` and of Kafka topic `<prefix>.order`).
+pub const AGGREGATE_TYPE: &str = "order";
+
+/// The message type of the [`OrderPaid`] event.
+pub const ORDER_PAID: &str = "OrderPaid";
 
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS orders (
     id           text PRIMARY KEY,
@@ -83,7 +95,7 @@ impl std::fmt::Debug for Orders {
 impl Orders {
     /// Connects (creating idem's tables and `orders`).
     pub async fn connect(database: &str) -> Result<Self, String> {
-        let store = crate::connect_store(database, SCHEMA).await?;
+        let store = crate::connect_store(database, &[SCHEMA]).await?;
         Ok(Self {
             store: Arc::new(store),
         })
@@ -214,7 +226,27 @@ async fn show(State(svc): State<Orders>, Path(id): Path<String>) -> Response {
     }
 }
 
-/// The consumer's handler for `PaymentAuthorized`; see the module docs.
+/// The type of a payment event: its `Idem-Message-Type` header (Kafka,
+/// where one topic holds all of a payment's events), else the last part
+/// of a `<prefix>.payment.<message_type>` subject (NATS). `None` when
+/// neither says.
+pub fn payment_event_type(msg: &Message) -> Option<&str> {
+    if let Some(kind) = msg.header(headers::MESSAGE_TYPE) {
+        return Some(kind).filter(|k| !k.is_empty());
+    }
+    let (rest, kind) = msg.subject.rsplit_once('.')?;
+    let aggregate = rest.rsplit('.').next()?;
+    (aggregate == api::AGGREGATE_TYPE && !kind.is_empty()).then_some(kind)
+}
+
+/// The consumer's handler for payment events; see the module docs.
+///
+/// It applies `PaymentAuthorized` and nothing else. Another payment event
+/// type is acknowledged without a change: the runner still records it in
+/// the inbox and moves the payment's ordering guard past it, so the
+/// payment's next event is not held back waiting for it (parking it would
+/// leave that gap open for good). A message whose type cannot be told is
+/// parked: it was not published by a relay.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PaymentHandler;
 
@@ -224,16 +256,39 @@ impl Handler for PaymentHandler {
         tx: &mut Transaction<'static, Postgres>,
         msg: &Message,
     ) -> Result<(), HandlerError> {
+        match payment_event_type(msg) {
+            Some(api::PAYMENT_AUTHORIZED) => {}
+            Some(other) => {
+                tracing::debug!(
+                    message_id = %msg.id,
+                    message_type = other,
+                    "not a {}: skipped",
+                    api::PAYMENT_AUTHORIZED
+                );
+                return Ok(());
+            }
+            None => {
+                return Err(HandlerError::permanent(format!(
+                    "message {:?} on {} has no type (no {} header, and the subject is not <prefix>.{}.<message_type>)",
+                    msg.id,
+                    msg.subject,
+                    headers::MESSAGE_TYPE,
+                    api::AGGREGATE_TYPE
+                )));
+            }
+        }
         let event: PaymentAuthorized = msg.json()?;
-        apply_payment(tx, &event).await
+        apply_payment(tx, &event, msg.trace_context().as_ref()).await
     }
 }
 
 /// In `tx`: `payment_pending → paid` for the event's order, with its
-/// `OrderPaid` event; a repeat of the same payment changes nothing.
+/// `OrderPaid` event carrying `trace` (the payment event's trace
+/// context); a repeat of the same payment changes nothing.
 pub async fn apply_payment(
     tx: &mut Transaction<'static, Postgres>,
     event: &PaymentAuthorized,
+    trace: Option<&TraceContext>,
 ) -> Result<(), HandlerError> {
     let paid = sqlx::query(
         "UPDATE orders SET state = 'paid', payment_id = $2, paid_at = now() \
@@ -252,7 +307,8 @@ pub async fn apply_payment(
             payment_id: event.payment_id.clone(),
         })
         .map_err(|e| HandlerError::permanent(e.to_string()))?;
-        let msg = OutboxMessage::new("order", &event.order_id, "OrderPaid", &payload)?;
+        let msg = OutboxMessage::new(AGGREGATE_TYPE, &event.order_id, ORDER_PAID, &payload)
+            .and_then(|msg| crate::traced(msg, trace))?;
         Outbox::enqueue(tx, &msg).await?;
         return Ok(());
     }
@@ -289,4 +345,64 @@ pub async fn apply_payment(
         "payment {} of {} {} does not match order {} of {amount} {currency}",
         event.payment_id, event.amount_cents, event.currency, event.order_id
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(subject: &str, headers: &[(&str, &str)]) -> Message {
+        Message {
+            id: "m1".to_owned(),
+            subject: subject.to_owned(),
+            headers: headers
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect(),
+            payload: Bytes::from_static(b"{}"),
+            deliveries: 1,
+        }
+    }
+
+    #[test]
+    fn payment_event_types_come_from_the_header_else_the_subject() {
+        // NATS: the subject's last part.
+        assert_eq!(
+            payment_event_type(&message("idem.payment.PaymentAuthorized", &[])),
+            Some("PaymentAuthorized")
+        );
+        assert_eq!(
+            payment_event_type(&message("idem.v2.payment.PaymentRefunded", &[])),
+            Some("PaymentRefunded")
+        );
+        // Kafka: the header (the source's subject is `<topic>.<type>`, or
+        // the bare topic without one).
+        assert_eq!(
+            payment_event_type(&message(
+                "idem.payment.PaymentRefunded",
+                &[("Idem-Message-Type", "PaymentRefunded")]
+            )),
+            Some("PaymentRefunded")
+        );
+        assert_eq!(
+            payment_event_type(&message(
+                "idem.payment",
+                &[("idem-message-type", "PaymentAuthorized")]
+            )),
+            Some("PaymentAuthorized")
+        );
+        // Neither says.
+        for untyped in [
+            message("idem.payment", &[]),
+            message("payment", &[]),
+            message("idem.order.OrderPaid", &[]),
+            message("idem.payment.", &[]),
+            message(
+                "idem.payment.PaymentAuthorized",
+                &[("Idem-Message-Type", "")],
+            ),
+        ] {
+            assert_eq!(payment_event_type(&untyped), None, "{untyped:?}");
+        }
+    }
 }

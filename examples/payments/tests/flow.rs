@@ -5,79 +5,33 @@
 //! outbox to JetStream and applied by the Order service's runner once per
 //! order, `OrderPaid` in the Order service's outbox. Then the same payment
 //! re-announced under a new message id changes nothing, and a conflicting
-//! payment or one for an unknown order is parked.
+//! payment or one for an unknown order is parked. On Kafka, where one topic
+//! holds every payment event, the Order service skips the types it does
+//! not handle and parks a record without one.
 
 mod common;
-
-use std::sync::Arc;
-use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
 use bytes::Bytes;
 use idem_postgres::sqlx;
 use idem_testkit::client::send;
-use payments::api::{Api, ApiConfig, PaymentAuthorized};
-use payments::orders::Orders;
-use payments::provider::Provider;
-use tokio::sync::Notify;
+use payments::api::PaymentAuthorized;
 
-use common::{create_order, scalar, serve};
+use common::{On, create_order, scalar, wait_for};
 
 const AUTH: (&str, &str) = ("authorization", "Bearer shop-1");
 const JSON: (&str, &str) = ("content-type", "application/json");
 
-async fn wait_for(what: &str, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !done().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn orders_are_paid_once_each_end_to_end() {
-    let Some(common::World {
-        nats,
-        pay_schema,
-        ord_schema,
-        pay_db,
-        ord_db,
-        bus,
-        ..
-    }) = common::world("e2e").await
-    else {
+    let Some(world) = common::world("e2e").await else {
         return;
     };
-    let stop = Arc::new(Notify::new());
-    let stopped = |stop: &Arc<Notify>| {
-        let stop = Arc::clone(stop);
-        async move { stop.notified().await }
-    };
-
-    let provider = serve(Provider::default().router()).await;
-    let orders = Orders::connect(&ord_db).await.expect("orders");
-    let orders_addr = serve(orders.router()).await;
-    let mut config = ApiConfig::new(&pay_db, &format!("http://{provider}"));
-    config.orders = Some(format!("http://{orders_addr}"));
-    config.provider_timeout = Duration::from_millis(500);
-    config.lease = Duration::from_secs(2);
-    let api = Api::connect(config).await.expect("api");
-    let api_addr = serve(api.router()).await;
-    let relays = [pay_db.clone(), ord_db.clone()].map(|db| {
-        let (bus, stop) = (bus.clone(), stopped(&stop));
-        tokio::spawn(async move { bus.run_relay(&db, stop).await.expect("relay") })
-    });
-    let consumer = {
-        let (bus, orders, stop) = (bus.clone(), orders.clone(), stopped(&stop));
-        tokio::spawn(async move {
-            bus.run_order_consumer(&orders, stop)
-                .await
-                .expect("consumer")
-        })
-    };
+    let bus = &world.bus;
+    let running = world.run().await;
+    let (provider, orders_addr, api_addr) =
+        (running.provider, running.orders_addr, running.api_addr);
+    let (api, orders) = (&running.api, &running.orders);
 
     // Ten orders; bad input refused.
     let bad = send(
@@ -237,7 +191,7 @@ async fn orders_are_paid_once_each_end_to_end() {
     // The same payment announced again under a new message id: a no-op.
     // A second payment for a paid order, and one for an unknown order:
     // parked.
-    let client = async_nats::connect(&nats).await.expect("nats");
+    let client = async_nats::connect(&bus.broker).await.expect("nats");
     let js = async_nats::jetstream::new(client);
     let payment_0: String = sqlx::query_scalar("SELECT payment_id FROM orders WHERE id = $1")
         .bind(&ids[0])
@@ -349,17 +303,126 @@ async fn orders_are_paid_once_each_end_to_end() {
     })
     .await;
 
-    stop.notify_waiters();
-    for relay in relays {
-        let _ = relay.await;
-    }
-    let stats = consumer.await.expect("consumer");
+    let stats = running.stop().await;
     assert_eq!(stats.parked, 2, "{stats:?}");
-    let _ = js.delete_stream(&bus.stream).await;
-    let _ = js.delete_stream(bus.parked_stream()).await;
-    for (pool, schema) in [(&pay_pool, &pay_schema), (&ord_pool, &ord_schema)] {
-        let _ = sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-            .execute(pool)
-            .await;
-    }
+    world.clean_up().await;
+}
+
+/// On Kafka one topic holds every payment event, told apart by its
+/// `Idem-Message-Type` header: the Order service applies
+/// `PaymentAuthorized`, acknowledges any other type without a change (its
+/// inbox row and the payment's ordering guard move on, so the payment's
+/// next event is not held back as a gap), and parks a record whose type
+/// it cannot tell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_other_payment_events_are_skipped_and_untyped_ones_parked() {
+    let Some(world) = common::world_on("skip", On::Kafka).await else {
+        return;
+    };
+    let running = world.run().await;
+    let ord_pool = running.orders.store().pool().clone();
+    let order = create_order(running.orders_addr, 700).await;
+    let topic = world.bus.topic(payments::api::AGGREGATE_TYPE);
+    let producer = idem_testkit::kafka::producer(&world.bus.broker);
+    let event = |payment: &str| {
+        serde_json::to_string(&PaymentAuthorized {
+            payment_id: payment.to_owned(),
+            order_id: order.clone(),
+            amount_cents: 700,
+            currency: "EUR".to_owned(),
+        })
+        .expect("json")
+    };
+    let relayed = |id: &'static str, kind: &'static str, sequence: &'static str| {
+        [
+            ("Idem-Message-Id", id),
+            ("Idem-Message-Type", kind),
+            ("Idem-Aggregate-Type", "payment"),
+            ("Idem-Aggregate-Id", "pay_k1"),
+            ("Idem-Sequence", sequence),
+        ]
+    };
+    let order_state = async || -> (String, Option<String>) {
+        sqlx::query_as("SELECT state, payment_id FROM orders WHERE id = $1")
+            .bind(&order)
+            .fetch_one(&ord_pool)
+            .await
+            .expect("order")
+    };
+
+    // The payment's first event is of another type, though shaped like a
+    // PaymentAuthorized: acknowledged, nothing applied.
+    idem_testkit::kafka::send(
+        &producer,
+        &topic,
+        "pay_k1",
+        &relayed("k1-attempted", "PaymentAttempted", "1"),
+        &event("pay_k1"),
+    )
+    .await;
+    wait_for("the other event's inbox row", async || {
+        scalar(&ord_pool, "SELECT count(*) FROM idem_inbox").await == 1
+    })
+    .await;
+    assert_eq!(order_state().await, ("payment_pending".to_owned(), None));
+    assert_eq!(
+        scalar(&ord_pool, "SELECT count(*) FROM idem_outbox").await,
+        0,
+        "no OrderPaid for another event type"
+    );
+
+    // Its second, PaymentAuthorized: applied, not held back as a gap.
+    idem_testkit::kafka::send(
+        &producer,
+        &topic,
+        "pay_k1",
+        &relayed("k1-authorized", "PaymentAuthorized", "2"),
+        &event("pay_k1"),
+    )
+    .await;
+    wait_for("the order paid", async || order_state().await.0 == "paid").await;
+    assert_eq!(
+        order_state().await,
+        ("paid".to_owned(), Some("pay_k1".to_owned()))
+    );
+
+    // A record that says no type: parked, with the reason.
+    idem_testkit::kafka::send(
+        &producer,
+        &topic,
+        "pay_k2",
+        &[("Idem-Message-Id", "k2-untyped")],
+        &event("pay_k2"),
+    )
+    .await;
+    let parked_topic = world.bus.parked_topic();
+    let mut parked = Vec::new();
+    wait_for("the untyped record parked", async || {
+        parked = idem_testkit::kafka::read_all(&world.bus.broker, &parked_topic).await;
+        !parked.is_empty()
+    })
+    .await;
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert_eq!(
+        parked[0].header("Idem-Message-Id").as_deref(),
+        Some("k2-untyped")
+    );
+    let reason = parked[0].header("Idem-Parked-Reason").unwrap_or_default();
+    assert!(reason.contains("has no type"), "{reason}");
+
+    let stats = running.stop().await;
+    assert_eq!(
+        (stats.applied, stats.parked, stats.retried),
+        (2, 1, 0),
+        "{stats:?}"
+    );
+    assert_eq!(
+        scalar(
+            &ord_pool,
+            "SELECT count(*) FROM idem_outbox WHERE message_type = 'OrderPaid'"
+        )
+        .await,
+        1
+    );
+    world.clean_up().await;
 }

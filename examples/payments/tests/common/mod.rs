@@ -1,13 +1,22 @@
-//! What the payments tests share: databases in schemas of their own,
-//! services on ephemeral loopback ports, orders.
+//! What the payments tests share: databases in schemas of their own, a
+//! bus of their own on NATS or Kafka, the services in-process on
+//! ephemeral loopback ports, orders.
 
 #![allow(dead_code, unreachable_pub)]
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
+use idem_messaging::{ConsumerStats, RelayStats};
 use idem_postgres::sqlx;
 use idem_testkit::client::send;
+use idem_testkit::servers::{PrivateKafka, PrivateNats};
+use payments::api::{Api, ApiConfig};
+use payments::orders::Orders;
+use payments::provider::Provider;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 /// The test server's URL with `schema=NAME`.
 pub fn database(pg: &str, schema: &str) -> String {
@@ -55,44 +64,215 @@ pub async fn scalar(pool: &sqlx::PgPool, sql: &str) -> i64 {
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
+/// Waits (up to a minute) until `done` says so.
+pub async fn wait_for(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !done().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The broker a test's [`World`] runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum On {
+    /// The loopback NATS with JetStream (streams of the test's own).
+    Nats,
+    /// A NATS server of the test's own ([`PrivateNats`]), running as long
+    /// as the world; the test may restart it.
+    PrivateNats,
+    /// The loopback Kafka-protocol broker (topics and group of the
+    /// test's own).
+    Kafka,
+    /// A Kafka-protocol broker of the test's own ([`PrivateKafka`]),
+    /// running as long as the world.
+    PrivateKafka,
+}
+
+impl On {
+    /// For labels and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Nats | Self::PrivateNats => "nats",
+            Self::Kafka | Self::PrivateKafka => "kafka",
+        }
+    }
+}
+
+/// A broker of a world's own.
+pub enum Private {
+    /// See [`PrivateNats`].
+    Nats(PrivateNats),
+    /// See [`PrivateKafka`].
+    Kafka(PrivateKafka),
+}
+
 /// One run's world: the Payment API's and the Order service's databases
-/// (schemas of their own) and a bus (stream and prefix of its own, streams
-/// created).
+/// (schemas of their own) and a bus (stream, topics, prefix and consumer
+/// group of its own, streams or topics created).
 pub struct World {
     pub pg: String,
-    pub nats: String,
     pub pay_schema: String,
     pub ord_schema: String,
     pub pay_db: String,
     pub ord_db: String,
     pub bus: payments::Bus,
+    /// The world's own broker ([`On::PrivateNats`], [`On::PrivateKafka`]);
+    /// dropping it stops the broker.
+    pub private: Option<Private>,
 }
 
-/// A [`World`] named after `label`, or `None` (skip) without PostgreSQL
-/// and NATS.
+/// A [`World`] on NATS named after `label`, or `None` (skip) without
+/// PostgreSQL and NATS.
 pub async fn world(label: &str) -> Option<World> {
-    let (Some(pg), Some(nats)) = (
-        idem_testkit::services::postgres(),
-        idem_testkit::services::nats(),
-    ) else {
-        return None;
+    world_on(label, On::Nats).await
+}
+
+/// A [`World`] on `on` named after `label`, or `None` (skip) without
+/// PostgreSQL or the broker. Kafka consumers get the tests' 6 s session
+/// timeout (a Tansu group join takes about half of it).
+pub async fn world_on(label: &str, on: On) -> Option<World> {
+    let pg = idem_testkit::services::postgres()?;
+    let (broker, private) = match on {
+        On::Nats => (idem_testkit::services::nats()?, None),
+        On::PrivateNats => {
+            let nats = PrivateNats::start()?;
+            (nats.url(), Some(Private::Nats(nats)))
+        }
+        On::Kafka => (idem_testkit::services::kafka()?, None),
+        On::PrivateKafka => {
+            let kafka = PrivateKafka::start()?;
+            (kafka.url(), Some(Private::Kafka(kafka)))
+        }
     };
     let tag = idem::OwnerToken::random().to_string()[..8].to_owned();
     let (pay_schema, ord_schema) = (format!("pay_{label}_{tag}"), format!("ord_{label}_{tag}"));
     let (pay_db, ord_db) = (database(&pg, &pay_schema), database(&pg, &ord_schema));
-    let bus = payments::Bus {
-        nats: nats.clone(),
-        stream: format!("{label}_{tag}").to_uppercase(),
-        prefix: format!("{label}{tag}"),
-    };
-    bus.ensure_streams().await.expect("streams");
+    let mut bus = payments::Bus::new(&broker);
+    bus.stream = format!("{label}_{tag}").to_uppercase();
+    bus.prefix = format!("{label}{tag}");
+    if bus.kind() == Ok(payments::Broker::Kafka) {
+        bus.session_timeout = idem_testkit::kafka::SESSION_TIMEOUT;
+    }
+    bus.ensure_destinations().await.expect("streams or topics");
     Some(World {
         pg,
-        nats,
         pay_schema,
         ord_schema,
         pay_db,
         ord_db,
         bus,
+        private,
     })
+}
+
+impl World {
+    /// `sql` with `SCHEMA.` naming the Payment API's schema.
+    pub fn in_payments(&self, sql: &str) -> String {
+        sql.replace("SCHEMA.", &format!("\"{}\".", self.pay_schema))
+    }
+
+    /// `sql` with `SCHEMA.` naming the Order service's schema.
+    pub fn in_orders(&self, sql: &str) -> String {
+        sql.replace("SCHEMA.", &format!("\"{}\".", self.ord_schema))
+    }
+
+    /// Runs the services in-process until [`Running::stop`]: the
+    /// provider, the Order service (HTTP and consumer), the Payment API
+    /// (provider timeout 500 ms, lease 2 s, refusing payments the Order
+    /// service would) and a relay for each outbox.
+    pub async fn run(&self) -> Running {
+        let (stop, stopped) = watch::channel(false);
+        let until_stopped = || {
+            let mut stopped = stopped.clone();
+            async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            }
+        };
+        let provider = serve(Provider::default().router()).await;
+        let orders = Orders::connect(&self.ord_db).await.expect("orders");
+        let orders_addr = serve(orders.router()).await;
+        let mut config = ApiConfig::new(&self.pay_db, &format!("http://{provider}"));
+        config.orders = Some(format!("http://{orders_addr}"));
+        config.provider_timeout = Duration::from_millis(500);
+        config.lease = Duration::from_secs(2);
+        let api = Api::connect(config).await.expect("api");
+        let api_addr = serve(api.router()).await;
+        let relays: Vec<_> = [self.pay_db.clone(), self.ord_db.clone()]
+            .map(|db| {
+                let (bus, stop) = (self.bus.clone(), until_stopped());
+                tokio::spawn(async move { bus.run_relay(&db, stop).await.expect("relay") })
+            })
+            .into();
+        let consumer = {
+            let (bus, orders, stop) = (self.bus.clone(), orders.clone(), until_stopped());
+            tokio::spawn(async move {
+                bus.run_order_consumer(&orders, stop)
+                    .await
+                    .expect("consumer")
+            })
+        };
+        Running {
+            provider,
+            orders_addr,
+            api_addr,
+            orders,
+            api,
+            stop,
+            relays,
+            consumer,
+        }
+    }
+
+    /// Drops the world's schemas and, on NATS, its streams. (Kafka topics
+    /// stay: a private broker goes with the world, and the shared one
+    /// keeps them in memory under the world's own prefix.)
+    pub async fn clean_up(&self) {
+        if self.bus.kind() == Ok(payments::Broker::Nats)
+            && let Ok(client) = async_nats::connect(&self.bus.broker).await
+        {
+            let js = async_nats::jetstream::new(client);
+            let _ = js.delete_stream(&self.bus.stream).await;
+            let _ = js.delete_stream(self.bus.parked_stream()).await;
+        }
+        if let Ok(pool) = sqlx::PgPool::connect(&self.pg).await {
+            for schema in [&self.pay_schema, &self.ord_schema] {
+                let _ = sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+                    .execute(&pool)
+                    .await;
+            }
+        }
+    }
+}
+
+/// The services of [`World::run`].
+pub struct Running {
+    /// The fake provider.
+    pub provider: SocketAddr,
+    /// The Order service's HTTP.
+    pub orders_addr: SocketAddr,
+    /// The Payment API.
+    pub api_addr: SocketAddr,
+    /// The Order service (its database: `orders.store().pool()`).
+    pub orders: Orders,
+    /// The Payment API (its database: `api.store().pool()`).
+    pub api: Api,
+    stop: watch::Sender<bool>,
+    relays: Vec<JoinHandle<RelayStats>>,
+    consumer: JoinHandle<ConsumerStats>,
+}
+
+impl Running {
+    /// Stops the relays and the consumer (each finishes what it has in
+    /// hand); returns what the consumer did.
+    pub async fn stop(self) -> ConsumerStats {
+        let _ = self.stop.send(true);
+        for relay in self.relays {
+            let _ = relay.await;
+        }
+        self.consumer.await.expect("consumer")
+    }
 }
