@@ -273,7 +273,8 @@ pub struct ConsumerOptions {
     /// logical consumer (several replicas share it).
     pub consumer: String,
     /// Messages handled at once (one aggregate's one at a time, with
-    /// `ordering`).
+    /// `ordering`, which holds up to 4 × this many so that other
+    /// aggregates' run while one aggregate's later events wait).
     pub concurrency: usize,
     /// Deliveries before a failing message is parked.
     pub max_deliveries: u32,
@@ -423,7 +424,16 @@ impl<H: Handler> Consumer<H> {
         stop: impl Future<Output = ()> + Send,
     ) -> ConsumerStats {
         let mut stats = ConsumerStats::default();
-        let limit = Arc::new(tokio::sync::Semaphore::new(self.options.concurrency.max(1)));
+        let concurrency = self.options.concurrency.max(1);
+        // With lanes, deliveries waiting behind their aggregate's are held
+        // too: a look-ahead lets other aggregates' run meanwhile.
+        let held = if self.options.ordering {
+            concurrency * LOOK_AHEAD
+        } else {
+            concurrency
+        };
+        let limit = Arc::new(tokio::sync::Semaphore::new(held));
+        let running = Arc::new(tokio::sync::Semaphore::new(concurrency));
         let mut tasks: JoinSet<Vec<(Outcome, bool)>> = JoinSet::new();
         let lanes = Arc::new(std::sync::Mutex::new(Lanes::default()));
         let retention = self.options.inbox_retention.map(|keep| {
@@ -435,8 +445,8 @@ impl<H: Handler> Consumer<H> {
         });
         tokio::pin!(stop);
         loop {
-            // Take a slot first, so a delivery is only pulled when it can
-            // start at once (what is not pulled is not held).
+            // Take a slot first, so no more is pulled than may be held
+            // (what is not pulled is not held).
             let permit = tokio::select! {
                 biased;
                 () = &mut stop => break,
@@ -473,7 +483,7 @@ impl<H: Handler> Consumer<H> {
                             .expect("lanes")
                             .admit(lane.clone(), delivery, permit);
                     if let Some(first) = admitted {
-                        self.start(&mut tasks, &lanes, first, lane);
+                        self.start(&mut tasks, &lanes, &running, first, lane);
                     }
                 }
             }
@@ -493,19 +503,22 @@ impl<H: Handler> Consumer<H> {
 impl<H: Handler> Consumer<H> {
     /// Handles `first` in a task of `tasks`, then, in the same task, each
     /// delivery that waits behind it in its `lane`, until the lane is
-    /// empty; each holds its slot until it is handled.
+    /// empty; each holds its slot until it is handled, and is handled
+    /// while holding one of the `running` permits.
     fn start<D: Delivery>(
         &self,
         tasks: &mut JoinSet<Vec<(Outcome, bool)>>,
         lanes: &Arc<std::sync::Mutex<Lanes<D>>>,
+        running: &Arc<tokio::sync::Semaphore>,
         first: Waiting<D>,
         lane: Option<Lane>,
     ) {
-        let (pool, handler, options, lanes) = (
+        let (pool, handler, options, lanes, running) = (
             self.pool.clone(),
             Arc::clone(&self.handler),
             Arc::clone(&self.options),
             Arc::clone(lanes),
+            Arc::clone(running),
         );
         tasks.spawn(async move {
             // A panicking handler must not leave its lane busy for good.
@@ -516,8 +529,9 @@ impl<H: Handler> Consumer<H> {
             let mut handled = Vec::new();
             let (mut delivery, mut permit) = first;
             loop {
+                let run = running.acquire().await.expect("never closed");
                 handled.push(handle_one(&pool, &*handler, &options, delivery).await);
-                drop(permit);
+                drop((run, permit));
                 let next = lane
                     .as_ref()
                     .and_then(|lane| lanes.lock().expect("lanes").release(lane));
@@ -549,6 +563,12 @@ impl<D> Drop for LaneGuard<D> {
     }
 }
 
+/// With ordering on, how many deliveries per unit of concurrency may be
+/// held (handled, or waiting behind their aggregate's): a Kafka partition
+/// or a stream hands over runs of one aggregate, and without a look-ahead
+/// the slots would fill with one aggregate's waiting events.
+const LOOK_AHEAD: usize = 4;
+
 /// An aggregate: its type and id.
 type Lane = (String, String);
 
@@ -558,7 +578,8 @@ type Lane = (String, String);
 /// runs of one key); handled at once, a later event would find its
 /// predecessor uncommitted and come back after `gap_delay` (a gap), so
 /// an in-order stream of one aggregate would move at one event per gap
-/// delay. A waiting delivery keeps its concurrency slot.
+/// delay. A waiting delivery keeps its place among the held ones (at most
+/// [`LOOK_AHEAD`] × `concurrency`), not a running slot.
 struct Lanes<D> {
     /// The aggregates with a delivery in hand, and what waits behind it.
     busy: std::collections::HashMap<Lane, std::collections::VecDeque<Waiting<D>>>,
