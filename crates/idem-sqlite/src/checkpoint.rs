@@ -10,18 +10,29 @@
 //! checkpoints only if the WAL outgrows [`WRITER_FALLBACK_PAGES`] (the
 //! background fell behind).
 //!
-//! How often matters as much as where. Each checkpoint ends with an fsync
-//! of the database file that carries every page copied since the last
-//! one, and the WAL commits' own fsyncs queue behind it on the same disk.
-//! Every 250 ms, under a cleanup that dirties many scattered pages, those
-//! fsyncs took up to 60–80 ms and doubled the serving p99. So the writer
-//! [`kick`](Kick::kick)s the checkpointer after each commit, and it runs at
-//! most every [`MIN_GAP`]: small checkpoints, small fsyncs, and none at all
-//! while the store is idle.
+//! How often matters as much as where. Each checkpoint syncs the WAL and
+//! then the database file, and the commits' own syncs queue behind those
+//! on the same disk:
+//!
+//! * too rarely, and one checkpoint carries many scattered pages: every
+//!   250 ms under a cleanup, its fsyncs took 60–80 ms and doubled the
+//!   serving p99;
+//! * too often, and the checkpoints' syncs outnumber the commits': one
+//!   caller at a time, a checkpoint every 10 ms added about one fsync to
+//!   every unique key's two, each waiting on the same disk
+//!   (docs/BENCHMARKS.md, #24).
+//!
+//! So the pace follows the WAL, not the clock: the writer's WAL hook
+//! counts the frames each commit appends ([`Kick::committed`]); a
+//! checkpoint runs once [`DUE_FRAMES`] have piled up (and at most every
+//! [`MIN_GAP`]), or once the writer has been quiet for [`IDLE`] with
+//! anything uncopied. Small checkpoints under load, few of them for one
+//! caller, and none while the store sits idle.
 
+use std::ffi::c_int;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
@@ -31,29 +42,90 @@ pub(crate) const WRITER_FALLBACK_PAGES: u32 = 20_000;
 /// Shortest time between two checkpoints while commits keep coming.
 pub(crate) const MIN_GAP: Duration = Duration::from_millis(10);
 
+/// WAL frames appended since the last checkpoint that make the next one
+/// due: SQLite's own default checkpoint size (4 MiB of pages).
+pub(crate) const DUE_FRAMES: u32 = 1_000;
+
+/// How long the writer stays quiet before what it left in the WAL is
+/// copied anyway.
+pub(crate) const IDLE: Duration = Duration::from_millis(100);
+
 #[derive(Debug, Default)]
 struct State {
-    /// Commits since the last checkpoint started.
-    dirty: bool,
+    /// Frames appended since the last checkpoint started.
+    pending: u32,
+    /// The WAL's size in frames after the latest commit.
+    wal_frames: u32,
+    /// When the latest commit appended to the WAL.
+    last_commit: Option<Instant>,
     stopped: bool,
+}
+
+impl State {
+    /// How long until a checkpoint is due: `Some(ZERO)` now, `None` when
+    /// nothing waits to be copied. Checkpoints start at least `gap` apart;
+    /// `last` is when the previous one started.
+    fn due_in(&self, now: Instant, last: Option<Instant>, gap: Duration) -> Option<Duration> {
+        if self.pending == 0 {
+            return None;
+        }
+        let gap = last.map_or(Duration::ZERO, |at| {
+            gap.saturating_sub(now.saturating_duration_since(at))
+        });
+        if self.pending >= DUE_FRAMES {
+            return Some(gap);
+        }
+        let quiet = self
+            .last_commit
+            .map_or(Duration::ZERO, |at| now.saturating_duration_since(at));
+        Some(IDLE.saturating_sub(quiet).max(gap))
+    }
 }
 
 type Shared = Arc<(Mutex<State>, Condvar)>;
 
-/// Tells the checkpointer there is something new in the WAL.
+/// Tells the checkpointer what the commits appended to the WAL.
 #[derive(Debug, Clone)]
 pub(crate) struct Kick(Shared);
 
 impl Kick {
-    /// After a commit: a checkpoint is due (within [`MIN_GAP`]).
-    pub(crate) fn kick(&self) {
+    /// From the writer's WAL hook, after a commit: the WAL now holds
+    /// `wal_frames` frames (fewer than before when the commit started the
+    /// WAL over).
+    pub(crate) fn committed(&self, wal_frames: u32) {
         let (state, wake) = &*self.0;
         let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
-        if !s.dirty {
-            s.dirty = true;
+        let appended = if wal_frames > s.wal_frames {
+            wal_frames - s.wal_frames
+        } else {
+            wal_frames
+        };
+        s.wal_frames = wal_frames;
+        s.last_commit = Some(Instant::now());
+        let was = s.pending;
+        s.pending = s.pending.saturating_add(appended);
+        // Wake the thread when there is a new deadline to set: the first
+        // frames after a checkpoint, and when the frames make one due.
+        if was == 0 || (was < DUE_FRAMES && s.pending >= DUE_FRAMES) {
             wake.notify_one();
         }
     }
+}
+
+/// Installs the writer's WAL hook: each commit tells `kick` the WAL's size,
+/// and past [`WRITER_FALLBACK_PAGES`] the writer checkpoints by itself
+/// (the hook takes the place of SQLite's own `wal_autocheckpoint`).
+pub(crate) fn hook(conn: &mut Connection, kick: Kick) -> rusqlite::Result<()> {
+    conn.wal_hook(Some(
+        move |wal: &mut rusqlite::hooks::Wal, frames: c_int| {
+            let frames = u32::try_from(frames).unwrap_or(0);
+            kick.committed(frames);
+            if frames >= WRITER_FALLBACK_PAGES {
+                wal.checkpoint_v2(rusqlite::wal::CheckpointMode::PASSIVE)?;
+            }
+            Ok(())
+        },
+    ))
 }
 
 /// The running checkpoint thread; dropping it stops the thread.
@@ -64,8 +136,8 @@ pub(crate) struct Checkpointer {
 }
 
 impl Checkpointer {
-    /// Checkpoints through `conn` after each [`Kick::kick`], at most every
-    /// `gap`, until dropped.
+    /// Checkpoints through `conn` as the WAL fills (see the module docs),
+    /// at most every `gap`, until dropped.
     pub(crate) fn spawn(conn: Connection, gap: Duration) -> std::io::Result<(Self, Kick)> {
         let shared: Shared = Arc::default();
         let signal = Arc::clone(&shared);
@@ -74,32 +146,30 @@ impl Checkpointer {
             .spawn(move || {
                 let (state, wake) = &*signal;
                 let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+                let mut last = None;
                 loop {
-                    while !s.dirty && !s.stopped {
-                        s = wake.wait(s).unwrap_or_else(|p| p.into_inner());
-                    }
                     if s.stopped {
                         break;
                     }
-                    s.dirty = false;
-                    drop(s);
-                    if let Err(err) =
-                        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
-                    {
-                        tracing::warn!(%err, "sqlite: background checkpoint failed");
-                    }
-                    s = state.lock().unwrap_or_else(|p| p.into_inner());
-                    // The gap: commits meanwhile only mark the next one due.
-                    let until = std::time::Instant::now() + gap;
-                    while !s.stopped {
-                        let left = until.saturating_duration_since(std::time::Instant::now());
-                        if left.is_zero() {
-                            break;
+                    match s.due_in(Instant::now(), last, gap) {
+                        None => s = wake.wait(s).unwrap_or_else(|p| p.into_inner()),
+                        Some(wait) if !wait.is_zero() => {
+                            s = wake
+                                .wait_timeout(s, wait)
+                                .unwrap_or_else(|p| p.into_inner())
+                                .0;
                         }
-                        s = wake
-                            .wait_timeout(s, left)
-                            .unwrap_or_else(|p| p.into_inner())
-                            .0;
+                        Some(_) => {
+                            s.pending = 0;
+                            drop(s);
+                            last = Some(Instant::now());
+                            if let Err(err) =
+                                conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+                            {
+                                tracing::warn!(%err, "sqlite: background checkpoint failed");
+                            }
+                            s = state.lock().unwrap_or_else(|p| p.into_inner());
+                        }
                     }
                 }
             })?;
@@ -122,5 +192,74 @@ impl Drop for Checkpointer {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kick() -> (Kick, Shared) {
+        let shared: Shared = Arc::default();
+        (Kick(Arc::clone(&shared)), shared)
+    }
+
+    fn due(shared: &Shared, now: Instant, last: Option<Instant>) -> Option<Duration> {
+        let s = shared.0.lock().expect("state");
+        s.due_in(now, last, MIN_GAP)
+    }
+
+    #[test]
+    fn nothing_is_due_before_the_first_commit() {
+        let (_, shared) = kick();
+        assert_eq!(due(&shared, Instant::now(), None), None);
+    }
+
+    /// One caller at a time appends a few frames per commit; a checkpoint
+    /// after each of them (every `MIN_GAP`) cost about one more fsync per
+    /// unique key. Commits that keep coming wait for `DUE_FRAMES`.
+    #[test]
+    fn a_steady_trickle_of_commits_waits_for_due_frames() {
+        let (kick, shared) = kick();
+        let last = Some(Instant::now() - Duration::from_secs(1));
+        let mut frames = 0;
+        while frames + 5 < DUE_FRAMES {
+            frames += 5;
+            kick.committed(frames);
+            let wait = due(&shared, Instant::now(), last).expect("frames pending");
+            assert!(wait > IDLE / 2, "due after {frames} frames: {wait:?}");
+        }
+        kick.committed(frames + 5);
+        assert_eq!(due(&shared, Instant::now(), last), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_due_checkpoint_still_keeps_the_gap() {
+        let (kick, shared) = kick();
+        kick.committed(DUE_FRAMES);
+        let now = Instant::now();
+        let wait = due(&shared, now, Some(now)).expect("due");
+        assert!(wait > Duration::ZERO && wait <= MIN_GAP, "{wait:?}");
+    }
+
+    #[test]
+    fn a_quiet_writer_has_its_frames_copied_after_idle() {
+        let (kick, shared) = kick();
+        kick.committed(3);
+        let then = Instant::now() + IDLE;
+        assert_eq!(due(&shared, then, None), Some(Duration::ZERO));
+    }
+
+    /// A commit after a complete checkpoint starts the WAL over: its frame
+    /// count drops, and all of it is new.
+    #[test]
+    fn a_restarted_wal_counts_from_its_start() {
+        let (kick, shared) = kick();
+        kick.committed(900);
+        shared.0.lock().expect("state").pending = 0;
+        kick.committed(4);
+        assert_eq!(shared.0.lock().expect("state").pending, 4);
+        kick.committed(10);
+        assert_eq!(shared.0.lock().expect("state").pending, 10);
     }
 }

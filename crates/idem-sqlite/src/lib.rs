@@ -105,18 +105,13 @@ impl SqliteStore {
         create_private(opts.path()).map_err(opened)?;
         let mut conn = open_connection(&opts, true).map_err(opened)?;
         let migrated = schema::migrate(&mut conn).map_err(opened)?;
-        conn.pragma_update(
-            None,
-            "wal_autocheckpoint",
-            checkpoint::WRITER_FALLBACK_PAGES,
-        )
-        .map_err(|e| opened(e.into()))?;
         // Not query_only: a checkpoint writes to the database file.
         let (checkpointer, kick) = checkpoint::Checkpointer::spawn(
             open_connection(&opts, true).map_err(opened)?,
             checkpoint::MIN_GAP,
         )
         .map_err(|e| opened(SqliteError::Thread("checkpoint", e)))?;
+        checkpoint::hook(&mut conn, kick).map_err(|e| opened(e.into()))?;
         let readers = (0..opts.readers().max(1))
             .map(|_| open_connection(&opts, false))
             .collect::<Result<Vec<_>, _>>()
@@ -127,7 +122,7 @@ impl SqliteStore {
         let thread_stats = Arc::clone(&stats);
         let writer_thread = std::thread::Builder::new()
             .name("idem-sqlite-writer".to_owned())
-            .spawn(move || writer::run(conn, rx, max_batch, thread_stats, kick))
+            .spawn(move || writer::run(conn, rx, max_batch, thread_stats))
             .map_err(|e| opened(SqliteError::Thread("writer", e)))?;
         Ok(Self {
             writer: Some(tx),

@@ -25,7 +25,6 @@ use idem::{StoreError, Timestamp};
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::checkpoint::Kick;
 use crate::error::shared;
 
 /// What a job leaves behind until its batch commits: the answer to send,
@@ -123,7 +122,6 @@ pub(crate) fn run(
     mut queue: mpsc::Receiver<Box<dyn Job>>,
     max_batch: usize,
     stats: Arc<Stats>,
-    checkpoint: Kick,
 ) {
     let mut jobs: Vec<Box<dyn Job>> = Vec::with_capacity(max_batch);
     let mut pending: Vec<Pending> = Vec::with_capacity(max_batch);
@@ -136,7 +134,6 @@ pub(crate) fn run(
             }
         }
         run_batch(&mut conn, &mut jobs, &mut pending, &stats);
-        checkpoint.kick();
     }
     // Leave the WAL small for the next opener.
     let _ = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)");
