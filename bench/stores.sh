@@ -11,10 +11,17 @@
 #   cargo bench    idem-postgres and idem-redis `reserve` benches (criterion),
 #                  unless SKIP_CARGO_BENCH=1.
 #
+#   fdatasync      the embedded store's floor: pairs of (small overwrite,
+#                  fdatasync) in a file under FSYNC_DIR (default target/tmp:
+#                  the disk the SQLite file lives on), as a unique key needs
+#                  two durable commits.
+#
 # Servers: IDEM_TEST_PG_URL (default postgres://postgres@127.0.0.1:5432/test)
 # and REDIS_HOST/REDIS_PORT (default 127.0.0.1:6379).
-# Knobs: SECONDS_PER_RUN (default 10), PG_CLIENTS (default "1 16 64": the
-# server's max_connections bounds it), REDIS_CLIENTS (default "1 16 256").
+# Knobs: SECONDS_PER_RUN (default 10), PG_CLIENTS (default "1 16 64 256";
+# a count above the server's max_connections less 10 runs at that bound
+# and says so), REDIS_CLIENTS (default "1 16 64 256"), SKIP_PG=1,
+# SKIP_REDIS=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,8 +29,9 @@ PG_URL=${IDEM_TEST_PG_URL:-postgres://postgres@127.0.0.1:5432/test}
 REDIS_HOST=${REDIS_HOST:-127.0.0.1}
 REDIS_PORT=${REDIS_PORT:-6379}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
-PG_CLIENTS=${PG_CLIENTS:-"1 16 64"}
-REDIS_CLIENTS=${REDIS_CLIENTS:-"1 16 256"}
+PG_CLIENTS=${PG_CLIENTS:-"1 16 64 256"}
+REDIS_CLIENTS=${REDIS_CLIENTS:-"1 16 64 256"}
+FSYNC_DIR=${FSYNC_DIR:-target/tmp}
 SCHEMA=idem_bench_raw
 
 echo "== machine"
@@ -31,11 +39,15 @@ echo "load average at start: $(cut -d" " -f1-3 /proc/loadavg) (other work on the
 echo "cpus: $(nproc); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
 echo "memory: $(free -g | awk '/^Mem:/ {print $2 " GiB"}')"
 echo "kernel: $(uname -r)"
-psql "$PG_URL" -Atc 'SELECT version()'
-psql "$PG_URL" -Atc 'SHOW max_connections' | sed 's/^/postgres max_connections: /'
-psql "$PG_URL" -Atc 'SHOW synchronous_commit' | sed 's/^/postgres synchronous_commit: /'
-redis-cli -h "$REDIS_HOST" -p "$REDIS_PORT" INFO server | grep -E '^redis_version' | tr -d '\r'
-redis-cli -h "$REDIS_HOST" -p "$REDIS_PORT" CONFIG GET appendonly | paste -sd' '
+if [ "${SKIP_PG:-0}" != 1 ]; then
+  psql "$PG_URL" -Atc 'SELECT version()'
+  psql "$PG_URL" -Atc 'SHOW max_connections' | sed 's/^/postgres max_connections: /'
+  psql "$PG_URL" -Atc 'SHOW synchronous_commit' | sed 's/^/postgres synchronous_commit: /'
+fi
+if [ "${SKIP_REDIS:-0}" != 1 ]; then
+  redis-cli -h "$REDIS_HOST" -p "$REDIS_PORT" INFO server | grep -E '^redis_version' | tr -d '\r'
+  redis-cli -h "$REDIS_HOST" -p "$REDIS_PORT" CONFIG GET appendonly | paste -sd' '
+fi
 date -u
 
 work=$(mktemp -d)
@@ -45,6 +57,33 @@ cleanup() {
 }
 trap cleanup EXIT
 
+echo
+echo "== fdatasync in $FSYNC_DIR ($(df --output=source,fstype "$FSYNC_DIR" | tail -1 | tr -s ' '))"
+mkdir -p "$FSYNC_DIR"
+python3 - "$FSYNC_DIR" "$SECONDS_PER_RUN" <<'PY'
+import os, statistics, sys, time
+# A unique key commits twice (reserve, then the answer); each commit is a
+# small write made durable. Overwrites in a preallocated file: the data's
+# own sync, no file growth.
+path = os.path.join(sys.argv[1], "idem-fsync-floor")
+fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+os.pwrite(fd, b"\0" * 65536, 0)
+os.fsync(fd)
+pairs, end, i = [], time.monotonic() + min(float(sys.argv[2]), 5.0), 0
+while time.monotonic() < end:
+    t = time.perf_counter()
+    for _ in range(2):
+        os.pwrite(fd, os.urandom(200), (i % 256) * 256)
+        os.fdatasync(fd)
+        i += 1
+    pairs.append(time.perf_counter() - t)
+os.close(fd)
+os.unlink(path)
+pairs.sort()
+print(f"fdatasync pairs={len(pairs)} p50_ms={statistics.median(pairs) * 1000:.3f} p99_ms={pairs[int(len(pairs) * 0.99)] * 1000:.3f}")
+PY
+
+if [ "${SKIP_PG:-0}" != 1 ]; then
 echo
 echo "== pgbench on idem_records (schema $SCHEMA)"
 psql "$PG_URL" -qv ON_ERROR_STOP=1 <<SQL
@@ -75,17 +114,24 @@ WHERE tenant = 'bench' AND operation = 'POST /v1/payments' AND key = :client_id 
   AND owner = decode(repeat('cd', 16), 'hex') AND attempt = 1;
 SQL
 
+bound=$(( $(psql "$PG_URL" -Atc 'SHOW max_connections') - 10 ))
 for script in reserve reserve_complete; do
   for c in $PG_CLIENTS; do
     j=$(( c < 2 ? 1 : 2 ))
-    tps=$(PGOPTIONS="-c search_path=$SCHEMA" pgbench -n -M prepared -f "$work/$script.sql" \
-            -c "$c" -j "$j" -T "$SECONDS_PER_RUN" "$PG_URL" 2>&1 \
-          | awk -F'= ' '/^tps/ {split($2, a, " "); print a[1]}')
-    printf 'pgbench %-17s clients=%-4s tps=%s\n' "$script" "$c" "$tps"
+    ran=$(( c > bound ? bound : c ))
+    out=$(PGOPTIONS="-c search_path=$SCHEMA" pgbench -n -M prepared -f "$work/$script.sql" \
+            -c "$ran" -j "$j" -T "$SECONDS_PER_RUN" "$PG_URL" 2>&1)
+    tps=$(awk -F'= ' '/^tps/ {split($2, a, " "); print a[1]}' <<<"$out")
+    lat=$(awk -F'= ' '/^latency average/ {split($2, a, " "); print a[1]}' <<<"$out")
+    note=""
+    [ "$ran" != "$c" ] && note=" ran=$ran (max_connections less 10)"
+    printf 'pgbench %-17s clients=%-4s tps=%s latency_ms=%s%s\n' "$script" "$c" "$tps" "$lat" "$note"
   done
 done
 echo "pgbench command: PGOPTIONS='-c search_path=$SCHEMA' pgbench -n -M prepared -f <script> -c <clients> -j <1|2> -T $SECONDS_PER_RUN $PG_URL"
+fi
 
+if [ "${SKIP_REDIS:-0}" != 1 ]; then
 echo
 echo "== redis-benchmark SET key val NX EX 60 (database 9)"
 for c in $REDIS_CLIENTS; do
@@ -95,6 +141,7 @@ for c in $REDIS_CLIENTS; do
     | tr '\r' '\n' | grep -E 'requests per second' | tail -1 | sed "s/^/clients=$c /"
 done
 echo "redis-benchmark command: redis-benchmark -h $REDIS_HOST -p $REDIS_PORT --dbnum 9 -q -n <50000|200000> -c <clients> -r 1000000000 SET idembench-raw:__rand_int__ v NX EX 60"
+fi
 
 if [ "${SKIP_CARGO_BENCH:-0}" != 1 ]; then
   echo
