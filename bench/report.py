@@ -99,11 +99,15 @@ def floors(path):
     m = re.search(r"^fdatasync pairs=(\d+) p50_ms=([\d.]+)", raw, re.M)
     if m:
         out["fsync_pair_ms"] = float(m.group(2))
-    for m in re.finditer(r"^pgbench (\S+)\s+clients=(\d+)\s+tps=([\d.]+) latency_ms=([\d.]+)(?: ran=(\d+))?", raw, re.M):
+    for m in re.finditer(
+        r"^pgbench (\S+)\s+clients=(\d+)\s+tps=([\d.]+) latency_ms=([\d.]+)(?: p50_ms=([\d.]+))?(?: ran=(\d+))?", raw, re.M
+    ):
         out["pg"][(m.group(1), m.group(2))] = {
             "tps": float(m.group(3)),
-            "ms": float(m.group(4)),
-            "ran": m.group(5) or m.group(2),
+            # the median where stores.sh logged it, else the average
+            "ms": float(m.group(5) or m.group(4)),
+            "what": "p50" if m.group(5) else "average",
+            "ran": m.group(6) or m.group(2),
         }
     for m in re.finditer(r"^clients=(\d+) SET .*?: ([\d.]+) requests per second, p50=([\d.]+) msec", raw, re.M):
         out["redis"][m.group(1)] = {"rps": float(m.group(2)), "p50": float(m.group(3))}
@@ -129,8 +133,8 @@ def targets(data, have, conns, floor, rss):
     if "fsync_pair_ms" in floor:
         lat_floor["idem_unique_keys"] = ("SQLite", floor["fsync_pair_ms"], "two `fdatasync` (p50 of pairs)")
     if ("reserve_complete", "1") in floor["pg"]:
-        lat_floor["idem_unique_keys_postgres"] = (
-            "PostgreSQL", floor["pg"][("reserve_complete", "1")]["ms"], "pgbench reserve + complete, 1 client")
+        pg1 = floor["pg"][("reserve_complete", "1")]
+        lat_floor["idem_unique_keys_postgres"] = ("PostgreSQL", pg1["ms"], f"pgbench reserve + complete, 1 client ({pg1['what']})")
     if "1" in floor["redis"]:
         lat_floor["idem_unique_keys_redis"] = (
             "Redis", 2 * floor["redis"]["1"]["p50"], "two round trips (2 × redis-benchmark p50, `-c 1`)")

@@ -119,13 +119,17 @@ for script in reserve reserve_complete; do
   for c in $PG_CLIENTS; do
     j=$(( c < 2 ? 1 : 2 ))
     ran=$(( c > bound ? bound : c ))
-    out=$(PGOPTIONS="-c search_path=$SCHEMA" pgbench -n -M prepared -f "$work/$script.sql" \
-            -c "$ran" -j "$j" -T "$SECONDS_PER_RUN" "$PG_URL" 2>&1)
+    rm -f "$work"/pglog*
+    out=$(cd "$work" && PGOPTIONS="-c search_path=$SCHEMA" pgbench -n -M prepared -f "$work/$script.sql" \
+            -c "$ran" -j "$j" -T "$SECONDS_PER_RUN" -l --log-prefix=pglog "$PG_URL" 2>&1)
     tps=$(awk -F'= ' '/^tps/ {split($2, a, " "); print a[1]}' <<<"$out")
     lat=$(awk -F'= ' '/^latency average/ {split($2, a, " "); print a[1]}' <<<"$out")
+    # The median script latency (µs in the third column of -l's log): a
+    # p50, like wrk's, where the average would be pulled up by the tail.
+    p50=$(cat "$work"/pglog* | awk '{print $3}' | sort -n | awk '{v[NR] = $1} END {printf "%.3f", NR ? v[int((NR + 1) / 2)] / 1000 : 0}')
     note=""
     [ "$ran" != "$c" ] && note=" ran=$ran (max_connections less 10)"
-    printf 'pgbench %-17s clients=%-4s tps=%s latency_ms=%s%s\n' "$script" "$c" "$tps" "$lat" "$note"
+    printf 'pgbench %-17s clients=%-4s tps=%s latency_ms=%s p50_ms=%s%s\n' "$script" "$c" "$tps" "$lat" "$p50" "$note"
   done
 done
 echo "pgbench command: PGOPTIONS='-c search_path=$SCHEMA' pgbench -n -M prepared -f <script> -c <clients> -j <1|2> -T $SECONDS_PER_RUN $PG_URL"
