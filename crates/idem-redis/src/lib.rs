@@ -26,7 +26,13 @@
 //! * **reconnects** through redis' `ConnectionManager`: a dropped
 //!   connection fails the commands in flight with
 //!   [`StoreError::Unavailable`] and the next ones go through a new
-//!   connection.
+//!   connection. The store speaks RESP3 unless the URL sets `protocol=`
+//!   (or the server predates it), so a connection that closes while idle
+//!   is replaced as it closes and no command fails on it;
+//! * **a connection per serving thread**: on a thread given to
+//!   [`dedicate_current_thread`] (the gateway's serving threads), the
+//!   store opens a connection of that thread's own, so a round trip wakes
+//!   no other thread. Elsewhere every call shares one connection.
 //!
 //! ```no_run
 //! use idem::{Engine, Fingerprint, Scope, StoredResponse};
@@ -127,6 +133,8 @@ static PUT: LazyLock<Script> = script!("put.lua");
 #[derive(Clone)]
 pub struct RedisStore {
     conn: RedisConnection,
+    /// Opens connections of a thread's own (single server only).
+    opener: Option<Arc<connection::local::Opener>>,
     prefix: Arc<str>,
     url: Arc<str>,
     /// `WAIT` after each write: replicas, and the longest wait in ms.
@@ -162,39 +170,56 @@ impl RedisStore {
         if !opts.cluster_nodes().is_empty() {
             return Self::connect_cluster(opts, shown).await;
         }
-        let client = redis::Client::open(opts.url()).map_err(|e| RedisError::Url {
+        let mut info =
+            redis::IntoConnectionInfo::into_connection_info(opts.url()).map_err(|e| {
+                RedisError::Url {
+                    url: shown.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
+        // RESP3 unless the URL chose: on it the driver learns of a
+        // connection that closes while idle and replaces it at once,
+        // instead of failing the next command on it.
+        let chosen = opts
+            .url()
+            .split_once('?')
+            .is_some_and(|(_, query)| query.split('&').any(|o| o.starts_with("protocol=")));
+        if !chosen {
+            info.redis.protocol = redis::ProtocolVersion::RESP3;
+        }
+        let mut client = redis::Client::open(info.clone()).map_err(|e| RedisError::Url {
             url: shown.clone(),
             reason: e.to_string(),
         })?;
+        // A first, direct connection and PING, so a wrong address or
+        // password fails now, clearly, instead of after the retries.
+        if let Err(err) = probe(&client, &opts).await {
+            // A server from before RESP3 (Redis 5) refuses `HELLO`.
+            if chosen || err.kind() != redis::ErrorKind::ResponseError {
+                return Err(RedisError::connect(opts.url(), err));
+            }
+            tracing::warn!(%err, "the Redis server does not speak RESP3; a connection that closes while idle fails the next command on it");
+            info.redis.protocol = redis::ProtocolVersion::RESP2;
+            client = redis::Client::open(info).map_err(|e| RedisError::Url {
+                url: shown.clone(),
+                reason: e.to_string(),
+            })?;
+            probe(&client, &opts)
+                .await
+                .map_err(|e| RedisError::connect(opts.url(), e))?;
+        }
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(opts.connect_timeout())
             .set_response_timeout(opts.response_timeout())
             .set_number_of_retries(opts.reconnect_retries())
             .set_max_delay(1_000);
-        // A first, direct connection and PING, so a wrong address or
-        // password fails now, clearly, instead of after the retries.
-        let mut probe = client
-            .get_multiplexed_async_connection_with_config(
-                &redis::AsyncConnectionConfig::new()
-                    .set_connection_timeout(opts.connect_timeout())
-                    .set_response_timeout(opts.response_timeout()),
-            )
-            .await
-            .map_err(|e| RedisError::connect(opts.url(), e))?;
-        redis::cmd("PING")
-            .query_async::<()>(&mut probe)
-            .await
-            .map_err(|e| RedisError::connect(opts.url(), e))?;
-        drop(probe);
         let conn = client
-            .get_connection_manager_with_config(config)
+            .get_connection_manager_with_config(config.clone())
             .await
             .map_err(|e| RedisError::connect(opts.url(), e))?;
-        Ok(Self::with_connection(
-            RedisConnection::Single(conn),
-            &opts,
-            shown,
-        ))
+        let mut store = Self::with_connection(RedisConnection::Single(conn), &opts, shown);
+        store.opener = Some(Arc::new(connection::local::Opener { client, config }));
+        Ok(store)
     }
 
     #[cfg(feature = "cluster")]
@@ -234,6 +259,7 @@ impl RedisStore {
     fn with_connection(conn: RedisConnection, opts: &RedisOptions, shown: String) -> Self {
         Self {
             conn,
+            opener: None,
             prefix: opts.prefix().into(),
             url: shown.into(),
             min_replicas: opts.min_replicas(),
@@ -245,6 +271,16 @@ impl RedisStore {
     /// own.
     pub fn connection(&self) -> RedisConnection {
         self.conn.clone()
+    }
+
+    /// The connection for one operation: this thread's own on a thread
+    /// given to [`dedicate_current_thread`], once open; else the shared
+    /// one. A write and the `WAIT` after it go on the same one.
+    fn conn(&self) -> RedisConnection {
+        self.opener
+            .as_ref()
+            .and_then(connection::local::get)
+            .map_or_else(|| self.conn.clone(), RedisConnection::Single)
     }
 
     /// Every record key matching `pattern`, on every primary of a cluster.
@@ -373,12 +409,13 @@ impl RedisStore {
         name: &str,
         invocation: &redis::ScriptInvocation<'_>,
     ) -> Result<(), StoreError> {
+        let mut conn = self.conn();
         let done: i64 = invocation
-            .invoke_async(&mut self.conn.clone())
+            .invoke_async(&mut conn)
             .await
             .map_err(error::to_store)?;
         if done == 1 {
-            self.replicated(name).await
+            self.replicated(&mut conn, name).await
         } else {
             Err(StoreError::Fenced)
         }
@@ -392,22 +429,21 @@ impl RedisStore {
         not(feature = "cluster"),
         expect(unused_variables, reason = "the name routes WAIT in a cluster only")
     )]
-    async fn replicated(&self, name: &str) -> Result<(), StoreError> {
+    async fn replicated(&self, conn: &mut RedisConnection, name: &str) -> Result<(), StoreError> {
         if self.min_replicas == 0 {
             return Ok(());
         }
         let mut wait = redis::cmd("WAIT");
         wait.arg(self.min_replicas).arg(self.replica_wait_ms);
-        let copies: i64 = match &self.conn {
-            RedisConnection::Single(conn) => wait.query_async(&mut conn.clone()).await,
+        let copies: i64 = match conn {
+            RedisConnection::Single(conn) => wait.query_async(conn).await,
             #[cfg(feature = "cluster")]
             RedisConnection::Cluster(conn) => {
                 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
                 let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
                     Route::new(keys::slot(name), SlotAddr::Master),
                 ));
-                conn.clone()
-                    .route_command(&wait, node)
+                conn.route_command(&wait, node)
                     .await
                     .and_then(|v| redis::from_redis_value(&v))
             }
@@ -421,6 +457,32 @@ impl RedisStore {
         }
         Ok(())
     }
+}
+
+/// Declares that the calling thread runs one single-threaded tokio runtime
+/// for the rest of its life, as the gateway's serving threads do. Redis
+/// stores called from it then open a connection of this thread's own (in
+/// the background, on first use) and keep each round trip on this thread,
+/// instead of handing every command to the shared connection's task on
+/// another thread and being woken back by it.
+///
+/// Call it on such a thread before it serves; elsewhere stores use their
+/// shared connection. A thread that drives two runtimes in turn must not
+/// call it: a connection's task runs on the runtime that opened it.
+pub fn dedicate_current_thread() {
+    connection::local::dedicate();
+}
+
+/// Connects once, directly, and sends `PING`.
+async fn probe(client: &redis::Client, opts: &RedisOptions) -> redis::RedisResult<()> {
+    let mut probe = client
+        .get_multiplexed_async_connection_with_config(
+            &redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(opts.connect_timeout())
+                .set_response_timeout(opts.response_timeout()),
+        )
+        .await?;
+    redis::cmd("PING").query_async::<()>(&mut probe).await
 }
 
 /// A duration in whole milliseconds, capped at [`MAX_DURATION_MS`].
@@ -489,6 +551,7 @@ fn reservation(answer: Value, req: &ReserveRequest<'_>) -> Result<Reservation, S
 impl Store for RedisStore {
     async fn reserve(&self, req: ReserveRequest<'_>) -> Result<Reservation, StoreError> {
         let name = self.key(req.scope, req.key);
+        let mut conn = self.conn();
         let answer: Value = RESERVE
             .key(&name)
             .arg(req.scope.tenant())
@@ -502,12 +565,12 @@ impl Store for RedisStore {
                 LeaseExpiry::Retry => "retry",
                 LeaseExpiry::Hold => "hold",
             })
-            .invoke_async(&mut self.conn.clone())
+            .invoke_async(&mut conn)
             .await
             .map_err(error::to_store)?;
         let reservation = reservation(answer, &req)?;
         if let Reservation::Acquired(lease) = &reservation
-            && let Err(err) = self.replicated(&name).await
+            && let Err(err) = self.replicated(&mut conn, &name).await
         {
             // Not copied in time: undone on the primary (nothing has run
             // under it), so the key is free for the retry instead of held
@@ -516,7 +579,7 @@ impl Store for RedisStore {
                 .key(&name)
                 .arg(lease.owner.to_bytes().as_slice())
                 .arg(lease.attempt)
-                .invoke_async(&mut self.conn.clone())
+                .invoke_async(&mut conn)
                 .await;
             if let Err(undo) = undone {
                 tracing::warn!(%undo, "a reservation that was not replicated could not be undone; it waits for the engine's release check");
@@ -529,11 +592,12 @@ impl Store for RedisStore {
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         let answer: Value = GET
             .key(self.key(scope, key))
-            .invoke_async(&mut self.conn.clone())
+            .invoke_async(&mut self.conn())
             .await
             .map_err(error::to_store)?;
         match answer {
-            Value::Nil => Ok(None),
+            // Lua's `false`: RESP2 makes it a nil, RESP3 a boolean.
+            Value::Nil | Value::Boolean(false) => Ok(None),
             fields => record::from_value(fields).map(Some),
         }
     }
@@ -607,18 +671,19 @@ impl Store for RedisStore {
         duration: Duration,
     ) -> Result<Timestamp, StoreError> {
         let name = self.key(scope, key);
+        let mut conn = self.conn();
         let until: i64 = RENEW
             .key(&name)
             .arg(lease.owner.to_bytes().as_slice())
             .arg(lease.attempt)
             .arg(millis(duration))
-            .invoke_async(&mut self.conn.clone())
+            .invoke_async(&mut conn)
             .await
             .map_err(error::to_store)?;
         if until < 0 {
             return Err(StoreError::Fenced);
         }
-        self.replicated(&name).await?;
+        self.replicated(&mut conn, &name).await?;
         Ok(Timestamp::from_millis(until))
     }
 }
@@ -691,7 +756,7 @@ impl Purge for RedisStore {
     async fn delete(&self, scope: &Scope, key: &IdempotencyKey) -> Result<bool, StoreError> {
         let removed: i64 = redis::cmd("DEL")
             .arg(self.key(scope, key))
-            .query_async(&mut self.conn.clone())
+            .query_async(&mut self.conn())
             .await
             .map_err(error::to_store)?;
         Ok(removed > 0)
@@ -716,7 +781,7 @@ impl CacheStore for RedisStore {
             invocation.arg(*field).arg(value.as_slice());
         }
         let _kept: i64 = invocation
-            .invoke_async(&mut self.conn.clone())
+            .invoke_async(&mut self.conn())
             .await
             .map_err(error::to_store)?;
         Ok(())
@@ -725,7 +790,7 @@ impl CacheStore for RedisStore {
     async fn evict(&self, scope: &Scope, key: &IdempotencyKey) -> Result<(), StoreError> {
         redis::cmd("DEL")
             .arg(self.key(scope, key))
-            .query_async::<i64>(&mut self.conn.clone())
+            .query_async::<i64>(&mut self.conn())
             .await
             .map_err(error::to_store)?;
         Ok(())

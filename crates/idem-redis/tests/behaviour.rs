@@ -113,6 +113,106 @@ async fn the_next_operation_after_a_killed_connection_succeeds() {
         .expect("resolve after reconnecting");
 }
 
+/// A database no other test of this binary uses: every connection on it is
+/// this test's store's.
+const IDLE_RESET_DB: u8 = 11;
+
+/// The ids of the clients on database `db`, from `CLIENT LIST`.
+async fn clients_on(other: &mut redis::aio::MultiplexedConnection, db: u8) -> Vec<i64> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("normal")
+        .query_async(other)
+        .await
+        .expect("CLIENT LIST");
+    list.lines()
+        .filter(|line| line.split(' ').any(|f| f == format!("db={db}")))
+        .filter_map(|line| line.split(' ').find_map(|f| f.strip_prefix("id=")))
+        .map(|id| id.parse().expect("client id"))
+        .collect()
+}
+
+/// On a dedicated thread a store opens a connection of the thread's own
+/// beside the shared one. Connections reset while nothing is in flight (a
+/// Redis restart, a proxy or firewall closing idle links) are noticed as
+/// they close and replaced, so the next operation does not fail on them:
+/// the shared one and the thread's own alike.
+#[tokio::test]
+async fn connections_reset_while_idle_are_replaced_before_the_next_operation() {
+    let Some(url) = common::redis_url_with_db(IDLE_RESET_DB) else {
+        return;
+    };
+    // This test's thread runs its one runtime to the end, as a serving
+    // thread does: the store opens a connection of this thread's own.
+    idem_redis::dedicate_current_thread();
+    let opts = common::options_for(&url).expect("options");
+    let store = RedisStore::connect_with(opts).await.expect("connect");
+    let scope = Scope::new("acme", "op").expect("scope");
+    let other_url = common::redis_url_with_db(0).expect("url");
+    let mut other = redis::Client::open(other_url.as_str())
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("second connection");
+    for round in 0..3 {
+        // Some operations first, so every connection the store would use
+        // on this thread is open.
+        for i in 0..3 {
+            let k: idem::IdempotencyKey = format!("warm-{round}-{i}").parse().expect("key");
+            let Reservation::Acquired(lease) = store
+                .reserve(request(&scope, &k, Duration::from_secs(60)))
+                .await
+                .expect("reserve")
+            else {
+                panic!("a fresh key is acquired");
+            };
+            store
+                .resolve(&scope, &k, &lease, &done(Duration::from_secs(60)))
+                .await
+                .expect("resolve");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let ids = clients_on(&mut other, IDLE_RESET_DB).await;
+        assert_eq!(
+            ids.len(),
+            2,
+            "round {round}: the shared connection and this thread's own: {ids:?}"
+        );
+        for id in &ids {
+            let _: i64 = redis::cmd("CLIENT")
+                .arg("KILL")
+                .arg("ID")
+                .arg(id)
+                .query_async(&mut other)
+                .await
+                .expect("CLIENT KILL");
+        }
+        // Idle for a moment: time to notice the reset, as a quiet
+        // production link would have.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let k: idem::IdempotencyKey = format!("after-{round}").parse().expect("key");
+        let reserved = store
+            .reserve(request(&scope, &k, Duration::from_secs(60)))
+            .await;
+        let Ok(Reservation::Acquired(lease)) = reserved else {
+            panic!(
+                "round {round}: the first operation after {} connection(s) were reset while idle: {reserved:?}",
+                ids.len()
+            );
+        };
+        store
+            .resolve(&scope, &k, &lease, &done(Duration::from_secs(60)))
+            .await
+            .expect("resolve");
+        let replaced = clients_on(&mut other, IDLE_RESET_DB).await;
+        assert!(
+            replaced.iter().all(|id| !ids.contains(id)),
+            "round {round}: the old connections are gone"
+        );
+    }
+}
+
 #[tokio::test]
 async fn connection_errors_are_one_clear_line() {
     let err = RedisStore::connect("postgres://u:s3cret@127.0.0.1/db")

@@ -184,7 +184,12 @@ impl Worker {
             .name(format!("idem-serve-{index}"))
             // Dropping the runtime at the thread's end ends whatever
             // outlived the grace period.
-            .spawn(move || runtime.block_on(serve_queue(accepted, serve, thread_load, grace)))?;
+            .spawn(move || {
+                // This thread runs this one runtime: a Redis store opens a
+                // connection of its own here.
+                idem_redis::dedicate_current_thread();
+                runtime.block_on(serve_queue(accepted, serve, thread_load, grace))
+            })?;
         Ok(Self {
             queue,
             load,
