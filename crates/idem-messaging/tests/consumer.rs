@@ -96,13 +96,16 @@ impl Broker {
                     (broker.parked_stream(), broker.parked_subject()),
                 ] {
                     let _ = js.delete_stream(&stream).await;
-                    js.create_stream(async_nats::jetstream::stream::Config {
-                        name: stream,
-                        subjects: vec![subject],
-                        ..Default::default()
+                    common::create_stream(|| async {
+                        js.create_stream(async_nats::jetstream::stream::Config {
+                            name: stream.clone(),
+                            subjects: vec![subject.clone()],
+                            ..Default::default()
+                        })
+                        .await
+                        .map(drop)
                     })
-                    .await
-                    .expect("create stream");
+                    .await;
                 }
                 broker.nats = Some(client);
             }

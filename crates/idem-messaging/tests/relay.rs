@@ -27,10 +27,10 @@ async fn publisher(prefix: &str) -> Option<NatsPublisher> {
         .jetstream()
         .delete_stream(prefix.to_uppercase())
         .await;
-    publisher
-        .create_stream(vec![format!("{prefix}.*.Good")], Duration::from_secs(120))
-        .await
-        .expect("stream");
+    common::create_stream(|| {
+        publisher.create_stream(vec![format!("{prefix}.*.Good")], Duration::from_secs(120))
+    })
+    .await;
     Some(publisher)
 }
 

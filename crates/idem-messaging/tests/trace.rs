@@ -244,10 +244,10 @@ async fn a_trace_goes_from_a_row_through_the_broker_to_the_handler_rows() {
     let stream = prefix.to_uppercase();
     let publisher = NatsPublisher::connect(&nats, &stream).await.expect("NATS");
     let _ = publisher.jetstream().delete_stream(&stream).await;
-    publisher
-        .create_stream(vec![format!("{prefix}.>")], Duration::from_secs(120))
-        .await
-        .expect("stream");
+    common::create_stream(|| {
+        publisher.create_stream(vec![format!("{prefix}.>")], Duration::from_secs(120))
+    })
+    .await;
 
     // A payment enqueued in a traced request (explicit context), and one
     // without a trace.

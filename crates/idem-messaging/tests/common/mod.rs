@@ -84,3 +84,27 @@ impl Db {
 pub fn unique(label: &str) -> String {
     format!("t{label}{}", &idem::OwnerToken::random().to_string()[..8])
 }
+
+/// Creates a JetStream stream on the shared NATS server, trying again on
+/// a refusal. nats-server 2.9 can refuse with error 10049 ("error creating
+/// store for stream") while another test deletes the account's last
+/// stream: its log then says the account's `streams` directory is gone.
+/// A second try, a moment later, finds the directory made again.
+pub async fn create_stream<F, Fut, E>(mut create: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    const TRIES: u32 = 5;
+    for attempt in 1..=TRIES {
+        match create().await {
+            Ok(()) => return,
+            Err(err) if attempt < TRIES => {
+                eprintln!("creating the stream failed (try {attempt} of {TRIES}): {err}");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(err) => panic!("creating the stream failed {TRIES} times: {err}"),
+        }
+    }
+}
