@@ -53,6 +53,18 @@ fn one_line(err: &RedisError) -> String {
     text
 }
 
+/// Closes the client `id` on the server, from the connection `other`.
+async fn kill_client(other: &mut redis::aio::MultiplexedConnection, id: i64) {
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query_async(other)
+        .await
+        .expect("CLIENT KILL");
+    assert_eq!(killed, 1, "client {id} was there to kill");
+}
+
 #[tokio::test]
 async fn the_next_operation_after_a_killed_connection_succeeds() {
     let Some(f) = common::Prefixed::new().await else {
@@ -71,14 +83,7 @@ async fn the_next_operation_after_a_killed_connection_succeeds() {
         .get_multiplexed_async_connection()
         .await
         .expect("second connection");
-    let killed: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("ID")
-        .arg(id)
-        .query_async(&mut other)
-        .await
-        .expect("CLIENT KILL");
-    assert_eq!(killed, 1);
+    kill_client(&mut other, id).await;
 
     let k: idem::IdempotencyKey = "after-kill".parse().expect("key");
     let mut failures = 0;
@@ -180,13 +185,7 @@ async fn connections_reset_while_idle_are_replaced_before_the_next_operation() {
             "round {round}: the shared connection and this thread's own: {ids:?}"
         );
         for id in &ids {
-            let _: i64 = redis::cmd("CLIENT")
-                .arg("KILL")
-                .arg("ID")
-                .arg(id)
-                .query_async(&mut other)
-                .await
-                .expect("CLIENT KILL");
+            kill_client(&mut other, *id).await;
         }
         // Idle for a moment: time to notice the reset, as a quiet
         // production link would have.
@@ -211,6 +210,80 @@ async fn connections_reset_while_idle_are_replaced_before_the_next_operation() {
             "round {round}: the old connections are gone"
         );
     }
+}
+
+/// A server from before RESP3 (Redis 5) on loopback: it refuses `HELLO`
+/// as an unknown command, answers `PING` with `PONG` and anything else
+/// with `OK`. Returns its address.
+async fn resp2_only_server() -> std::net::SocketAddr {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (read, mut write) = socket.into_split();
+                let mut read = BufReader::new(read);
+                let mut line = String::new();
+                // One command: `*N` then N bulk strings `$len` + data.
+                loop {
+                    line.clear();
+                    if read.read_line(&mut line).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let Some(n) = line.trim_end().strip_prefix('*') else {
+                        return;
+                    };
+                    let mut name = Vec::new();
+                    for i in 0..n.parse::<usize>().unwrap_or(0) {
+                        line.clear();
+                        let _ = read.read_line(&mut line).await;
+                        let len: usize = line.trim_end()[1..].parse().unwrap_or(0);
+                        let mut data = vec![0; len + 2];
+                        if read.read_exact(&mut data).await.is_err() {
+                            return;
+                        }
+                        if i == 0 {
+                            data.truncate(len);
+                            name = data.to_ascii_uppercase();
+                        }
+                    }
+                    let answer: &[u8] = match name.as_slice() {
+                        b"HELLO" => b"-ERR unknown command 'HELLO'\r\n",
+                        b"PING" => b"+PONG\r\n",
+                        _ => b"+OK\r\n",
+                    };
+                    if write.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A server that refuses `HELLO` is used on RESP2 (connections reset
+/// while idle then fail the next command, as before RESP3); a URL that
+/// asks for RESP3 there is refused with one clear line.
+#[tokio::test]
+async fn a_server_without_resp3_is_used_on_resp2_unless_the_url_asks_for_it() {
+    let addr = resp2_only_server().await;
+    let store = RedisStore::connect(&format!("redis://{addr}"))
+        .await
+        .expect("connects on RESP2");
+    let pong: String = redis::cmd("PING")
+        .query_async(&mut store.connection())
+        .await
+        .expect("PING");
+    assert_eq!(pong, "PONG");
+    let Err(err) = RedisStore::connect(&format!("redis://{addr}/?protocol=resp3")).await else {
+        panic!("RESP3 was asked for and the server refuses it");
+    };
+    let text = one_line(&err);
+    assert!(text.contains("HELLO"), "{text}");
 }
 
 #[tokio::test]
