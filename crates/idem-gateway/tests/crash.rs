@@ -113,8 +113,7 @@ async fn sigkilled_ten_times_under_load_nothing_acknowledged_is_lost() {
     let mut kills = 0;
     while kills < KILLS && !clients.is_finished() {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        gateway.signal("KILL");
-        drop(gateway);
+        gateway.kill().await;
         gateway = start().await;
         *current.write().await = gateway.addr;
         kills += 1;

@@ -229,7 +229,8 @@ async fn the_embedded_store_keeps_its_own_secret_beside_its_database() {
         !text.contains("accept_v1_until"),
         "a new database holds no earlier records: {text}"
     );
-    drop(gw);
+    // Killed and waited for: see `GatewayProcess::kill`.
+    gw.kill().await;
     // Restarted: the same secret, so the retry finds its record.
     let again = start(dir.path(), CONFIG, &up).await;
     let retry = again.post("/v1/payments", &key, "{}").await;

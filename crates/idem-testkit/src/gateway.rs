@@ -240,6 +240,18 @@ impl GatewayProcess {
         assert!(status.success(), "kill -{signal} {pid}");
     }
 
+    /// SIGKILL, then waits for the exit: once this returns the process is
+    /// gone and its files closed, so a gateway started next on the same
+    /// embedded store finds the file free (a merely dropped one dies in
+    /// the background, and the next may still find it served).
+    pub async fn kill(mut self) -> std::process::ExitStatus {
+        self.signal("KILL");
+        tokio::time::timeout(Duration::from_secs(20), self.child.wait())
+            .await
+            .expect("exits after SIGKILL")
+            .expect("wait")
+    }
+
     /// SIGTERM, then waits for the exit.
     pub async fn terminate(mut self) -> std::process::ExitStatus {
         self.signal("TERM");
