@@ -135,7 +135,7 @@ pub(crate) mod local {
     use tokio::runtime::{Handle, RuntimeFlavor};
 
     /// How long after a failed open a thread opens again.
-    pub(crate) const RETRY_OPEN: Duration = Duration::from_secs(1);
+    const RETRY_OPEN: Duration = Duration::from_secs(1);
 
     /// What a store needs to open connections of its own: one per store
     /// and its clones, compared by address.

@@ -87,6 +87,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use idem::store::Cursor;
+use idem::store::backend::QueryOptions;
 use idem::{
     CacheStore, FinalOutcome, IdempotencyKey, Lease, LeaseExpiry, ListFilter, ListRecords, Page,
     Purge, Record, RecordState, Reservation, ReserveRequest, Scope, Store, StoreError, Timestamp,
@@ -170,27 +171,22 @@ impl RedisStore {
         if !opts.cluster_nodes().is_empty() {
             return Self::connect_cluster(opts, shown).await;
         }
+        let bad_url = |e: redis::RedisError| RedisError::Url {
+            url: shown.clone(),
+            reason: e.to_string(),
+        };
         let mut info =
-            redis::IntoConnectionInfo::into_connection_info(opts.url()).map_err(|e| {
-                RedisError::Url {
-                    url: shown.clone(),
-                    reason: e.to_string(),
-                }
-            })?;
+            redis::IntoConnectionInfo::into_connection_info(opts.url()).map_err(bad_url)?;
         // RESP3 unless the URL chose: on it the driver learns of a
         // connection that closes while idle and replaces it at once,
         // instead of failing the next command on it.
-        let chosen = opts
-            .url()
-            .split_once('?')
-            .is_some_and(|(_, query)| query.split('&').any(|o| o.starts_with("protocol=")));
+        let chosen = QueryOptions::split(opts.url())
+            .1
+            .any(|option| option.name() == "protocol");
         if !chosen {
             info.redis.protocol = redis::ProtocolVersion::RESP3;
         }
-        let mut client = redis::Client::open(info.clone()).map_err(|e| RedisError::Url {
-            url: shown.clone(),
-            reason: e.to_string(),
-        })?;
+        let mut client = redis::Client::open(info.clone()).map_err(bad_url)?;
         // A first, direct connection and PING, so a wrong address or
         // password fails now, clearly, instead of after the retries.
         if let Err(err) = probe(&client, &opts).await {
@@ -200,10 +196,7 @@ impl RedisStore {
             }
             tracing::warn!(%err, "the Redis server does not speak RESP3; a connection that closes while idle fails the next command on it");
             info.redis.protocol = redis::ProtocolVersion::RESP2;
-            client = redis::Client::open(info).map_err(|e| RedisError::Url {
-                url: shown.clone(),
-                reason: e.to_string(),
-            })?;
+            client = redis::Client::open(info).map_err(bad_url)?;
             probe(&client, &opts)
                 .await
                 .map_err(|e| RedisError::connect(opts.url(), e))?;

@@ -244,20 +244,21 @@ impl GatewayProcess {
     /// gone and its files closed, so a gateway started next on the same
     /// embedded store finds the file free (a merely dropped one dies in
     /// the background, and the next may still find it served).
-    pub async fn kill(mut self) -> std::process::ExitStatus {
-        self.signal("KILL");
-        tokio::time::timeout(Duration::from_secs(20), self.child.wait())
-            .await
-            .expect("exits after SIGKILL")
-            .expect("wait")
+    pub async fn kill(self) -> std::process::ExitStatus {
+        self.stop_with("KILL").await
     }
 
     /// SIGTERM, then waits for the exit.
-    pub async fn terminate(mut self) -> std::process::ExitStatus {
-        self.signal("TERM");
+    pub async fn terminate(self) -> std::process::ExitStatus {
+        self.stop_with("TERM").await
+    }
+
+    /// Sends `signal`, then waits (20 s at most) for the exit.
+    async fn stop_with(mut self, signal: &str) -> std::process::ExitStatus {
+        self.signal(signal);
         tokio::time::timeout(Duration::from_secs(20), self.child.wait())
             .await
-            .expect("exits after SIGTERM")
+            .unwrap_or_else(|_| panic!("exits after SIG{signal}"))
             .expect("wait")
     }
 }
