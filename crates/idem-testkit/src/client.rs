@@ -82,14 +82,17 @@ pub async fn try_send(
 /// `want`; panics otherwise. For states that settle: a store coming back,
 /// a gateway becoming ready.
 pub async fn until_status(mut attempt: impl AsyncFnMut() -> Answer, want: StatusCode) -> Answer {
+    let mut last = None;
     for _ in 0..100 {
         let a = attempt().await;
         if a.status == want {
             return a;
         }
+        last = Some(a);
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    panic!("never answered {want}");
+    let last = last.map(|a| format!("{} {}", a.status, String::from_utf8_lossy(&a.body)));
+    panic!("never answered {want}; the last answer: {last:?}");
 }
 
 /// The sum of the samples of the Prometheus metric `name` on an admin

@@ -40,7 +40,8 @@ use idem::{Store, StoreError};
 pub use idem::store::Op;
 
 /// A store that fails the next N calls of chosen operations with
-/// [`StoreError::Unavailable`] (before or after they took effect), and
+/// [`StoreError::Unavailable`] (before or after they took effect) or
+/// [`StoreError::Backend`], and
 /// otherwise delegates to a real store: [`Faults`] around it. Make one
 /// with [`faulty`]; set its faults through [`Around::hook`].
 pub type FaultyStore<S> = Around<Faults<S>>;
@@ -55,6 +56,7 @@ pub fn faulty<S: Store>(inner: S) -> FaultyStore<S> {
 pub struct Faults<S> {
     inner: S,
     failures: [AtomicU32; Op::COUNT],
+    broken: [AtomicU32; Op::COUNT],
     lost_answers: [AtomicU32; Op::COUNT],
     calls: [AtomicU32; Op::COUNT],
     delays_ms: [AtomicU32; Op::COUNT],
@@ -66,6 +68,7 @@ impl<S> Faults<S> {
         Self {
             inner,
             failures: Default::default(),
+            broken: Default::default(),
             lost_answers: Default::default(),
             calls: Default::default(),
             delays_ms: Default::default(),
@@ -75,6 +78,13 @@ impl<S> Faults<S> {
     /// Makes the next `n` calls of `op` fail.
     pub fn fail_next(&self, op: Op, n: u32) {
         self.failures[op as usize].store(n, Ordering::SeqCst);
+    }
+
+    /// Makes the next `n` calls of `op` fail with [`StoreError::Backend`]:
+    /// an error the store gives no reason to expect will pass (a driver's
+    /// protocol error, a statement the server refused).
+    pub fn break_next(&self, op: Op, n: u32) {
+        self.broken[op as usize].store(n, Ordering::SeqCst);
     }
 
     /// Makes the next `n` calls of `op` take effect in the store and then
@@ -114,7 +124,13 @@ impl<S> Faults<S> {
 
     fn check(&self, op: Op) -> Result<(), StoreError> {
         self.calls[op as usize].fetch_add(1, Ordering::SeqCst);
-        take_one(&self.failures[op as usize], op, "injected fault")
+        take_one(&self.failures[op as usize], op, "injected fault")?;
+        if take_one(&self.broken[op as usize], op, "injected").is_err() {
+            return Err(StoreError::Backend(
+                format!("injected backend error in {op:?}").into(),
+            ));
+        }
+        Ok(())
     }
 
     /// After the real operation: its delay, then a lost answer if one is

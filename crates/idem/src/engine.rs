@@ -502,6 +502,7 @@ impl<S: Store> Engine<S> {
             settled: now + UNACKED_SETTLE,
             due: now,
             pause: UNACKED_FIRST_PAUSE,
+            warned: false,
         };
         if queue.try_send(item).is_err() {
             tracing::warn!(tenant = scope.tenant(), operation = scope.operation(), %key, "too many unanswered reservations to check; this key waits out its lease");
@@ -973,6 +974,8 @@ struct Unacked {
     /// The next check.
     due: Instant,
     pause: Duration,
+    /// A check failed with an error that is not transient, and said so.
+    warned: bool,
 }
 
 impl Unacked {
@@ -1001,12 +1004,17 @@ impl Unacked {
         }
     }
 
-    fn failed(&self, err: &StoreError) -> bool {
-        if err.is_transient() {
-            return false;
+    /// A failed check: the watch goes on, whatever the error. One the
+    /// store gives no reason to expect will pass (a protocol error on a
+    /// connection the time-out left mid-statement, a refused statement)
+    /// is logged once; giving up on it would leave the key held for the
+    /// whole lease, and under [`LeaseExpiry::Hold`](crate::LeaseExpiry) for good.
+    fn failed(&mut self, err: &StoreError) -> bool {
+        if !err.is_transient() && !self.warned {
+            self.warned = true;
+            tracing::warn!(tenant = self.scope.tenant(), operation = self.scope.operation(), key = %self.key, %err, "checking a reservation whose acknowledgement was lost failed; checking on until the store answers");
         }
-        tracing::warn!(tenant = self.scope.tenant(), operation = self.scope.operation(), key = %self.key, %err, "could not check a reservation whose acknowledgement was lost");
-        true
+        false
     }
 }
 

@@ -512,6 +512,31 @@ async fn a_reservation_whose_answer_was_lost_is_released_once_the_store_answers(
         .expect("recorded");
 }
 
+/// A check that meets an error retrying may not cure (a driver's protocol
+/// error on a connection left mid-statement by the time-out, a refused
+/// statement) keeps watching: giving up would leave the key held for the
+/// whole lease, and under `LeaseExpiry::Hold` for good.
+#[tokio::test]
+async fn a_lost_reservation_is_still_released_after_a_check_meets_a_backend_error() {
+    let store = Arc::new(faulty(MemoryStore::new()));
+    let engine = Engine::from_arc(Arc::clone(&store));
+    let (scope, k) = (unique_scope("lost-ack-backend"), key("k"));
+    store.hook().lose_answer_next(Op::Reserve, 1);
+    store.hook().break_next(Op::Get, 2);
+    assert!(engine.begin(&scope, &k, fp("a")).await.is_err());
+    let Some(Begin::Execute(guard)) =
+        first_decision(&engine, &scope, &k, Duration::from_secs(5)).await
+    else {
+        panic!("the retry should own the key well before the 30 s lease lapses");
+    };
+    assert_eq!(guard.attempt(), 1, "a fresh record, not a takeover");
+    assert!(store.hook().calls(Op::Get) >= 3, "checked past the errors");
+    guard
+        .complete(StoredResponse::new(201, "once"))
+        .await
+        .expect("recorded");
+}
+
 #[tokio::test]
 async fn a_live_reservation_of_another_owner_is_never_released_by_the_check() {
     let store = Arc::new(faulty(MemoryStore::new()));
