@@ -57,6 +57,7 @@ pub struct Faults<S> {
     inner: S,
     failures: [AtomicU32; Op::COUNT],
     broken: [AtomicU32; Op::COUNT],
+    broken_answers: [AtomicU32; Op::COUNT],
     lost_answers: [AtomicU32; Op::COUNT],
     calls: [AtomicU32; Op::COUNT],
     delays_ms: [AtomicU32; Op::COUNT],
@@ -69,6 +70,7 @@ impl<S> Faults<S> {
             inner,
             failures: Default::default(),
             broken: Default::default(),
+            broken_answers: Default::default(),
             lost_answers: Default::default(),
             calls: Default::default(),
             delays_ms: Default::default(),
@@ -92,6 +94,13 @@ impl<S> Faults<S> {
     /// acknowledgement reached the caller.
     pub fn lose_answer_next(&self, op: Op, n: u32) {
         self.lost_answers[op as usize].store(n, Ordering::SeqCst);
+    }
+
+    /// Makes the next `n` calls of `op` take effect in the store and then
+    /// fail with [`StoreError::Backend`], as when a durable commit is
+    /// reported as failed.
+    pub fn break_answer_next(&self, op: Op, n: u32) {
+        self.broken_answers[op as usize].store(n, Ordering::SeqCst);
     }
 
     /// Makes every call of `op` answer `delay` late, after the operation
@@ -138,6 +147,11 @@ impl<S> Faults<S> {
     async fn answer<T>(&self, op: Op, result: Result<T, StoreError>) -> Result<T, StoreError> {
         self.pause(op).await;
         take_one(&self.lost_answers[op as usize], op, "answer lost after")?;
+        if take_one(&self.broken_answers[op as usize], op, "answer broken after").is_err() {
+            return Err(StoreError::Backend(
+                format!("injected backend error after {op:?} took effect").into(),
+            ));
+        }
         result
     }
 }

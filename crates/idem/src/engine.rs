@@ -277,7 +277,8 @@ impl<S: Store> Engine<S> {
             let reservation = match self.store.reserve(req).await {
                 Ok(r) => r,
                 Err(err) => {
-                    if err.is_transient() && self.policy.fail_mode == FailMode::Closed {
+                    // Any error: a store may report one after the commit.
+                    if self.policy.fail_mode == FailMode::Closed {
                         self.check_unacked(scope, key, owner);
                     }
                     return self.store_failed(err, scope, key);
@@ -478,7 +479,8 @@ impl<S: Store> Engine<S> {
     /// check that releases it once the store answers again.
     ///
     /// A store can commit a reservation and lose the acknowledgement (the
-    /// connection drops, the server restarts, the call times out). The
+    /// connection drops, the server restarts, the call times out), or
+    /// report an error after the commit (a hook that ran after it). The
     /// caller was refused and ran nothing, yet the record holds the key as
     /// processing: every retry would be told "in progress" until the lease
     /// lapses (for ever under [`LeaseExpiry::Hold`](crate::LeaseExpiry)).

@@ -512,6 +512,32 @@ async fn a_reservation_whose_answer_was_lost_is_released_once_the_store_answers(
         .expect("recorded");
 }
 
+/// A reservation that committed although the store reported an error
+/// that is not transient (a commit hook failing after the commit, say) is
+/// checked and released like one whose answer was lost.
+#[tokio::test]
+async fn a_reservation_reported_failed_for_good_is_still_checked_and_released() {
+    let store = Arc::new(faulty(MemoryStore::new()));
+    let engine = Engine::from_arc(Arc::clone(&store));
+    let (scope, k) = (unique_scope("broken-ack"), key("k"));
+    store.hook().break_answer_next(Op::Reserve, 1);
+    let refused = engine.begin(&scope, &k, fp("a")).await;
+    assert!(
+        matches!(refused, Err(EngineError::Store(ref e)) if !e.is_transient()),
+        "{refused:?}"
+    );
+    let Some(Begin::Execute(guard)) =
+        first_decision(&engine, &scope, &k, Duration::from_secs(5)).await
+    else {
+        panic!("the retry should own the key well before the 30 s lease lapses");
+    };
+    assert_eq!(guard.attempt(), 1, "a fresh record, not a takeover");
+    guard
+        .complete(StoredResponse::new(201, "once"))
+        .await
+        .expect("recorded");
+}
+
 /// A check that meets an error retrying may not cure (a driver's protocol
 /// error on a connection left mid-statement by the time-out, a refused
 /// statement) keeps watching: giving up would leave the key held for the
