@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use idem::store::backend::{QueryOption, QueryOptionError, QueryOptions};
+use sqlx::ConnectOptions;
 use sqlx::postgres::PgConnectOptions;
 
 use crate::batch;
@@ -95,7 +96,11 @@ impl PgOptions {
             connect.get_database().unwrap_or_default()
         );
         Self {
-            connect,
+            // sqlx logs each statement (DEBUG) and each one slower than 1 s
+            // (WARN, with its whole text) under its own target; the store
+            // reports slow operations itself (store time-out, latency
+            // metrics), and `idem migrate` must print only its own lines.
+            connect: connect.disable_statement_logging(),
             display_url,
             max_connections: 16,
             min_connections: 0,
