@@ -474,6 +474,22 @@ async fn first_decision<S: Store>(
     None
 }
 
+/// The retry of a key whose reservation was released: it runs, on a fresh
+/// record (not a takeover), well before the default 30 s lease lapses.
+async fn retry_owns_a_fresh_record<S: Store>(
+    engine: &Engine<S>,
+    scope: &idem::Scope,
+    k: &idem::IdempotencyKey,
+) -> idem::Guard<S> {
+    let Some(Begin::Execute(guard)) =
+        first_decision(engine, scope, k, Duration::from_secs(5)).await
+    else {
+        panic!("the retry should own the key well before the 30 s lease lapses");
+    };
+    assert_eq!(guard.attempt(), 1, "a fresh record, not a takeover");
+    guard
+}
+
 #[tokio::test]
 async fn a_reservation_whose_answer_was_lost_is_released_once_the_store_answers() {
     let store = Arc::new(faulty(MemoryStore::new()));
@@ -496,12 +512,7 @@ async fn a_reservation_whose_answer_was_lost_is_released_once_the_store_answers(
         "the reservation did commit"
     );
 
-    let Some(Begin::Execute(guard)) =
-        first_decision(&engine, &scope, &k, Duration::from_secs(5)).await
-    else {
-        panic!("the retry should own the key well before the 30 s lease lapses");
-    };
-    assert_eq!(guard.attempt(), 1, "a fresh record, not a takeover");
+    let guard = retry_owns_a_fresh_record(&engine, &scope, &k).await;
     assert!(
         store.hook().calls(Op::Get) >= 4,
         "checked through the outage"
@@ -526,12 +537,7 @@ async fn a_reservation_reported_failed_for_good_is_still_checked_and_released() 
         matches!(refused, Err(EngineError::Store(ref e)) if !e.is_transient()),
         "{refused:?}"
     );
-    let Some(Begin::Execute(guard)) =
-        first_decision(&engine, &scope, &k, Duration::from_secs(5)).await
-    else {
-        panic!("the retry should own the key well before the 30 s lease lapses");
-    };
-    assert_eq!(guard.attempt(), 1, "a fresh record, not a takeover");
+    let guard = retry_owns_a_fresh_record(&engine, &scope, &k).await;
     guard
         .complete(StoredResponse::new(201, "once"))
         .await
@@ -550,12 +556,7 @@ async fn a_lost_reservation_is_still_released_after_a_check_meets_a_backend_erro
     store.hook().lose_answer_next(Op::Reserve, 1);
     store.hook().break_next(Op::Get, 2);
     assert!(engine.begin(&scope, &k, fp("a")).await.is_err());
-    let Some(Begin::Execute(guard)) =
-        first_decision(&engine, &scope, &k, Duration::from_secs(5)).await
-    else {
-        panic!("the retry should own the key well before the 30 s lease lapses");
-    };
-    assert_eq!(guard.attempt(), 1, "a fresh record, not a takeover");
+    let guard = retry_owns_a_fresh_record(&engine, &scope, &k).await;
     assert!(store.hook().calls(Op::Get) >= 3, "checked past the errors");
     guard
         .complete(StoredResponse::new(201, "once"))
