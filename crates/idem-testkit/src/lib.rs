@@ -134,12 +134,7 @@ impl<S> Faults<S> {
     fn check(&self, op: Op) -> Result<(), StoreError> {
         self.calls[op as usize].fetch_add(1, Ordering::SeqCst);
         take_one(&self.failures[op as usize], op, "injected fault")?;
-        if take_one(&self.broken[op as usize], op, "injected").is_err() {
-            return Err(StoreError::Backend(
-                format!("injected backend error in {op:?}").into(),
-            ));
-        }
-        Ok(())
+        take_backend(&self.broken[op as usize], op, "in")
     }
 
     /// After the real operation: its delay, then a lost answer if one is
@@ -147,11 +142,7 @@ impl<S> Faults<S> {
     async fn answer<T>(&self, op: Op, result: Result<T, StoreError>) -> Result<T, StoreError> {
         self.pause(op).await;
         take_one(&self.lost_answers[op as usize], op, "answer lost after")?;
-        if take_one(&self.broken_answers[op as usize], op, "answer broken after").is_err() {
-            return Err(StoreError::Backend(
-                format!("injected backend error after {op:?} took effect").into(),
-            ));
-        }
+        take_backend(&self.broken_answers[op as usize], op, "after the effect of")?;
         result
     }
 }
@@ -160,6 +151,17 @@ impl<S> Faults<S> {
 fn take_one(left: &AtomicU32, op: Op, what: &str) -> Result<(), StoreError> {
     match left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)) {
         Ok(_) => Err(StoreError::unavailable(format!("{what} in {op:?}"))),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Counts one injected [`StoreError::Backend`] down; the error while any
+/// was left.
+fn take_backend(left: &AtomicU32, op: Op, when: &str) -> Result<(), StoreError> {
+    match left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)) {
+        Ok(_) => Err(StoreError::Backend(
+            format!("injected backend error {when} {op:?}").into(),
+        )),
         Err(_) => Ok(()),
     }
 }
