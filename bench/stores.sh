@@ -14,7 +14,10 @@
 #   fdatasync      the embedded store's floor: pairs of (small overwrite,
 #                  fdatasync) in a file under FSYNC_DIR (default target/tmp:
 #                  the disk the SQLite file lives on), as a unique key needs
-#                  two durable commits.
+#                  two durable commits;
+#   sqlite commits the embedded store's own two commits per key, its schema
+#                  and statements with nothing around them, in the same
+#                  directory (bench/sqlite-floor.py).
 #
 # Servers: IDEM_TEST_PG_URL (default postgres://postgres@127.0.0.1:5432/test)
 # and REDIS_HOST/REDIS_PORT (default 127.0.0.1:6379).
@@ -82,6 +85,11 @@ os.unlink(path)
 pairs.sort()
 print(f"fdatasync pairs={len(pairs)} p50_ms={statistics.median(pairs) * 1000:.3f} p99_ms={pairs[int(len(pairs) * 0.99)] * 1000:.3f}")
 PY
+
+echo
+echo "== SQLite's own commits, reserve + resolve, one client, in $FSYNC_DIR"
+python3 bench/sqlite-floor.py "$FSYNC_DIR" "$(( SECONDS_PER_RUN < 5 ? SECONDS_PER_RUN : 5 ))" \
+  crates/idem-sqlite/migrations/0001_records.sql
 
 if [ "${SKIP_PG:-0}" != 1 ]; then
 echo
