@@ -136,6 +136,9 @@ pub struct PgStore {
     group: Option<batch::GroupCommit>,
     /// The collectors, started by the first operation (inside a runtime).
     batches: Arc<OnceLock<Batches>>,
+    /// Whether grouped statements are planned each time they run
+    /// ([`BatchPlans`]).
+    batch_plans: BatchPlans,
     /// What the collectors ran.
     counts: Arc<batch::Counts>,
 }
@@ -217,28 +220,33 @@ impl PgStore {
             })
             .connect_lazy_with(connect);
         let group = opts.group();
-        let store = Self {
+        let mut store = Self {
             pool,
             schema: opts.schema().map(str::to_owned),
             group,
             batches: Arc::default(),
+            batch_plans: BatchPlans::Kept,
             counts: Arc::default(),
         };
         if opts.migrate() {
             store.migrate().await?;
         }
+        store.batch_plans = BatchPlans::for_server(&store.pool).await?;
         Ok(store)
     }
 
     /// Uses an existing pool (whose connections must already see the idem
     /// tables on their `search_path`), with group commit at its defaults.
     /// Applies no migration: call [`migrate`](Self::migrate) if needed.
+    /// Grouped statements stay prepared, as on a server that analyzes its
+    /// tables (autovacuum on); see [`connect_with`](Self::connect_with).
     pub fn from_pool(pool: PgPool) -> Self {
         Self {
             pool,
             schema: None,
             group: Some(batch::GroupCommit::DEFAULT),
             batches: Arc::default(),
+            batch_plans: BatchPlans::Kept,
             counts: Arc::default(),
         }
     }
@@ -259,18 +267,19 @@ impl PgStore {
     /// on first use, from inside the runtime.
     fn batches(&self) -> Option<&Batches> {
         let group = self.group?;
+        let plans = self.batch_plans;
         Some(self.batches.get_or_init(|| Batches {
             reserve: batch::Batcher::start(
                 self.pool.clone(),
                 group,
                 Arc::clone(&self.counts),
-                reserve_batch,
+                move |pool, items| reserve_batch(pool, items, plans),
             ),
             resolve: batch::Batcher::start(
                 self.pool.clone(),
                 group,
                 Arc::clone(&self.counts),
-                resolve_batch,
+                move |pool, items| resolve_batch(pool, items, plans),
             ),
         }))
     }
@@ -545,14 +554,64 @@ impl batch::Batched for ReserveItem {
     }
 }
 
+/// Whether the group-commit statements keep their plan or are planned
+/// each time they run.
+///
+/// PostgreSQL keeps one generic plan for a prepared statement after its
+/// fifth run, and plans it again only when the table's statistics change
+/// (autovacuum's `ANALYZE`). A plan made while the table is small joins the
+/// batch's keys to the table by reading all of it (a hash join over a
+/// sequential scan). With autovacuum off nothing replaces that plan, and
+/// every batch reads every record: at 30,000 records the gateway at 64
+/// connections fell from about 5,000 req/s to 700–900 (docs/BENCHMARKS.md,
+/// #24). Planned each time, a batch looks its keys up in the primary key,
+/// at the cost of parsing and planning each batch: 0.79–0.82× the rate of
+/// kept plans on a server whose statistics are current. So plans are kept
+/// where autovacuum runs, and made each time where it does not. The
+/// single-key statements keep theirs everywhere: their plan is the key
+/// lookup at any size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BatchPlans {
+    /// Prepared once per connection (autovacuum keeps statistics current).
+    Kept,
+    /// Parsed and planned at each run (autovacuum is off).
+    EachTime,
+}
+
+impl BatchPlans {
+    /// Asks the server whether autovacuum runs, for the records table too.
+    async fn for_server(pool: &PgPool) -> Result<Self, PgError> {
+        let analyzed: bool = sqlx::query_scalar(schema::AUTOVACUUM_ON)
+            .fetch_one(pool)
+            .await?;
+        if analyzed {
+            return Ok(Self::Kept);
+        }
+        // Debug, not a warning: `idem migrate` and the tools print nothing
+        // on success. docs/OPERATIONS.md tells operators what autovacuum off
+        // asks of them.
+        tracing::debug!(
+            "postgres: autovacuum is off for idem_records; its grouped statements are planned at each run"
+        );
+        Ok(Self::EachTime)
+    }
+
+    /// sqlx's `persistent` flag for a grouped statement.
+    fn persistent(self) -> bool {
+        self == Self::Kept
+    }
+}
+
 /// Runs reserve_batch.sql: per item, its insert-or-read row, or `None`
 /// when its conflicting row was not visible to the statement.
 async fn reserve_batch(
     pool: PgPool,
     items: Vec<ReserveItem>,
+    plans: BatchPlans,
 ) -> Result<Vec<Option<PgRow>>, sqlx::Error> {
     let column = |f: fn(&ReserveItem) -> &str| items.iter().map(f).collect::<Vec<_>>();
     let rows = sqlx::query(schema::RESERVE_BATCH)
+        .persistent(plans.persistent())
         .bind(column(|i| &i.record.0))
         .bind(column(|i| &i.record.1))
         .bind(column(|i| &i.record.2))
@@ -625,10 +684,15 @@ impl batch::Batched for ResolveItem {
 
 /// Runs resolve_batch.sql: per item, whether it matched its owner and
 /// attempt.
-async fn resolve_batch(pool: PgPool, items: Vec<ResolveItem>) -> Result<Vec<bool>, sqlx::Error> {
+async fn resolve_batch(
+    pool: PgPool,
+    items: Vec<ResolveItem>,
+    plans: BatchPlans,
+) -> Result<Vec<bool>, sqlx::Error> {
     let column = |f: fn(&ResolveItem) -> &str| items.iter().map(f).collect::<Vec<_>>();
     let optional = |f: fn(&ResolveItem) -> Option<&str>| items.iter().map(f).collect::<Vec<_>>();
     let rows = sqlx::query(schema::RESOLVE_BATCH)
+        .persistent(plans.persistent())
         .bind(column(|i| &i.record.0))
         .bind(column(|i| &i.record.1))
         .bind(column(|i| &i.record.2))

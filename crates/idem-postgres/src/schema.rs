@@ -124,6 +124,7 @@ pub(crate) const RELEASE: &str = include_str!("../queries/release.sql");
 pub(crate) const MARK_UNKNOWN: &str = include_str!("../queries/mark_unknown.sql");
 pub(crate) const RENEW: &str = include_str!("../queries/renew.sql");
 pub(crate) const GET: &str = include_str!("../queries/get.sql");
+pub(crate) const AUTOVACUUM_ON: &str = include_str!("../queries/autovacuum_on.sql");
 pub(crate) const LIST: &str = include_str!("../queries/list.sql");
 /// `LIST` filters: each is followed by its bind, then by its `_END` (if any).
 pub(crate) const LIST_STATE: &str = " AND state = ";

@@ -226,3 +226,132 @@ async fn a_failed_batch_fails_every_operation_as_unavailable() {
     let reserved = store.reserve(request(&scope, &k)).await.expect("back");
     assert!(matches!(reserved, Reservation::Acquired(_)), "{reserved:?}");
 }
+
+/// Group commit's statements are planned for the table as it is, not as
+/// it was. PostgreSQL keeps a prepared statement's generic plan, and the
+/// resolutions' plan made while the table was empty was a hash join over
+/// a sequential scan of the whole table. With autovacuum off (this
+/// machine's server runs so) nothing ever planned it again: at 30,000
+/// records each batch read all of them, and the gateway at 64 connections
+/// fell from about 5,000 to 700–900 req/s as the table grew (bench/run,
+/// 2026-12-03). Here: batches while the table is empty, then 100,000
+/// records, then batches again; the table's own counters, read after the
+/// store's connections closed, say no statement read the grown table
+/// sequentially. They also count the early batches' scans of the small
+/// table (a few hundred rows each, some 11,000 rows in all), so the bound
+/// is one scan of the grown table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn grouped_statements_use_the_key_index_however_the_table_has_grown() {
+    let Some(url) = services::postgres() else {
+        return;
+    };
+    let Some(isolated) = common::Isolated::new("plans").await else {
+        return;
+    };
+    let (store, table) = (
+        Arc::new(isolated.store),
+        format!("\"{}\".idem_records", isolated.schema),
+    );
+    let scope = idem_testkit::conformance::unique_scope("pg-plans");
+    const KEYS: usize = 32;
+    // Every key reserved, then resolved, all at once: mostly in batches.
+    async fn round(store: &Arc<PgStore>, scope: &Scope, first: usize) {
+        let mut tasks = JoinSet::new();
+        for n in first..first + KEYS {
+            let (store, scope) = (Arc::clone(store), scope.clone());
+            tasks.spawn(async move {
+                let k = key(n);
+                let Reservation::Acquired(lease) =
+                    store.reserve(request(&scope, &k)).await.expect("reserve")
+                else {
+                    panic!("key {n} was fresh");
+                };
+                store
+                    .resolve(&scope, &k, &lease, &outcome(format!("answer {n}")))
+                    .await
+                    .expect("resolve");
+            });
+        }
+        while let Some(joined) = tasks.join_next().await {
+            joined.expect("task");
+        }
+    }
+    // Enough executions on each connection for PostgreSQL to settle on a
+    // generic plan (after five).
+    const BEFORE: usize = 24;
+    for r in 0..BEFORE {
+        round(&store, &scope, r * KEYS).await;
+    }
+    assert!(
+        store.group_commit_stats().statements > 0,
+        "the rounds formed batches: {:?}",
+        store.group_commit_stats()
+    );
+    let admin = sqlx::PgPool::connect(&url).await.expect("admin connection");
+    const GROWN: i64 = 100_000;
+    sqlx::query(&format!(
+        "INSERT INTO {table} (tenant, operation, key, fingerprint, state, created_at, \
+         updated_at, expires_at, locked_until, owner, attempt) \
+         SELECT 'grown', 'POST /grown', 'g-' || n, decode(repeat('ab', 32), 'hex'), \
+         'completed', now(), now(), now() + interval '1 hour', now(), \
+         decode(repeat('cd', 16), 'hex'), 1 FROM generate_series(1, {GROWN}) AS n"
+    ))
+    .execute(&admin)
+    .await
+    .expect("grow the table");
+    let autovacuum: bool = sqlx::query_scalar("SELECT current_setting('autovacuum')::boolean")
+        .fetch_one(&admin)
+        .await
+        .expect("autovacuum setting");
+    if autovacuum {
+        // What autovacuum would do soon after such growth; the store keeps
+        // its plans on such a server, and PostgreSQL plans them again.
+        eprintln!("autovacuum is on: ANALYZE stands in for it");
+        sqlx::query(&format!("ANALYZE {table}"))
+            .execute(&admin)
+            .await
+            .expect("analyze");
+    }
+    const AFTER: usize = 4;
+    for r in 0..AFTER {
+        round(&store, &scope, (BEFORE + r) * KEYS).await;
+    }
+    // A backend reports its counters when it ends: close them all, then
+    // wait until every resolution is counted.
+    store.close().await;
+    let stats = format!(
+        "SELECT n_tup_upd, seq_scan, seq_tup_read FROM pg_stat_user_tables \
+         WHERE relid = '{table}'::regclass"
+    );
+    let mut counted = (0, 0, 0);
+    for _ in 0..100 {
+        counted = sqlx::query_as::<_, (i64, i64, i64)>(&stats)
+            .fetch_one(&admin)
+            .await
+            .expect("table counters");
+        if counted.0 >= ((BEFORE + AFTER) * KEYS) as i64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (updated, seq_scans, seq_rows) = counted;
+    eprintln!(
+        "after growing the table: {updated} rows updated, {seq_scans} sequential scans read {seq_rows} rows"
+    );
+    assert!(
+        updated >= ((BEFORE + AFTER) * KEYS) as i64,
+        "the counters never showed the {} resolutions: {counted:?}",
+        (BEFORE + AFTER) * KEYS
+    );
+    assert!(
+        seq_rows < GROWN,
+        "statements read the grown table sequentially: {seq_scans} scans, {seq_rows} rows"
+    );
+    sqlx::query(&format!(
+        "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+        isolated.schema
+    ))
+    .execute(&admin)
+    .await
+    .expect("drop test schema");
+}
