@@ -160,6 +160,16 @@ def targets(data, have, conns, floor, rss):
             row("(proposed) SQLite: unique-key p50 − pass-through p50 ≤ 1.25 × SQLite's own commits, 1 conn",
                 f"{added:.2f} ms", f"reserve + resolve commits alone (SQLite {version}, p50): {f:.3f} ms",
                 f"{added / f:.2f}×", added <= 1.25 * f)
+        if s == "idem_unique_keys_postgres" and ("store_statements", "1") in floor["pg"] and s in have \
+                and one in conns and "idem_pass_through" in have:
+            # The words: "the same reserve + complete statements".
+            # The row above times the plainest SQL for that work; this one
+            # the store's own two statements.
+            pg1 = floor["pg"][("store_statements", "1")]
+            added = data[(s, one)]["p50"] - data[("idem_pass_through", one)]["p50"]
+            row("PostgreSQL: unique-key p50 − pass-through p50 ≤ 1.25 × the store's own statements, 1 conn",
+                f"{added:.2f} ms", f"pgbench of the store's reserve + resolve SQL, 1 client ({pg1['what']}): {pg1['ms']:.3f} ms",
+                f"{added / pg1['ms']:.2f}×", added <= 1.25 * pg1["ms"])
 
     # Throughput against the store's floor at 64 and 256 connections.
     for c in ("64", "256"):

@@ -123,23 +123,47 @@ WHERE tenant = 'bench' AND operation = 'POST /v1/payments' AND key = :client_id 
 SQL
 
 bound=$(( $(psql "$PG_URL" -Atc 'SHOW max_connections') - 10 ))
+# The store's own two statements (crates/idem-postgres/queries), their
+# parameters filled in: the same work as the gateway's reserve and
+# resolve at one client, where the scripts above are the plainest SQL
+# that does it.
+python3 - "$work/store_statements.sql" <<'PY'
+import re, sys
+def fill(path, vals):
+    sql = open(path).read()
+    return re.sub(r"\$(\d+)", lambda m: vals[int(m.group(1))], sql).rstrip().rstrip(";") + ";\n"
+key = ":client_id || '-' || :k"
+fp, owner = "decode(repeat('ab', 32), 'hex')", "decode(repeat('cd', 16), 'hex')"
+scope = {1: "'bench'", 2: "'POST /v1/payments'", 3: key}
+with open(sys.argv[1], "w") as out:
+    out.write("\\set k random(1, 1000000000000)\n")
+    out.write(fill("crates/idem-postgres/queries/reserve.sql",
+                   {**scope, 4: fp, 5: owner, 6: "30000", 7: "86400000"}))
+    out.write(fill("crates/idem-postgres/queries/resolve.sql",
+                   {**scope, 4: owner, 5: "1", 6: "'completed'", 7: "86400000", 8: "201",
+                    9: "'\\x'::bytea", 10: "'ok'::bytea", 11: "'pay_1'", 12: "NULL"}))
+PY
+
+pgpoint() { # script clients
+  local script=$1 c=$2
+  local j=$(( c < 2 ? 1 : 2 ))
+  local ran=$(( c > bound ? bound : c ))
+  rm -f "$work"/pglog*
+  out=$(cd "$work" && PGOPTIONS="-c search_path=$SCHEMA" pgbench -n -M prepared -f "$work/$script.sql" \
+          -c "$ran" -j "$j" -T "$SECONDS_PER_RUN" -l --log-prefix=pglog "$PG_URL" 2>&1)
+  tps=$(awk -F'= ' '/^tps/ {split($2, a, " "); print a[1]}' <<<"$out")
+  lat=$(awk -F'= ' '/^latency average/ {split($2, a, " "); print a[1]}' <<<"$out")
+  # The median script latency (µs in the third column of -l's log): a
+  # p50, like wrk's, where the average would be pulled up by the tail.
+  p50=$(cat "$work"/pglog* | awk '{print $3}' | sort -n | awk '{v[NR] = $1} END {printf "%.3f", NR ? v[int((NR + 1) / 2)] / 1000 : 0}')
+  note=""
+  [ "$ran" != "$c" ] && note=" ran=$ran (max_connections less 10)"
+  printf 'pgbench %-17s clients=%-4s tps=%s latency_ms=%s p50_ms=%s%s\n' "$script" "$c" "$tps" "$lat" "$p50" "$note"
+}
 for script in reserve reserve_complete; do
-  for c in $PG_CLIENTS; do
-    j=$(( c < 2 ? 1 : 2 ))
-    ran=$(( c > bound ? bound : c ))
-    rm -f "$work"/pglog*
-    out=$(cd "$work" && PGOPTIONS="-c search_path=$SCHEMA" pgbench -n -M prepared -f "$work/$script.sql" \
-            -c "$ran" -j "$j" -T "$SECONDS_PER_RUN" -l --log-prefix=pglog "$PG_URL" 2>&1)
-    tps=$(awk -F'= ' '/^tps/ {split($2, a, " "); print a[1]}' <<<"$out")
-    lat=$(awk -F'= ' '/^latency average/ {split($2, a, " "); print a[1]}' <<<"$out")
-    # The median script latency (µs in the third column of -l's log): a
-    # p50, like wrk's, where the average would be pulled up by the tail.
-    p50=$(cat "$work"/pglog* | awk '{print $3}' | sort -n | awk '{v[NR] = $1} END {printf "%.3f", NR ? v[int((NR + 1) / 2)] / 1000 : 0}')
-    note=""
-    [ "$ran" != "$c" ] && note=" ran=$ran (max_connections less 10)"
-    printf 'pgbench %-17s clients=%-4s tps=%s latency_ms=%s p50_ms=%s%s\n' "$script" "$c" "$tps" "$lat" "$p50" "$note"
-  done
+  for c in $PG_CLIENTS; do pgpoint "$script" "$c"; done
 done
+pgpoint store_statements 1
 echo "pgbench command: PGOPTIONS='-c search_path=$SCHEMA' pgbench -n -M prepared -f <script> -c <clients> -j <1|2> -T $SECONDS_PER_RUN $PG_URL"
 fi
 
