@@ -588,7 +588,7 @@ impl BatchPlans {
             return Ok(Self::Kept);
         }
         // Debug, not a warning: `idem migrate` and the tools print nothing
-        // on success. docs/OPERATIONS.md tells operators what autovacuum off
+        // on success. docs/STORES.md tells operators what autovacuum off
         // asks of them.
         tracing::debug!(
             "postgres: autovacuum is off for idem_records; its grouped statements are planned at each run"
