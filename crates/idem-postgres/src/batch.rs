@@ -36,9 +36,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use idem::StoreError;
-use sqlx::PgPool;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
+use crate::conns::Conns;
 use crate::error::PgError;
 
 /// How operations are grouped; see [`PgOptions`](crate::PgOptions).
@@ -123,19 +123,19 @@ impl<I: Batched, O: Send + 'static> Batcher<I, O> {
     /// operations sorted by record and answers one output per operation,
     /// in their order. The collector stops when the batcher is dropped.
     pub(crate) fn start<F, Fut>(
-        pool: PgPool,
+        conns: Conns,
         settings: GroupCommit,
         counts: Arc<Counts>,
         run: F,
     ) -> Self
     where
-        F: Fn(PgPool, Vec<I>) -> Fut + Send + Sync + 'static,
+        F: Fn(Conns, Vec<I>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Vec<O>, sqlx::Error>> + Send + 'static,
     {
         let (jobs, queue) = mpsc::unbounded_channel();
         let slots = Arc::new(Semaphore::new(settings.in_flight.max(1) as usize));
         tokio::spawn(collect(
-            pool,
+            conns,
             settings.max_batch as usize,
             Arc::clone(&slots),
             Arc::clone(&counts),
@@ -179,7 +179,7 @@ impl<I: Batched, O: Send + 'static> Batcher<I, O> {
 }
 
 async fn collect<I, O, F, Fut>(
-    pool: PgPool,
+    conns: Conns,
     max: usize,
     slots: Arc<Semaphore>,
     counts: Arc<Counts>,
@@ -188,7 +188,7 @@ async fn collect<I, O, F, Fut>(
 ) where
     I: Batched,
     O: Send + 'static,
-    F: Fn(PgPool, Vec<I>) -> Fut + Send + Sync + 'static,
+    F: Fn(Conns, Vec<I>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Vec<O>, sqlx::Error>> + Send + 'static,
 {
     let max = max.max(1);
@@ -248,22 +248,22 @@ async fn collect<I, O, F, Fut>(
         counts
             .operations
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        tokio::spawn(run_batch(pool.clone(), batch, Arc::clone(&run), permit));
+        tokio::spawn(run_batch(conns.clone(), batch, Arc::clone(&run), permit));
     }
 }
 
 async fn run_batch<I, O, F, Fut>(
-    pool: PgPool,
+    conns: Conns,
     batch: Vec<Job<I, O>>,
     run: Arc<F>,
     _permit: OwnedSemaphorePermit,
 ) where
-    F: Fn(PgPool, Vec<I>) -> Fut,
+    F: Fn(Conns, Vec<I>) -> Fut,
     Fut: Future<Output = Result<Vec<O>, sqlx::Error>>,
 {
     let (items, replies): (Vec<I>, Vec<_>) = batch.into_iter().map(|j| (j.item, j.reply)).unzip();
     let expected = items.len();
-    match run(pool, items).await {
+    match run(conns, items).await {
         Ok(outputs) if outputs.len() == expected => {
             for (reply, output) in replies.into_iter().zip(outputs) {
                 let _ = reply.send(Ok(Answer::Done(output)));

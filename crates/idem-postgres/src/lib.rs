@@ -19,6 +19,9 @@
 //! * **migrations**: versioned, in `migrations/*.sql`, applied under an
 //!   advisory lock at connect (or by [`PgStore::migrate`]);
 //! * a **bounded pool**: maximum size, acquire timeout, connect timeout;
+//!   the connections record operations used stay with the store between
+//!   them, so each operation costs its statement's round trip and no test
+//!   of the connection (the pool would add one to every release);
 //! * **group commit**: concurrent reservations share one statement and one
 //!   commit, and so do concurrent resolutions (see
 //!   [`PgOptions::group_commit`]); operations inside a caller's transaction
@@ -88,6 +91,7 @@
 //! transaction.
 
 mod batch;
+mod conns;
 mod error;
 pub mod guard;
 pub mod inbox;
@@ -130,7 +134,8 @@ const MAX_PAGE: usize = 10_000;
 /// clones share the pool.
 #[derive(Debug, Clone)]
 pub struct PgStore {
-    pool: PgPool,
+    /// The pool, and the connections kept between record operations.
+    conns: conns::Conns,
     schema: Option<String>,
     /// How operations are grouped; `None`: group commit is off.
     group: Option<batch::GroupCommit>,
@@ -221,7 +226,7 @@ impl PgStore {
             .connect_lazy_with(connect);
         let group = opts.group();
         let mut store = Self {
-            pool,
+            conns: conns::Conns::new(pool, ping.then_some(ping_after_idle)),
             schema: opts.schema().map(str::to_owned),
             group,
             batches: Arc::default(),
@@ -231,7 +236,7 @@ impl PgStore {
         if opts.migrate() {
             store.migrate().await?;
         }
-        store.batch_plans = BatchPlans::for_server(&store.pool).await?;
+        store.batch_plans = BatchPlans::for_server(store.pool()).await?;
         Ok(store)
     }
 
@@ -240,9 +245,15 @@ impl PgStore {
     /// Applies no migration: call [`migrate`](Self::migrate) if needed.
     /// Grouped statements stay prepared, as on a server that analyzes its
     /// tables (autovacuum on); see [`connect_with`](Self::connect_with).
+    /// Connections kept between operations are tested after an idle
+    /// second, as with [`PgOptions`]' defaults.
     pub fn from_pool(pool: PgPool) -> Self {
+        let defaults = PgOptions::new(pool.connect_options().as_ref().clone());
+        let test_after = defaults
+            .test_before_acquire()
+            .then_some(defaults.ping_after_idle());
         Self {
-            pool,
+            conns: conns::Conns::new(pool, test_after),
             schema: None,
             group: Some(batch::GroupCommit::DEFAULT),
             batches: Arc::default(),
@@ -270,16 +281,16 @@ impl PgStore {
         let plans = self.batch_plans;
         Some(self.batches.get_or_init(|| Batches {
             reserve: batch::Batcher::start(
-                self.pool.clone(),
+                self.conns.clone(),
                 group,
                 Arc::clone(&self.counts),
-                move |pool, items| reserve_batch(pool, items, plans),
+                move |conns, items| reserve_batch(conns, items, plans),
             ),
             resolve: batch::Batcher::start(
-                self.pool.clone(),
+                self.conns.clone(),
                 group,
                 Arc::clone(&self.counts),
-                move |pool, items| resolve_batch(pool, items, plans),
+                move |conns, items| resolve_batch(conns, items, plans),
             ),
         }))
     }
@@ -295,7 +306,7 @@ impl PgStore {
         // concrete lifetimes: callers can spawn it (rust-lang/rust#102211).
         let fut: Pin<Box<dyn Future<Output = Result<idem::store::Migrated, PgError>> + Send + '_>> =
             Box::pin(async move {
-                let conn = self.pool.acquire().await?;
+                let conn = self.pool().acquire().await?;
                 schema::migrate(conn, self.schema.clone()).await
             });
         fut
@@ -307,15 +318,19 @@ impl PgStore {
     }
 
     /// The connection pool, for the caller's own transactions
-    /// (`store.pool().begin()`).
+    /// (`store.pool().begin()`). Close it with [`close`](Self::close): the
+    /// store keeps connections between its operations, and hands them
+    /// back when it closes (a bare `pool().close()` waits for the kept
+    /// ones, under half a second).
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        self.conns.pool()
     }
 
-    /// Closes the pool: waits for connections in use to be returned, then
-    /// closes them all.
+    /// Closes the pool: hands back the connections the store keeps, waits
+    /// for connections in use to be returned, then closes them all.
     pub async fn close(&self) {
-        self.pool.close().await;
+        self.conns.give_back();
+        self.pool().close().await;
     }
 
     /// [`Store::reserve`] inside the caller's transaction: the reservation
@@ -605,7 +620,7 @@ impl BatchPlans {
 /// Runs reserve_batch.sql: per item, its insert-or-read row, or `None`
 /// when its conflicting row was not visible to the statement.
 async fn reserve_batch(
-    pool: PgPool,
+    conns: conns::Conns,
     items: Vec<ReserveItem>,
     plans: BatchPlans,
 ) -> Result<Vec<Option<PgRow>>, sqlx::Error> {
@@ -618,9 +633,10 @@ async fn reserve_batch(
         .bind(items.iter().map(|i| &i.fingerprint[..]).collect::<Vec<_>>())
         .bind(items.iter().map(|i| &i.owner[..]).collect::<Vec<_>>())
         .bind(items.iter().map(|i| i.lease_ms).collect::<Vec<_>>())
-        .bind(items.iter().map(|i| i.retention_ms).collect::<Vec<_>>())
-        .fetch_all(&pool)
-        .await?;
+        .bind(items.iter().map(|i| i.retention_ms).collect::<Vec<_>>());
+    let mut conn = conns.lend().await?;
+    let rows = rows.fetch_all(&mut *conn).await?;
+    conn.done();
     let mut answers: Vec<Option<PgRow>> = items.iter().map(|_| None).collect();
     for row in rows {
         let at = batch_position(&row, answers.len())?;
@@ -685,7 +701,7 @@ impl batch::Batched for ResolveItem {
 /// Runs resolve_batch.sql: per item, whether it matched its owner and
 /// attempt.
 async fn resolve_batch(
-    pool: PgPool,
+    conns: conns::Conns,
     items: Vec<ResolveItem>,
     plans: BatchPlans,
 ) -> Result<Vec<bool>, sqlx::Error> {
@@ -704,9 +720,10 @@ async fn resolve_batch(
         .bind(items.iter().map(|i| &i.headers[..]).collect::<Vec<_>>())
         .bind(items.iter().map(|i| &i.body[..]).collect::<Vec<_>>())
         .bind(optional(|i| i.resource_id.as_deref()))
-        .bind(optional(|i| i.error_code.as_deref()))
-        .fetch_all(&pool)
-        .await?;
+        .bind(optional(|i| i.error_code.as_deref()));
+    let mut conn = conns.lend().await?;
+    let rows = rows.fetch_all(&mut *conn).await?;
+    conn.done();
     let mut matched = vec![false; items.len()];
     for row in rows {
         matched[batch_position(&row, items.len())?] = true;
@@ -752,12 +769,20 @@ async fn release_on<'e, E: Executor<'e, Database = Postgres>>(
     fenced(done.rows_affected())
 }
 
+/// Keeps a lent connection whose fenced statement completed, matched or
+/// not ([`StoreError::Fenced`] is an answer, not a failed statement).
+fn kept_if_done(conn: conns::Lent, result: &Result<(), StoreError>) {
+    if matches!(result, Ok(()) | Err(StoreError::Fenced)) {
+        conn.done();
+    }
+}
+
 impl Store for PgStore {
     async fn reserve(&self, req: ReserveRequest<'_>) -> Result<Reservation, StoreError> {
         let slot = match self.batches() {
             Some(batches) => match batches.reserve.turn(|| ReserveItem::new(&req)).await? {
                 batch::Answer::Done(Some(row)) => {
-                    if let Some(reservation) = settle(&self.pool, &req, &row).await? {
+                    if let Some(reservation) = settle(self.pool(), &req, &row).await? {
                         return Ok(reservation);
                     }
                     // Changed since the batch read it: the single
@@ -770,8 +795,12 @@ impl Store for PgStore {
             },
             None => None,
         };
-        let mut conn = self.pool.acquire().await.map_err(error::to_store)?;
+        let mut conn = self.conns.lend().await.map_err(error::to_store)?;
         let reserved = reserve_on(&mut conn, &req).await;
+        // Kept before the slot frees, for the batch waiting on the slot.
+        if reserved.is_ok() {
+            conn.done();
+        }
         drop(slot);
         reserved
     }
@@ -780,10 +809,13 @@ impl Store for PgStore {
         let row = sqlx::query(schema::GET)
             .bind(scope.tenant())
             .bind(scope.operation())
-            .bind(key.as_str())
-            .fetch_optional(&self.pool)
+            .bind(key.as_str());
+        let mut conn = self.conns.lend().await.map_err(error::to_store)?;
+        let row = row
+            .fetch_optional(&mut *conn)
             .await
             .map_err(error::to_store)?;
+        conn.done();
         row.as_ref()
             .map(schema::record_from_row)
             .transpose()
@@ -807,7 +839,9 @@ impl Store for PgStore {
             }
             None => None,
         };
-        let resolved = resolve_on(&self.pool, scope, key, lease, outcome).await;
+        let mut conn = self.conns.lend().await.map_err(error::to_store)?;
+        let resolved = resolve_on(&mut *conn, scope, key, lease, outcome).await;
+        kept_if_done(conn, &resolved);
         drop(slot);
         resolved
     }
@@ -818,7 +852,10 @@ impl Store for PgStore {
         key: &IdempotencyKey,
         lease: &Lease,
     ) -> Result<(), StoreError> {
-        release_on(&self.pool, scope, key, lease).await
+        let mut conn = self.conns.lend().await.map_err(error::to_store)?;
+        let released = release_on(&mut *conn, scope, key, lease).await;
+        kept_if_done(conn, &released);
+        released
     }
 
     async fn mark_unknown(
@@ -829,10 +866,12 @@ impl Store for PgStore {
         _reason: &str,
     ) -> Result<(), StoreError> {
         let owner = lease.owner.to_bytes();
+        let mut conn = self.conns.lend().await.map_err(error::to_store)?;
         let done = fenced_query(schema::MARK_UNKNOWN, scope, key, &owner, lease.attempt)
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await
             .map_err(error::to_store)?;
+        conn.done();
         fenced(done.rows_affected())
     }
 
@@ -844,11 +883,14 @@ impl Store for PgStore {
         duration: Duration,
     ) -> Result<Timestamp, StoreError> {
         let owner = lease.owner.to_bytes();
-        let row = fenced_query(schema::RENEW, scope, key, &owner, lease.attempt)
-            .bind(millis(duration))
-            .fetch_optional(&self.pool)
+        let row =
+            fenced_query(schema::RENEW, scope, key, &owner, lease.attempt).bind(millis(duration));
+        let mut conn = self.conns.lend().await.map_err(error::to_store)?;
+        let row = row
+            .fetch_optional(&mut *conn)
             .await
             .map_err(error::to_store)?;
+        conn.done();
         match row {
             Some(row) => ms_column(&row, "locked_until_ms"),
             None => Err(StoreError::Fenced),
@@ -891,7 +933,7 @@ impl ListRecords for PgStore {
             .push_bind(i64::try_from(limit + 1).unwrap_or(i64::MAX));
         let rows = query
             .build()
-            .fetch_all(&self.pool)
+            .fetch_all(self.pool())
             .await
             .map_err(error::to_store)?;
         let mut records = rows
@@ -916,7 +958,7 @@ impl Purge for PgStore {
         }
         let done = sqlx::query(schema::PURGE_EXPIRED)
             .bind(i64::try_from(batch).unwrap_or(i64::MAX))
-            .execute(&self.pool)
+            .execute(self.pool())
             .await
             .map_err(error::to_store)?;
         Ok(done.rows_affected())
@@ -927,7 +969,7 @@ impl Purge for PgStore {
             .bind(scope.tenant())
             .bind(scope.operation())
             .bind(key.as_str())
-            .execute(&self.pool)
+            .execute(self.pool())
             .await
             .map_err(error::to_store)?;
         Ok(done.rows_affected() > 0)

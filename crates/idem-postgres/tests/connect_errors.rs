@@ -162,3 +162,103 @@ async fn a_connection_that_died_while_idle_is_replaced_before_use() {
         .await
         .expect("the pool replaced the dead connection");
 }
+
+/// Each record operation costs its statement's round trip and nothing
+/// more. sqlx tests every connection it takes back into its pool with a
+/// round trip of its own; the store keeps the connection an operation
+/// used for the next one instead, so sequential reservations, resolutions
+/// and reads send one message each (a counting proxy on the link).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_operation_costs_one_round_trip() {
+    use idem::Store;
+    use idem_testkit::services;
+    let Some(url) = services::postgres() else {
+        return;
+    };
+    let link = idem_testkit::fault::FaultProxy::start(services::socket_addr(&url)).await;
+    // No test after an idle spell, so that a slow moment cannot add one.
+    let extra = "max_connections=4&ping_after_idle_ms=600000";
+    let opts = PgOptions::from_url(&services::via(&url, link.addr(), extra)).expect("url");
+    let store = PgStore::connect_with(opts).await.expect("connect");
+    let scope = idem_testkit::conformance::unique_scope("pg-round-trips");
+    let pair = |n: usize| {
+        let (store, scope) = (&store, &scope);
+        async move {
+            let key: idem::IdempotencyKey = format!("k-{n}").parse().expect("key");
+            let req = idem::ReserveRequest {
+                scope,
+                key: &key,
+                fingerprint: idem::Fingerprint::builder().part("n", b"1").finish(),
+                owner: idem::OwnerToken::random(),
+                lease: Duration::from_secs(60),
+                retention: Duration::from_secs(3600),
+                on_lease_expiry: idem::LeaseExpiry::Retry,
+            };
+            let idem::Reservation::Acquired(lease) = store.reserve(req).await.expect("reserve")
+            else {
+                panic!("a fresh key is ours");
+            };
+            let outcome = idem::FinalOutcome {
+                verdict: idem::Verdict::Completed,
+                response: idem::StoredResponse::new(201, "done"),
+                resource_id: None,
+                error_code: None,
+                retention: Duration::from_secs(3600),
+            };
+            store
+                .resolve(scope, &key, &lease, &outcome)
+                .await
+                .expect("resolve");
+            let record = store.get(scope, &key).await.expect("get");
+            assert!(record.is_some(), "the record is there");
+        }
+    };
+    // The first uses prepare the statements on the connection.
+    for n in 0..3 {
+        pair(n).await;
+    }
+    link.quiet_for(Duration::from_millis(50)).await;
+    let before = link.chunks_to_server();
+    const PAIRS: usize = 20;
+    for n in 3..3 + PAIRS {
+        pair(n).await;
+    }
+    link.quiet_for(Duration::from_millis(50)).await;
+    let sent = link.chunks_to_server() - before;
+    assert_eq!(
+        sent,
+        3 * PAIRS as u64,
+        "messages for {PAIRS} reservations, resolutions and reads"
+    );
+    store.close().await;
+}
+
+/// A connection the store keeps between operations goes back to the pool
+/// once the store stops using it: with a pool of one, the caller's own
+/// transaction gets it, and the store's next operation works after.
+#[tokio::test]
+async fn a_kept_connection_goes_back_to_the_pool_when_unused() {
+    use idem::Store;
+    let Some(opts) = common::options() else {
+        return;
+    };
+    let opts = opts
+        .with_max_connections(1)
+        .with_acquire_timeout(Duration::from_secs(5));
+    let store = PgStore::connect_with(opts).await.expect("connect");
+    let scope = idem_testkit::conformance::unique_scope("pg-kept");
+    let key: idem::IdempotencyKey = "k".parse().expect("key");
+    store.get(&scope, &key).await.expect("first use");
+    let mut tx = store
+        .pool()
+        .begin()
+        .await
+        .expect("the kept connection came back to the pool");
+    sqlx::query("SELECT 1")
+        .execute(&mut *tx)
+        .await
+        .expect("the caller's statement");
+    tx.rollback().await.expect("rollback");
+    store.get(&scope, &key).await.expect("the store's next use");
+    store.close().await;
+}

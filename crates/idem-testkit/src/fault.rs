@@ -22,6 +22,8 @@
 //! [`quiet_for`](FaultProxy::quiet_for) waits until nothing has crossed the
 //! line for a while, so that a fault set next meets no exchange already
 //! under way (a connection pool's check on a connection it took back, say).
+//! [`chunks_to_server`](FaultProxy::chunks_to_server) counts what clients
+//! sent, in the pieces they sent it.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -67,6 +69,8 @@ struct State {
     last_traffic: AtomicU64,
     /// Chunks read and not yet written on (or dropped).
     held: AtomicU64,
+    /// Chunks read from clients, toward the server.
+    to_server: AtomicU64,
 }
 
 impl State {
@@ -148,6 +152,7 @@ impl FaultProxy {
             started: Instant::now(),
             last_traffic: AtomicU64::new(0),
             held: AtomicU64::new(0),
+            to_server: AtomicU64::new(0),
         });
         let shared = Arc::clone(&state);
         tokio::spawn(async move {
@@ -230,6 +235,14 @@ impl FaultProxy {
             }
             tokio::time::sleep(quiet - idle).await;
         }
+    }
+
+    /// How many chunks clients have sent toward the server so far, each
+    /// read as it arrived. A client that writes each request whole and
+    /// waits for its answer before the next (a database driver) sends one
+    /// chunk a request: this counts its round trips.
+    pub fn chunks_to_server(&self) -> u64 {
+        self.state.to_server.load(Ordering::Relaxed)
     }
 
     /// Clears every fault. Connections black-holed until now are reset.
@@ -330,6 +343,9 @@ async fn pump(
             Ok(n) => n,
         };
         let _held = state.hold();
+        if dir == Dir::ToServer {
+            state.to_server.fetch_add(1, Ordering::Relaxed);
+        }
         let faults = state.faults();
         if faults.blackhole {
             continue;
