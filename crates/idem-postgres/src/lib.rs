@@ -326,6 +326,11 @@ impl PgStore {
         self.conns.pool()
     }
 
+    /// A connection for one record operation ([`conns::Conns::lend`]).
+    async fn lend(&self) -> Result<conns::Lent, StoreError> {
+        self.conns.lend().await.map_err(error::to_store)
+    }
+
     /// Closes the pool: hands back the connections the store keeps, waits
     /// for connections in use to be returned, then closes them all.
     pub async fn close(&self) {
@@ -795,7 +800,7 @@ impl Store for PgStore {
             },
             None => None,
         };
-        let mut conn = self.conns.lend().await.map_err(error::to_store)?;
+        let mut conn = self.lend().await?;
         let reserved = reserve_on(&mut conn, &req).await;
         // Kept before the slot frees, for the batch waiting on the slot.
         if reserved.is_ok() {
@@ -810,7 +815,7 @@ impl Store for PgStore {
             .bind(scope.tenant())
             .bind(scope.operation())
             .bind(key.as_str());
-        let mut conn = self.conns.lend().await.map_err(error::to_store)?;
+        let mut conn = self.lend().await?;
         let row = row
             .fetch_optional(&mut *conn)
             .await
@@ -839,7 +844,7 @@ impl Store for PgStore {
             }
             None => None,
         };
-        let mut conn = self.conns.lend().await.map_err(error::to_store)?;
+        let mut conn = self.lend().await?;
         let resolved = resolve_on(&mut *conn, scope, key, lease, outcome).await;
         kept_if_done(conn, &resolved);
         drop(slot);
@@ -852,7 +857,7 @@ impl Store for PgStore {
         key: &IdempotencyKey,
         lease: &Lease,
     ) -> Result<(), StoreError> {
-        let mut conn = self.conns.lend().await.map_err(error::to_store)?;
+        let mut conn = self.lend().await?;
         let released = release_on(&mut *conn, scope, key, lease).await;
         kept_if_done(conn, &released);
         released
@@ -866,7 +871,7 @@ impl Store for PgStore {
         _reason: &str,
     ) -> Result<(), StoreError> {
         let owner = lease.owner.to_bytes();
-        let mut conn = self.conns.lend().await.map_err(error::to_store)?;
+        let mut conn = self.lend().await?;
         let done = fenced_query(schema::MARK_UNKNOWN, scope, key, &owner, lease.attempt)
             .execute(&mut *conn)
             .await
@@ -885,7 +890,7 @@ impl Store for PgStore {
         let owner = lease.owner.to_bytes();
         let row =
             fenced_query(schema::RENEW, scope, key, &owner, lease.attempt).bind(millis(duration));
-        let mut conn = self.conns.lend().await.map_err(error::to_store)?;
+        let mut conn = self.lend().await?;
         let row = row
             .fetch_optional(&mut *conn)
             .await
