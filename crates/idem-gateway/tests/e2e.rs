@@ -454,11 +454,14 @@ async fn pass_through_then_protected(
 /// The gateway keeps its upstream connections open and reuses them, for
 /// pass-through and protected requests alike; a large answer and a large
 /// upload stream through whole and leave their connection reusable.
+/// Each serving thread keeps connections of its own, so with one thread
+/// one connection carries every request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_connections_are_reused_and_large_answers_stream_whole() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
-    let gw = start(dir.path(), CONFIG, &up.url(), &sqlite_store(dir.path())).await;
+    let config = format!("workers = 1\n{CONFIG}");
+    let gw = start(dir.path(), &config, &up.url(), &sqlite_store(dir.path())).await;
     for i in 0..10 {
         let (get, post) =
             pass_through_then_protected(&gw, &format!("reuse-{i}"), Duration::ZERO).await;

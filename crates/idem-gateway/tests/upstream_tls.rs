@@ -161,7 +161,9 @@ async fn trusted_pair(http2: &str) -> (Pki, CountingUpstream, tempfile::TempDir,
     let dir = tempfile::tempdir().expect("tempdir");
     let ca = file(dir.path(), "ca.pem", &pki.ca_pem);
     let url = format!("https://localhost:{}", upstream.addr().port());
-    let tls = format!("upstream_ca_file = \"{ca}\"\nupstream_http2 = \"{http2}\"");
+    // One serving thread: each keeps upstream connections of its own, and
+    // the tests count them.
+    let tls = format!("workers = 1\nupstream_ca_file = \"{ca}\"\nupstream_http2 = \"{http2}\"");
     let gw = gateway(dir.path(), &url, &tls).await;
     (pki, upstream, dir, gw)
 }

@@ -12,6 +12,14 @@
 //! the idle list when its response body has been read to the end; a body
 //! dropped half-read closes it.
 //!
+//! Idle connections are kept per event loop. A connection's socket is
+//! registered with the reactor of the runtime that opened it, and only that
+//! reactor learns when the upstream answers: used from another serving
+//! thread, every answer would wake that thread's loop, which then wakes the
+//! request's (two wake-ups, and the other core roused, per response). So a
+//! request takes an idle connection its own loop opened, or opens one; like
+//! an nginx worker's keep-alive cache.
+//!
 //! Idle connections are not polled. One the upstream closed meanwhile is
 //! found out when it is taken (its connection is polled once, without a
 //! waker, and reports the close) and replaced by a fresh one; a request
@@ -43,11 +51,13 @@ use hyper::body::Incoming;
 use hyper::client::conn::{TrySendError, http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use idem_http::BoxError;
+use tokio::runtime;
 
 use super::connect::{ConnectError, Connector, Refusal, Stream};
 use crate::serve::body::ClientBody;
 
-/// Idle connections kept at most; beyond, the oldest is closed.
+/// Idle connections kept at most per event loop; beyond, the oldest is
+/// closed.
 const MAX_IDLE: usize = 1024;
 /// An idle connection older than this is closed instead of reused.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -79,6 +89,20 @@ pub enum ExchangeError {
 struct Conn {
     sender: http1::SendRequest<ProxyBody>,
     link: Link,
+    /// The runtime whose reactor the socket is registered with.
+    home: Option<runtime::Id>,
+}
+
+/// The runtime the caller runs on: on the gateway, one serving thread's
+/// event loop (or the shared runtime).
+fn current_home() -> Option<runtime::Id> {
+    runtime::Handle::try_current().ok().map(|h| h.id())
+}
+
+/// The idle connections one runtime opened, most recently used last.
+struct Idle {
+    home: Option<runtime::Id>,
+    conns: VecDeque<(Box<Conn>, Instant)>,
 }
 
 /// The connection future: it does the reading and writing for the sender
@@ -148,7 +172,8 @@ enum Tried {
 pub struct Upstream {
     authority: Authority,
     connector: Connector,
-    idle: Mutex<VecDeque<(Box<Conn>, Instant)>>,
+    /// Idle HTTP/1.1 connections, one list per runtime that opened them.
+    idle: Mutex<Vec<Idle>>,
     /// HTTP/2 is offered by ALPN (an `https://` upstream with
     /// `upstream_http2 = "auto"`); only then is `shared` ever set.
     http2: bool,
@@ -160,7 +185,14 @@ impl std::fmt::Debug for Upstream {
         f.debug_struct("Upstream")
             .field("authority", &self.authority)
             .field("connector", &self.connector)
-            .field("idle", &self.idle.lock().map(|idle| idle.len()).ok())
+            .field(
+                "idle",
+                &self
+                    .idle
+                    .lock()
+                    .map(|idle| idle.iter().map(|i| i.conns.len()).sum::<usize>())
+                    .ok(),
+            )
             .finish()
     }
 }
@@ -176,7 +208,7 @@ impl Upstream {
             connector: Connector::new(&authority, tls),
             http2,
             authority,
-            idle: Mutex::new(VecDeque::new()),
+            idle: Mutex::new(Vec::new()),
             shared: Mutex::new(None),
         })
     }
@@ -343,13 +375,14 @@ impl Upstream {
         let conn = Conn {
             sender,
             link: Link { conn, done: false },
+            home: current_home(),
         };
         Ok((Channel::Http1(Box::new(conn)), refusal))
     }
 
     /// The shared HTTP/2 connection if it is open (and `allow_shared`
-    /// says so), else the most recently used idle HTTP/1.1 connection that is
-    /// still open.
+    /// says so), else the most recently used idle HTTP/1.1 connection that
+    /// the caller's runtime opened and that is still open.
     fn checkout(&self, allow_shared: bool) -> Option<Channel> {
         if allow_shared
             && self.http2
@@ -358,8 +391,12 @@ impl Upstream {
         {
             return Some(Channel::Http2(sender.clone()));
         }
+        let home = current_home();
         loop {
-            let (mut conn, since) = self.idle.lock().ok()?.pop_back()?;
+            let (mut conn, since) = {
+                let mut idle = self.idle.lock().ok()?;
+                idle.iter_mut().find(|i| i.home == home)?.conns.pop_back()?
+            };
             if since.elapsed() < IDLE_TIMEOUT && conn.still_open() {
                 return Some(Channel::Http1(conn));
             }
@@ -386,14 +423,33 @@ impl Upstream {
         let Ok(mut idle) = self.idle.lock() else {
             return;
         };
-        while idle
-            .front()
-            .is_some_and(|(_, since)| now.duration_since(*since) >= IDLE_TIMEOUT)
-            || idle.len() >= MAX_IDLE
-        {
-            idle.pop_front();
+        // Every list sheds what has been idle too long, so the connections
+        // of a runtime that no longer takes any (one that was shut down)
+        // are closed too.
+        for list in idle.iter_mut() {
+            while list
+                .conns
+                .front()
+                .is_some_and(|(_, since)| now.duration_since(*since) >= IDLE_TIMEOUT)
+            {
+                list.conns.pop_front();
+            }
         }
-        idle.push_back((conn, now));
+        idle.retain(|list| !list.conns.is_empty() || list.home == conn.home);
+        let list = match idle.iter().position(|list| list.home == conn.home) {
+            Some(at) => &mut idle[at],
+            None => {
+                idle.push(Idle {
+                    home: conn.home,
+                    conns: VecDeque::new(),
+                });
+                idle.last_mut().expect("just pushed")
+            }
+        };
+        if list.conns.len() >= MAX_IDLE {
+            list.conns.pop_front();
+        }
+        list.conns.push_back((conn, now));
     }
 }
 
@@ -531,5 +587,123 @@ impl Body for ProxyBody {
             Self::Upstream(b) => b.size_hint(),
             Self::Full(b) => b.size_hint(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http_body_util::BodyExt;
+    use hyper::service::service_fn;
+
+    use super::*;
+
+    /// An HTTP/1.1 upstream, on a thread of its own, that answers every
+    /// request with `200 ok` and counts the connections it accepted.
+    fn counting_upstream() -> (Authority, Arc<AtomicUsize>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("addr");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&accepted);
+        std::thread::spawn(move || {
+            let rt = runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+                loop {
+                    let Ok((stream, _)) = listener.accept().await else {
+                        return;
+                    };
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    tokio::spawn(async move {
+                        let answer = service_fn(|_req| async {
+                            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+                        });
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), answer)
+                            .await;
+                    });
+                }
+            });
+        });
+        (addr.to_string().parse().expect("authority"), accepted)
+    }
+
+    /// One GET through `upstream`, its body read to the end (which puts
+    /// the connection back on the idle list). A connection whose reactor
+    /// is not running never hears its answer: that fails here, in time.
+    async fn get(upstream: &Arc<Upstream>) {
+        let exchange = async {
+            let req = Request::get("/")
+                .body(ProxyBody::from(Bytes::new()))
+                .expect("request");
+            let resp = upstream.send(req).await.expect("answered");
+            assert_eq!(resp.status(), 200);
+            resp.into_body().collect().await.expect("body").to_bytes()
+        };
+        let body = tokio::time::timeout(Duration::from_secs(5), exchange)
+            .await
+            .expect("the answer reached this event loop");
+        assert_eq!(&body[..], b"ok");
+    }
+
+    fn event_loop() -> runtime::Runtime {
+        runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    #[test]
+    fn an_idle_connection_is_taken_only_by_the_event_loop_that_opened_it() {
+        let (authority, accepted) = counting_upstream();
+        let upstream = Upstream::new(authority, None);
+        let (one, two) = (event_loop(), event_loop());
+
+        one.block_on(get(&upstream));
+        one.block_on(get(&upstream));
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "the loop reuses its own"
+        );
+
+        // Another loop would have to be woken by the first one's reactor
+        // for every answer on that connection: it opens its own.
+        two.block_on(get(&upstream));
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+
+        for _ in 0..3 {
+            one.block_on(get(&upstream));
+            two.block_on(get(&upstream));
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "each loop keeps reusing the connection it opened"
+        );
+    }
+
+    #[test]
+    fn a_shut_down_loops_connections_are_never_handed_to_another() {
+        let (authority, accepted) = counting_upstream();
+        let upstream = Upstream::new(authority, None);
+        let gone = event_loop();
+        gone.block_on(get(&upstream));
+        drop(gone);
+        let live = event_loop();
+        live.block_on(get(&upstream));
+        live.block_on(get(&upstream));
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        let homes = upstream.idle.lock().expect("idle").len();
+        assert_eq!(
+            homes, 2,
+            "the gone loop's list stays until it has idled out"
+        );
     }
 }
