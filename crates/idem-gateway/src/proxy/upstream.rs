@@ -425,8 +425,8 @@ impl Upstream {
         };
         // Every list sheds what has been idle too long, so the connections
         // of a runtime that no longer takes any (one that was shut down)
-        // are closed too.
-        for list in idle.iter_mut() {
+        // are closed too; a list left empty goes, unless it is this one's.
+        idle.retain_mut(|list| {
             while list
                 .conns
                 .front()
@@ -434,8 +434,8 @@ impl Upstream {
             {
                 list.conns.pop_front();
             }
-        }
-        idle.retain(|list| !list.conns.is_empty() || list.home == conn.home);
+            !list.conns.is_empty() || list.home == conn.home
+        });
         let list = match idle.iter().position(|list| list.home == conn.home) {
             Some(at) => &mut idle[at],
             None => {
