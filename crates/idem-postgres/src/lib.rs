@@ -909,7 +909,17 @@ impl ListRecords for PgStore {
         let after = filter.after.as_ref();
         let mut query = sqlx::QueryBuilder::<Postgres>::new(schema::LIST);
         if let Some(state) = filter.state {
-            query.push(schema::LIST_STATE).push_bind(state.as_str());
+            // A literal, not a bind (the state is one of three fixed words):
+            // a generic plan can then prove idem_records_processing's
+            // predicate and read only the processing records, which the
+            // stuck-record monitor lists every 30 s. With a bind, the plan
+            // made while the table was small walked the creation index over
+            // every record once it had grown.
+            query
+                .push(schema::LIST_STATE)
+                .push("'")
+                .push(state.as_str())
+                .push("'");
         }
         if let Some(age) = filter.older_than {
             query

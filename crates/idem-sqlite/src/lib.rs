@@ -571,7 +571,7 @@ impl ListRecords for SqliteStore {
         let limit = filter.limit.clamp(1, 10_000);
         self.read(move |conn| {
             let after = filter.after.as_ref();
-            let mut stmt = conn.prepare_cached(&schema::list_query())?;
+            let mut stmt = conn.prepare_cached(&schema::list_query(filter.state))?;
             let rows = stmt.query_map(
                 params![
                     filter.state.map(|s| s.as_str()),

@@ -13,6 +13,7 @@ use crate::SqliteError;
 const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_records.sql"),
     include_str!("../migrations/0002_inbox.sql"),
+    include_str!("../migrations/0003_processing.sql"),
 ];
 
 /// The schema version this build writes.
@@ -97,10 +98,18 @@ pub(crate) const DELETE: &str =
 pub(crate) const PURGE_EXPIRED: &str = "DELETE FROM idem_records WHERE rowid IN \
      (SELECT rowid FROM idem_records WHERE state <> 'processing' AND expires_at <= ?1 LIMIT ?2)";
 
-pub(crate) fn list_query() -> String {
+/// The listing for `state` (bound as `?1` either way). Processing records
+/// are named by a literal, so the planner can take their partial index
+/// (`0003_processing.sql`) and read only them: the stuck-record monitor
+/// lists them every 30 s, however many final records the store holds.
+pub(crate) fn list_query(state: Option<RecordState>) -> String {
+    let state = match state {
+        Some(RecordState::Processing) => "state = 'processing' AND ?1 = 'processing'",
+        _ => "(?1 IS NULL OR state = ?1)",
+    };
     format!(
         "SELECT {COLUMNS} FROM idem_records \
-         WHERE (?1 IS NULL OR state = ?1) \
+         WHERE {state} \
            AND (?2 IS NULL OR created_at <= ?2) \
            AND (?3 IS NULL OR tenant = ?3) \
            AND (state = 'processing' OR expires_at > ?4) \
@@ -172,4 +181,64 @@ pub(crate) fn record_from_row(row: &Row<'_>) -> rusqlite::Result<Record> {
         resource_id: row.get(14)?,
         error_code: row.get(15)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::{StatementStatus, params};
+
+    use super::*;
+
+    /// The stuck-record monitor lists processing records every 30 s. With
+    /// only the creation-order index to use, that listing walked every
+    /// record the store holds (a gateway with 10M records stored served
+    /// unique keys at 0.35x the rate of an empty one, monitor on).
+    #[test]
+    fn listing_processing_records_reads_only_them() {
+        let mut conn = Connection::open_in_memory().expect("open");
+        migrate(&mut conn).expect("migrate");
+        let insert = |key: String, state: &str, created: i64| {
+            conn.execute(
+                "INSERT INTO idem_records (tenant, operation, key, fingerprint, state, \
+                 created_at, updated_at, expires_at, locked_until, owner, attempt) \
+                 VALUES ('t', 'POST /p', ?1, x'00', ?2, ?3, ?3, ?4, ?3, x'00', 1)",
+                params![key, state, created, created + 86_400_000],
+            )
+            .expect("insert");
+        };
+        const FINAL: i64 = 2_000;
+        for i in 0..FINAL {
+            insert(format!("done-{i}"), "completed", i);
+        }
+        for i in 0..3 {
+            insert(format!("open-{i}"), "processing", FINAL + i);
+        }
+        let mut stmt = conn
+            .prepare(&list_query(Some(RecordState::Processing)))
+            .expect("prepare");
+        let listed = stmt
+            .query_map(
+                params![
+                    "processing",
+                    None::<i64>,
+                    None::<String>,
+                    0,
+                    None::<i64>,
+                    None::<String>,
+                    None::<String>,
+                    None::<String>,
+                    100
+                ],
+                |row| row.get::<_, String>(2),
+            )
+            .expect("query")
+            .collect::<Result<Vec<_>, _>>()
+            .expect("rows");
+        assert_eq!(listed, ["open-0", "open-1", "open-2"]);
+        let steps = stmt.get_status(StatementStatus::VmStep);
+        assert!(
+            i64::from(steps) < FINAL,
+            "{steps} VM steps to list 3 processing records beside {FINAL} final ones"
+        );
+    }
 }
