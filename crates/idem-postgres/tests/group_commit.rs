@@ -299,19 +299,9 @@ async fn grouped_statements_use_the_key_index_however_the_table_has_grown() {
     .execute(&admin)
     .await
     .expect("grow the table");
-    let autovacuum: bool = sqlx::query_scalar("SELECT current_setting('autovacuum')::boolean")
-        .fetch_one(&admin)
-        .await
-        .expect("autovacuum setting");
-    if autovacuum {
-        // What autovacuum would do soon after such growth; the store keeps
-        // its plans on such a server, and PostgreSQL plans them again.
-        eprintln!("autovacuum is on: ANALYZE stands in for it");
-        sqlx::query(&format!("ANALYZE {table}"))
-            .execute(&admin)
-            .await
-            .expect("analyze");
-    }
+    // The store keeps its plans on a server running autovacuum, and
+    // PostgreSQL plans them again after the ANALYZE.
+    common::analyze_if_autovacuum(&admin, &table).await;
     const AFTER: usize = 4;
     for r in 0..AFTER {
         round(&store, &scope, (BEFORE + r) * KEYS).await;

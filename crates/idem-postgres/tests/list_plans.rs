@@ -55,17 +55,7 @@ async fn listing_processing_records_reads_only_them_however_the_table_has_grown(
         .execute(&admin)
         .await
         .expect("grow the table");
-    let autovacuum: bool = sqlx::query_scalar("SELECT current_setting('autovacuum')::boolean")
-        .fetch_one(&admin)
-        .await
-        .expect("autovacuum setting");
-    if autovacuum {
-        // What autovacuum would do soon after such growth.
-        sqlx::query(&format!("ANALYZE {table}"))
-            .execute(&admin)
-            .await
-            .expect("analyze");
-    }
+    common::analyze_if_autovacuum(&admin, &table).await;
     let counters = format!(
         "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0), \
          coalesce(seq_scan, 0) + coalesce(idx_scan, 0) FROM pg_stat_user_tables \

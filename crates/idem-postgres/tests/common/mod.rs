@@ -58,3 +58,20 @@ impl Isolated {
         self.store.close().await;
     }
 }
+
+/// Does what autovacuum would do soon after a table grew (`ANALYZE`), when
+/// the server runs autovacuum; where it does not, the table keeps the
+/// statistics it had, as it would in production there.
+pub async fn analyze_if_autovacuum(admin: &sqlx::PgPool, table: &str) {
+    let autovacuum: bool = sqlx::query_scalar("SELECT current_setting('autovacuum')::boolean")
+        .fetch_one(admin)
+        .await
+        .expect("autovacuum setting");
+    if autovacuum {
+        eprintln!("autovacuum is on: ANALYZE stands in for it");
+        sqlx::query(&format!("ANALYZE {table}"))
+            .execute(admin)
+            .await
+            .expect("analyze");
+    }
+}
