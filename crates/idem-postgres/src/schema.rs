@@ -126,7 +126,8 @@ pub(crate) const RENEW: &str = include_str!("../queries/renew.sql");
 pub(crate) const GET: &str = include_str!("../queries/get.sql");
 pub(crate) const AUTOVACUUM_ON: &str = include_str!("../queries/autovacuum_on.sql");
 pub(crate) const LIST: &str = include_str!("../queries/list.sql");
-/// `LIST` filters: each is followed by its bind, then by its `_END` (if any).
+/// `LIST` filters: each is followed by its bind, then by its `_END` (if any);
+/// `LIST_STATE` by the state as a quoted literal instead (see `list`).
 pub(crate) const LIST_STATE: &str = " AND state = ";
 pub(crate) const LIST_OLDER_THAN: &str = " AND created_at <= clock.now - ";
 pub(crate) const LIST_OLDER_THAN_END: &str = "::bigint * interval '1 millisecond'";
