@@ -13,7 +13,7 @@ use crate::error::GatewayError;
 pub(super) struct CleanupArgs {
     #[command(flatten)]
     store: StoreArg,
-    /// Records deleted per batch (one transaction each).
+    /// Records deleted per batch (on SQLite, in commits of 8 rows).
     #[arg(long, default_value_t = crate::config::defaults::CLEANUP_BATCH, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     batch: u32,
     /// Stop after this many seconds (the next run carries on).

@@ -129,7 +129,9 @@ pub struct CacheSettings {
 pub struct CleanupSettings {
     /// Pause between cleanup runs.
     pub interval: Duration,
-    /// Records deleted per batch (one transaction each).
+    /// Records deleted per batch: one statement on PostgreSQL; on SQLite
+    /// writer jobs of `idem_sqlite::PURGE_CHUNK` rows, each committed with
+    /// the serving writes queued beside it.
     pub batch: usize,
 }
 
