@@ -38,9 +38,9 @@ pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 /// the longest route lease.
 pub const STUCK_AFTER_LEASES: u32 = 3;
 
-/// Records deleted per cleanup batch (one statement on PostgreSQL, commits
-/// of 8 rows on SQLite), by the
-/// gateway's background cleanup and by `idem cleanup`.
+/// Records deleted per cleanup batch (how each store splits it:
+/// [`CleanupSettings::batch`]), by the gateway's background cleanup and by
+/// `idem cleanup`.
 pub const CLEANUP_BATCH: u32 = 1000;
 
 impl Default for CleanupSettings {
