@@ -140,7 +140,8 @@ pub async fn read_all(url: &str, topic: &str) -> Vec<Record> {
         }
         consumer.assign(&list).expect("assign");
         let mut out = Vec::new();
-        let mut quiet_since = std::time::Instant::now();
+        let started = std::time::Instant::now();
+        let mut quiet_since = started;
         while quiet_since.elapsed() < Duration::from_secs(1) {
             match consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(m)) => {
@@ -167,6 +168,19 @@ pub async fn read_all(url: &str, topic: &str) -> Vec<Record> {
                         payload: String::from_utf8_lossy(m.payload().unwrap_or_default())
                             .into_owned(),
                     });
+                }
+                // A lost broker connection is a state librdkafka recovers
+                // from by reconnecting (the product's clients treat it so):
+                // the time it lasts is not quiet, up to a bound.
+                Some(Err(err))
+                    if err.rdkafka_error_code()
+                        == Some(rdkafka::types::RDKafkaErrorCode::AllBrokersDown) =>
+                {
+                    assert!(
+                        started.elapsed() < Duration::from_secs(30),
+                        "read {topic}: brokers still down after 30 s: {err}"
+                    );
+                    quiet_since = std::time::Instant::now();
                 }
                 Some(Err(err)) => panic!("read {topic}: {err}"),
                 None => {}
