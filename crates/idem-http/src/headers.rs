@@ -26,15 +26,15 @@ pub(crate) const NEVER_STORED: [HeaderName; 3] = [
 ];
 
 /// Connection-level headers: never forwarded by a proxy, never stored.
-pub const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+pub static HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
 
 /// The connection-level headers of one message: the fixed [`HOP_BY_HOP`]
@@ -47,8 +47,16 @@ pub fn hop_by_hop_names(headers: &HeaderMap) -> Vec<HeaderName> {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .chain(HOP_BY_HOP.iter().map(|n| HeaderName::from_static(n)))
+        .chain(HOP_BY_HOP.iter().cloned())
         .collect()
+}
+
+/// Whether a message carries any connection-level header. Without one of
+/// the fixed set there is nothing to strip: the others count only when a
+/// `Connection` header (one of the set) names them. One pass over the
+/// names, where stripping looks each candidate up.
+pub fn has_hop_by_hop(headers: &HeaderMap) -> bool {
+    headers.keys().any(|name| HOP_BY_HOP.contains(name))
 }
 
 pub(crate) fn storable_headers(

@@ -16,8 +16,10 @@ mod upstream;
 
 pub use upstream::{ExchangeError, ProxyBody, Upstream, UpstreamBody};
 
+use std::cell::RefCell;
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -26,7 +28,9 @@ use std::time::Duration;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri};
 use http_body::Body;
-use idem_http::{PeerAddr, Problem, ProblemKind, UpstreamOutcome, hop_by_hop_names};
+use idem_http::{
+    PeerAddr, Problem, ProblemKind, UpstreamOutcome, has_hop_by_hop, hop_by_hop_names,
+};
 use tower::Service;
 use tracing::Instrument;
 
@@ -75,7 +79,11 @@ impl Service<Request<ProxyBody>> for Proxy {
         // held until whoever handles the answer (the idempotency layer,
         // recording it after the client left) is done with it.
         let slot = parts.extensions.remove::<Slot>();
-        let forward = async move {
+        // One async block: an inner future awaited by an outer one is laid
+        // out twice in it (the captured future and the local it moves to),
+        // and the box takes a copy of the whole on every request. Measured
+        // with a size probe in both: 9,440 → 4,608 bytes.
+        Box::pin(async move {
             strip_hop_by_hop(&mut parts.headers);
             // A body of unknown length goes on chunked, whatever the method:
             // left to itself the HTTP/1 client sends a GET, HEAD or CONNECT
@@ -89,7 +97,7 @@ impl Service<Request<ProxyBody>> for Proxy {
                 );
             }
             if let Some(PeerAddr(peer)) = parts.extensions.get::<PeerAddr>().copied()
-                && let Ok(v) = HeaderValue::from_str(&peer.ip().to_string())
+                && let Some(v) = forwarded_for(peer.ip())
             {
                 parts
                     .headers
@@ -104,7 +112,7 @@ impl Service<Request<ProxyBody>> for Proxy {
             if !matches!(sent, Ok(Ok(_))) && !span.is_disabled() {
                 span.record("otel.status_code", "ERROR");
             }
-            match sent {
+            let mut resp = match sent {
                 Ok(Ok(resp)) => {
                     if !span.is_disabled() {
                         span.record("http.response.status_code", resp.status().as_u16());
@@ -117,44 +125,44 @@ impl Service<Request<ProxyBody>> for Proxy {
                         parts.headers.remove(http::header::CONTENT_LENGTH);
                     }
                     strip_hop_by_hop(&mut parts.headers);
-                    Ok::<_, Infallible>(Response::from_parts(parts, ProxyBody::Upstream(body)))
+                    Response::from_parts(parts, ProxyBody::Upstream(body))
                 }
                 Ok(Err(ExchangeError::NotSent(err))) => {
                     tracing::warn!(reason = "upstream_unreachable", %err);
-                    Ok(failure(
+                    failure(
                         Problem::new(
                             ProblemKind::UpstreamUnreachable,
                             "the upstream could not be reached; nothing was sent, retrying is safe",
                         ),
                         UpstreamOutcome::NotSent,
-                    ))
+                    )
                 }
                 Ok(Err(ExchangeError::Tls(err))) => {
                     tracing::warn!(reason = "upstream_tls", %err);
-                    Ok(failure(
+                    failure(
                         Problem::new(
                             ProblemKind::UpstreamTls,
                             "the gateway has no trusted TLS session with the upstream (its certificate could not be verified, or it refused the gateway's); nothing was sent",
                         ),
                         UpstreamOutcome::NotSent,
-                    ))
+                    )
                 }
                 Ok(Err(ExchangeError::MaybeSent(err))) => {
                     tracing::warn!(reason = "upstream_broken", %err);
-                    Ok(failure(
+                    failure(
                         Problem::new(
                             ProblemKind::UpstreamBroken,
                             "the upstream connection broke after the request was sent; its outcome is unknown",
                         ),
                         UpstreamOutcome::MaybeSent,
-                    ))
+                    )
                 }
                 Err(_) => {
                     tracing::warn!(
                         reason = "upstream_timeout",
                         timeout_ms = timeout.as_millis() as u64
                     );
-                    Ok(failure(
+                    failure(
                         Problem::new(
                             ProblemKind::UpstreamTimeout,
                             format!(
@@ -162,12 +170,9 @@ impl Service<Request<ProxyBody>> for Proxy {
                             ),
                         ),
                         UpstreamOutcome::MaybeSent,
-                    ))
+                    )
                 }
-            }
-        };
-        Box::pin(async move {
-            let mut resp = forward.await?;
+            };
             if let Some(slot) = slot {
                 resp.extensions_mut().insert(slot);
             }
@@ -176,8 +181,34 @@ impl Service<Request<ProxyBody>> for Proxy {
     }
 }
 
+/// The `X-Forwarded-For` value naming `ip`. Each serving thread keeps the
+/// last one it made: requests come in runs from one address (a keep-alive
+/// connection, a load balancer in front), and formatting an address and
+/// copying it into a header value cost more than the rest of the header
+/// handling together (`callgrind`, pass-through).
+fn forwarded_for(ip: IpAddr) -> Option<HeaderValue> {
+    thread_local! {
+        static LAST: RefCell<Option<(IpAddr, HeaderValue)>> = const { RefCell::new(None) };
+    }
+    LAST.with(|last| {
+        let mut last = last.borrow_mut();
+        if let Some((cached, value)) = last.as_ref()
+            && *cached == ip
+        {
+            return Some(value.clone());
+        }
+        let value = HeaderValue::from_str(&ip.to_string()).ok()?;
+        *last = Some((ip, value.clone()));
+        Some(value)
+    })
+}
+
 /// Removes connection-level headers, including those named by `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none: nothing to look up or remove.
+    if !has_hop_by_hop(headers) {
+        return;
+    }
     for name in hop_by_hop_names(headers) {
         headers.remove(name);
     }
@@ -188,4 +219,59 @@ fn failure(problem: Problem, outcome: UpstreamOutcome) -> Response<ProxyBody> {
     let mut resp = Response::from_parts(parts, ProxyBody::Full(body));
     resp.extensions_mut().insert(outcome);
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(headers: &HeaderMap) -> Vec<&str> {
+        headers.keys().map(HeaderName::as_str).collect()
+    }
+
+    #[test]
+    fn connection_level_headers_are_stripped_and_the_rest_left_as_it_was() {
+        let mut plain = HeaderMap::new();
+        plain.insert(http::header::HOST, HeaderValue::from_static("api"));
+        plain.insert("x-custom", HeaderValue::from_static("1"));
+        plain.append("x-custom", HeaderValue::from_static("2"));
+        let before = plain.clone();
+        strip_hop_by_hop(&mut plain);
+        assert_eq!(plain, before);
+
+        // A Connection header names more: those go too, with every one of
+        // the fixed set.
+        let mut h = before.clone();
+        h.insert(
+            http::header::CONNECTION,
+            HeaderValue::from_static("close, x-custom"),
+        );
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(http::header::TE, HeaderValue::from_static("trailers"));
+        h.insert(http::header::UPGRADE, HeaderValue::from_static("h2c"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(names(&h), ["host"]);
+
+        // One of the fixed set alone, without a Connection header.
+        let mut h = before.clone();
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(
+            http::header::PROXY_AUTHORIZATION,
+            HeaderValue::from_static("Basic x"),
+        );
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, before);
+    }
+
+    #[test]
+    fn forwarded_for_names_each_address_however_they_alternate() {
+        let a: IpAddr = "192.0.2.7".parse().expect("address");
+        let b: IpAddr = "2001:db8::1".parse().expect("address");
+        for ip in [a, a, b, a, b, b] {
+            assert_eq!(
+                forwarded_for(ip).expect("a valid value").to_str().ok(),
+                Some(ip.to_string().as_str())
+            );
+        }
+    }
 }
