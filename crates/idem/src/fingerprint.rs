@@ -841,4 +841,30 @@ mod tests {
 
     // Computed independently: Python hashlib over the same canonical form.
     const KNOWN_V1: &str = "v1:49ea41509b7984fec74d392353b9c2c7aa60acfe94acc447c1296812a3adb201";
+
+    #[test]
+    fn known_keyed_vectors_are_stable() {
+        // Computed independently: Python's hmac and hashlib over the same
+        // canonical form, under the secret 00 01 … 1f.
+        let secret = HashSecret::from_hex(&to_hex(&(0u8..32).collect::<Vec<_>>())).expect("secret");
+        let fp = FingerprintBuilder::keyed(&secret)
+            .part("method", b"POST")
+            .json_body(br#"{"b":2,"a":1}"#)
+            .finish();
+        assert_eq!(
+            fp.to_string(),
+            "v2:7b1b10476fb7a18ccd73868472a80ecb717d41e34c0a01dfcf78e8e73b22a39e"
+        );
+        // Long parts (a hash block and more) among short ones.
+        let bytes = |n: u32| (0..n).map(|i| (i * 7 % 256) as u8).collect::<Vec<_>>();
+        let fp = FingerprintBuilder::keyed(&secret)
+            .part("header:x-long", &bytes(300))
+            .part("header:x-mid", &bytes(240))
+            .part("method", b"POST")
+            .finish();
+        assert_eq!(
+            fp.to_string(),
+            "v2:d790c18846ff89d7ad550ab429c644c2960bb8be0c55538a529442a3d0d10ebe"
+        );
+    }
 }
