@@ -38,9 +38,15 @@ pub static HOP_BY_HOP: [HeaderName; 8] = [
 ];
 
 /// The connection-level headers of one message: the fixed [`HOP_BY_HOP`]
-/// set plus whatever its `Connection` header names. A proxy never forwards
-/// them and the layer never stores them.
+/// set plus whatever its `Connection` header names, or none when it
+/// carries no header of the set (the others count only when a
+/// `Connection` header names them). A proxy never forwards them and the
+/// layer never stores them.
 pub fn hop_by_hop_names(headers: &HeaderMap) -> Vec<HeaderName> {
+    // Most messages carry none: one pass over their names, no lookups.
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        return Vec::new();
+    }
     headers
         .get_all(header::CONNECTION)
         .iter()
@@ -49,14 +55,6 @@ pub fn hop_by_hop_names(headers: &HeaderMap) -> Vec<HeaderName> {
         .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
         .chain(HOP_BY_HOP.iter().cloned())
         .collect()
-}
-
-/// Whether a message carries any connection-level header. Without one of
-/// the fixed set there is nothing to strip: the others count only when a
-/// `Connection` header (one of the set) names them. One pass over the
-/// names, where stripping looks each candidate up.
-pub fn has_hop_by_hop(headers: &HeaderMap) -> bool {
-    headers.keys().any(|name| HOP_BY_HOP.contains(name))
 }
 
 pub(crate) fn storable_headers(

@@ -53,9 +53,7 @@ pub mod trace;
 
 pub use body::{BoxError, ResponseBody};
 pub use decision::Decision;
-pub use headers::{
-    HOP_BY_HOP, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED, has_hop_by_hop, hop_by_hop_names,
-};
+pub use headers::{HOP_BY_HOP, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED, hop_by_hop_names};
 pub use layer::{Idempotency, IdempotencyLayer, Reserved, UpstreamOutcome};
 pub use lookup::Lookup;
 pub use pattern::{PathPattern, PatternError, normalize_path};

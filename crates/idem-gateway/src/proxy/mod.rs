@@ -28,9 +28,7 @@ use std::time::Duration;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri};
 use http_body::Body;
-use idem_http::{
-    PeerAddr, Problem, ProblemKind, UpstreamOutcome, has_hop_by_hop, hop_by_hop_names,
-};
+use idem_http::{PeerAddr, Problem, ProblemKind, UpstreamOutcome, hop_by_hop_names};
 use tower::Service;
 use tracing::Instrument;
 
@@ -205,10 +203,6 @@ fn forwarded_for(ip: IpAddr) -> Option<HeaderValue> {
 
 /// Removes connection-level headers, including those named by `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry none: nothing to look up or remove.
-    if !has_hop_by_hop(headers) {
-        return;
-    }
     for name in hop_by_hop_names(headers) {
         headers.remove(name);
     }

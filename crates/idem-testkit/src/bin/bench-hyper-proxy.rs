@@ -18,6 +18,7 @@
 //! `listening on ADDR` once ready.
 
 use std::cell::RefCell;
+use std::convert::Infallible;
 use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
 use std::pin::pin;
@@ -32,7 +33,7 @@ use hyper::client::conn::http1 as client;
 use hyper::server::conn::http1 as server;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 /// The same allocator as the gateway's binary, so that it is not what
 /// differs.
@@ -106,39 +107,35 @@ async fn forward(pool: &Pool, req: Request<Incoming>) -> Result<Response<Full<By
     Ok(Response::from_parts(parts, Full::new(bytes)))
 }
 
-async fn answer(pool: Rc<Pool>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Failure> {
-    match forward(&pool, req).await {
-        Ok(resp) => Ok(resp),
-        Err(_) => {
-            let mut resp = Response::new(Full::new(Bytes::new()));
-            *resp.status_mut() = StatusCode::BAD_GATEWAY;
-            Ok(resp)
-        }
-    }
+async fn answer(
+    pool: Rc<Pool>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    Ok(forward(&pool, req).await.unwrap_or_else(|_| {
+        let mut resp = Response::new(Full::new(Bytes::new()));
+        *resp.status_mut() = StatusCode::BAD_GATEWAY;
+        resp
+    }))
 }
 
+/// This thread's listener on `listen`, beside the other threads' ones.
+fn bind(listen: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = TcpSocket::new_v4()?;
+    socket.set_reuseport(true)?;
+    socket.set_reuseaddr(true)?;
+    socket.bind(listen)?;
+    socket.listen(1024)
+}
+
+/// Binds, tells `ready` how that went, then serves.
 async fn serve(
     listen: SocketAddr,
     upstream: SocketAddr,
-    ready: std::sync::mpsc::Sender<std::io::Result<()>>,
+    ready: std::sync::mpsc::Sender<Result<(), String>>,
 ) -> std::io::Result<()> {
-    let bound = (|| {
-        let socket = TcpSocket::new_v4()?;
-        socket.set_reuseport(true)?;
-        socket.set_reuseaddr(true)?;
-        socket.bind(listen)?;
-        socket.listen(1024)
-    })();
-    let listener = match bound {
-        Ok(listener) => {
-            let _ = ready.send(Ok(()));
-            listener
-        }
-        Err(err) => {
-            let _ = ready.send(Err(std::io::Error::new(err.kind(), err.to_string())));
-            return Err(err);
-        }
-    };
+    let bound = bind(listen);
+    let _ = ready.send(bound.as_ref().map(|_| ()).map_err(ToString::to_string));
+    let listener = bound?;
     let pool = Rc::new(Pool {
         upstream,
         idle: RefCell::new(Vec::new()),
@@ -181,7 +178,7 @@ fn main() -> Result<(), Failure> {
         .collect();
     drop(ready);
     for result in bound.iter().take(threads) {
-        result?;
+        result.map_err(|err| format!("cannot listen on {listen}: {err}"))?;
     }
     println!("listening on {listen}");
     for worker in workers {
