@@ -77,7 +77,10 @@ impl<F: CacheStore, D: Store> Tiered<F, D> {
     /// (replay or mismatch) or a live lease on the same request are
     /// answered; anything else asks the durable store. Lease liveness is
     /// judged on this process' clock, which at worst makes a duplicate wait
-    /// a little longer before the durable store decides.
+    /// a little longer before the durable store decides. The copy's lease
+    /// end was set on the durable store's clock, which may run ahead of this
+    /// one, so the wait it suggests is capped at the caller's lease: no
+    /// lease granted from the store's own now lasts longer.
     fn answer_from_copy(copy: Record, req: &ReserveRequest<'_>) -> Option<Reservation> {
         let now = Timestamp::now();
         if copy.is_expired(now) {
@@ -95,7 +98,7 @@ impl<F: CacheStore, D: Store> Tiered<F, D> {
                 if copy.fingerprint == req.fingerprint && copy.lease_live(now) =>
             {
                 Some(Reservation::InProgress {
-                    retry_after: copy.lease.locked_until.since(now),
+                    retry_after: copy.lease.locked_until.since(now).min(req.lease),
                     outcome_unknown: copy.is_outcome_unknown(),
                 })
             }
@@ -246,5 +249,68 @@ impl<F: CacheStore + Purge, D: Purge> Purge for Tiered<F, D> {
         let existed = self.durable.delete(scope, key).await?;
         self.drop_copy(scope, key).await;
         Ok(existed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Fingerprint, LeaseExpiry, MemoryStore, OwnerToken};
+
+    /// The fast copy of a lease carries the durable store's clock, and this
+    /// process reads its own: a few milliseconds apart, so the remaining
+    /// time it sees can exceed any lease ever granted. The hint it returns
+    /// must not.
+    #[tokio::test]
+    async fn a_copy_from_a_clock_ahead_never_asks_for_more_than_a_lease() {
+        let scope = Scope::new("tenant", "POST /v1/payments").expect("scope");
+        let key: IdempotencyKey = "k".parse().expect("key");
+        let fingerprint = Fingerprint::builder().json_body(b"{}").finish();
+        let lease = Duration::from_millis(300);
+        // The durable clock runs 40 ms ahead of this process'.
+        let durable_now = Timestamp::now().plus(Duration::from_millis(40));
+        let fast = MemoryStore::new();
+        fast.put(Record {
+            scope: scope.clone(),
+            key: key.clone(),
+            fingerprint,
+            state: RecordState::Processing,
+            created_at: durable_now,
+            updated_at: durable_now,
+            expires_at: durable_now.plus(Duration::from_secs(3600)),
+            lease: Lease {
+                owner: OwnerToken::random(),
+                attempt: 1,
+                locked_until: durable_now.plus(lease),
+            },
+            response: None,
+            resource_id: None,
+            error_code: None,
+        })
+        .await
+        .expect("put");
+        let store = Tiered::new(fast, MemoryStore::new());
+        let got = store
+            .reserve(ReserveRequest {
+                scope: &scope,
+                key: &key,
+                fingerprint,
+                owner: OwnerToken::random(),
+                lease,
+                retention: Duration::from_secs(3600),
+                on_lease_expiry: LeaseExpiry::Retry,
+            })
+            .await
+            .expect("reserve");
+        match got {
+            Reservation::InProgress {
+                retry_after,
+                outcome_unknown,
+            } => {
+                assert!(retry_after <= lease, "{retry_after:?}");
+                assert!(!outcome_unknown);
+            }
+            other => panic!("expected InProgress from the copy, got {other:?}"),
+        }
     }
 }
