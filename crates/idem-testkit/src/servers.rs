@@ -289,19 +289,44 @@ impl Drop for PrivateRedisCluster {
 }
 
 /// `n` loopback ports whose cluster bus ports (+ 10000) are free too.
+///
+/// Both lie below Linux's ephemeral range (32768 and up by default), so no
+/// outgoing connection (the nodes' own bus links, a client, another test)
+/// can take one between this check and `redis-server` binding it; and
+/// clusters started at once by one test process draw from one cursor, so
+/// two never get the same port. The cursor starts at a random point so that
+/// test processes running side by side rarely meet.
 fn cluster_ports(n: usize) -> Vec<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 10_001;
+    const SPAN: u32 = 32_767 - 10_000 - FIRST + 1;
+    static CURSOR: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = CURSOR.compare_exchange(
+        u32::MAX,
+        u32::from(free_port()) % SPAN,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
     let free = |port: u16| {
         TcpListener::bind(("127.0.0.1", port)).is_ok()
             && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
     };
     let mut ports = Vec::new();
-    let mut candidate = free_port() % 20_000 + 21_000;
-    while ports.len() < n {
-        if free(candidate) {
-            ports.push(candidate);
+    for _ in 0..SPAN {
+        if ports.len() == n {
+            break;
         }
-        candidate = 21_000 + (candidate - 21_000 + 7) % 30_000;
+        let offset = CURSOR.fetch_add(1, Ordering::Relaxed) % SPAN;
+        let port = u16::try_from(FIRST + offset).expect("below 32768");
+        if free(port) {
+            ports.push(port);
+        }
     }
+    assert_eq!(
+        ports.len(),
+        n,
+        "no {n} free loopback port pairs below 32768"
+    );
     ports
 }
 
