@@ -207,6 +207,12 @@ fn validate_scope_part(field: ScopeField, value: &str) -> Result<(), ScopeError>
             len: value.len(),
         });
     }
+    // Visible ASCII and spaces, the common case, in one pass over the
+    // bytes; anything else (a control byte, or text beyond ASCII, where
+    // U+0080..U+009F are controls too) is looked at char by char.
+    if value.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return Ok(());
+    }
     match value.char_indices().find(|(_, c)| c.is_control()) {
         Some((position, _)) => Err(ScopeError::ControlChar { field, position }),
         None => Ok(()),
@@ -349,5 +355,25 @@ mod tests {
                 position: 1
             })
         );
+        // DEL, and the C1 controls beyond ASCII, at their byte positions.
+        for (op, position) in [("op\u{7f}", 2), ("é\u{85}x", 2), ("ab\u{9f}", 2)] {
+            assert_eq!(
+                Scope::new("t", op),
+                Err(ScopeError::ControlChar {
+                    field: ScopeField::Operation,
+                    position
+                }),
+                "{op:?}"
+            );
+        }
+        // Every single ASCII byte: refused exactly when it is a control.
+        for b in 0u8..0x80 {
+            let text = format!("x{}", char::from(b));
+            assert_eq!(
+                Scope::new(&text, "op").is_err(),
+                b.is_ascii_control(),
+                "{b:#04x}"
+            );
+        }
     }
 }
