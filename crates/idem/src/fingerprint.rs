@@ -252,10 +252,10 @@ pub fn unkeyed_tenant(credential: &[u8]) -> String {
 /// CPU on replays (the tenant hash runs on every protected request).
 pub fn to_hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = Vec::with_capacity(bytes.len() * 2);
-    for &b in bytes {
-        out.push(DIGITS[usize::from(b >> 4)]);
-        out.push(DIGITS[usize::from(b & 0x0f)]);
+    let mut out = vec![0; bytes.len() * 2];
+    for (pair, &b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 0x0f)];
     }
     String::from_utf8(out).expect("hex digits are ASCII")
 }
@@ -557,10 +557,20 @@ fn write_canonical(value: &serde_json::Value, out: &mut Vec<u8>) {
         Value::Bool(true) => out.extend_from_slice(b"true"),
         Value::Bool(false) => out.extend_from_slice(b"false"),
         Value::Number(n) => {
-            // Without serde_json's arbitrary_precision every number has an
-            // f64 view, and parsing never yields a non-finite one.
-            let f = n.as_f64().unwrap_or(0.0);
-            out.extend_from_slice(ryu_js::Buffer::new().format_finite(f).as_bytes());
+            // An integer (the parser admits none beyond ±2^53, which a
+            // double holds exactly) is written as ECMAScript writes it,
+            // plain digits, at a tenth of the cost of formatting a double.
+            // Otherwise: without serde_json's arbitrary_precision every
+            // number has an f64 view, and parsing never yields a
+            // non-finite one.
+            if let Some(i) = n.as_i64() {
+                out.extend_from_slice(itoa::Buffer::new().format(i).as_bytes());
+            } else if let Some(u) = n.as_u64() {
+                out.extend_from_slice(itoa::Buffer::new().format(u).as_bytes());
+            } else {
+                let f = n.as_f64().unwrap_or(0.0);
+                out.extend_from_slice(ryu_js::Buffer::new().format_finite(f).as_bytes());
+            }
         }
         Value::String(s) => write_string(s, out),
         Value::Array(items) => {
@@ -633,6 +643,33 @@ fn write_string(s: &str, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Integers take a path of their own: each is written as ECMAScript
+    /// writes the same double, as the doubles' path writes integral values.
+    #[test]
+    fn integers_are_written_as_their_doubles_are() {
+        for n in [
+            0i64,
+            1,
+            -1,
+            100,
+            -100,
+            999_999,
+            1_000_000,
+            123_456_789_012_345,
+            (1 << 53) - 1,
+            -(1 << 53),
+        ] {
+            let canonical = canonical_json_strict(n.to_string().as_bytes()).expect("an integer");
+            #[allow(clippy::cast_precision_loss)] // |n| <= 2^53: exact
+            let double = ryu_js::Buffer::new().format_finite(n as f64).to_owned();
+            assert_eq!(String::from_utf8(canonical).expect("text"), double, "{n}");
+        }
+        assert_eq!(
+            canonical_json(b"[-0,100.0,1e2,-1.0]").as_deref(),
+            Some(&b"[0,100,100,-1]"[..])
+        );
+    }
 
     /// Found by the fuzzer: a double of 2^53 or more is written in integer
     /// notation (RFC 8785), which reads back as an unsafe integer literal.
