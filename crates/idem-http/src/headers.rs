@@ -2,6 +2,8 @@
 //! unprotected mark, the connection-level headers a proxy never forwards,
 //! and the headers never kept in a record.
 
+use std::sync::LazyLock;
+
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, header};
 
@@ -43,8 +45,23 @@ pub static HOP_BY_HOP: [HeaderName; 8] = [
 /// `Connection` header names them). A proxy never forwards them and the
 /// layer never stores them.
 pub fn hop_by_hop_names(headers: &HeaderMap) -> Vec<HeaderName> {
-    // Most messages carry none: one pass over their names, no lookups.
-    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+    // Most messages carry none: one pass over their names, no lookups, and
+    // a name is compared with the set only if one of the set is as long
+    // (it runs two or three times per request; comparing every name with
+    // all eight was its whole cost).
+    static LENGTHS: LazyLock<u64> = LazyLock::new(|| {
+        HOP_BY_HOP
+            .iter()
+            .fold(0, |lengths, name| lengths | 1 << name.as_str().len())
+    });
+    let lengths = *LENGTHS;
+    if !headers.keys().any(|name| {
+        let bit = u32::try_from(name.as_str().len())
+            .ok()
+            .and_then(|len| 1u64.checked_shl(len))
+            .unwrap_or(0);
+        lengths & bit != 0 && HOP_BY_HOP.contains(name)
+    }) {
         return Vec::new();
     }
     headers
@@ -77,4 +94,35 @@ pub(crate) fn storable_headers(
             )
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each name of the fixed set is found among ordinary headers, one of
+    /// them as long as two of the set (`user-agent`); without one, none.
+    #[test]
+    fn every_fixed_name_is_found_and_none_is_invented() {
+        let mut ordinary = HeaderMap::new();
+        for (name, value) in [
+            ("host", "example.com"),
+            ("user-agent", "curl/8"),
+            ("content-type", "application/json"),
+            ("idempotency-key", "k"),
+            (
+                "x-a-header-name-longer-than-sixty-four-bytes-which-no-fixed-name-is",
+                "1",
+            ),
+        ] {
+            ordinary.insert(HeaderName::from_static(name), value.parse().expect("value"));
+        }
+        assert!(hop_by_hop_names(&ordinary).is_empty());
+        for fixed in &HOP_BY_HOP {
+            let mut headers = ordinary.clone();
+            headers.insert(fixed.clone(), "x".parse().expect("value"));
+            let found = hop_by_hop_names(&headers);
+            assert!(found.contains(fixed), "{fixed}: {found:?}");
+        }
+    }
 }
