@@ -56,11 +56,8 @@ pub fn hop_by_hop_names(headers: &HeaderMap) -> Vec<HeaderName> {
     });
     let lengths = *LENGTHS;
     if !headers.keys().any(|name| {
-        let bit = u32::try_from(name.as_str().len())
-            .ok()
-            .and_then(|len| 1u64.checked_shl(len))
-            .unwrap_or(0);
-        lengths & bit != 0 && HOP_BY_HOP.contains(name)
+        let len = name.as_str().len();
+        len < 64 && lengths >> len & 1 == 1 && HOP_BY_HOP.contains(name)
     }) {
         return Vec::new();
     }
