@@ -48,7 +48,7 @@ use crate::request::{
     Hashing, TenantExtractor, TenantSource, fingerprints, header_label, is_json, key_from_body,
     key_from_headers,
 };
-use crate::routes::{MissingTenant, RouteMatch, RoutePolicy, Routes};
+use crate::routes::{MissingTenant, RoutePolicy, Routes};
 use crate::trace;
 use tracing::Instrument;
 
@@ -312,11 +312,57 @@ where
         // the next poll_ready (tower's clone-and-swap).
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let shared = Arc::clone(&self.shared);
-        // The handler's own future, boxed as it is: wrapped in another
-        // async block it carried its arguments twice (3,416 → 2,976 bytes,
-        // all of them copied into the box on every request).
-        Box::pin(Shared::handle(shared, inner, req))
+        Shared::handle(&self.shared, inner, req)
+    }
+}
+
+/// What `protect` needs of a request's route, owned: its future outlives
+/// the borrow of the route table.
+struct Protected {
+    index: usize,
+    operation: String,
+    policy: Arc<RoutePolicy>,
+    /// The request's path in normal form, when that differs from the path
+    /// sent.
+    normalized: Option<Box<str>>,
+}
+
+/// Counts a request's answer when it is ready: under its route's labels,
+/// with the decision the answer carries and the time since `started`.
+struct Counted<S, T> {
+    shared: Arc<Shared<S, T>>,
+    index: usize,
+    matched: bool,
+    started: Instant,
+}
+
+impl<S, T> Counted<S, T> {
+    fn record<B, E>(self, mut answer: Answer<B, E>) -> Answer<B, E> {
+        let Self {
+            shared,
+            index,
+            matched,
+            started,
+        } = self;
+        if let Ok(resp) = &mut answer {
+            let decision = resp
+                .extensions()
+                .get::<Decision>()
+                .copied()
+                .unwrap_or(Decision::PassThrough);
+            shared
+                .metrics
+                .record(&shared.routes, index, decision, started.elapsed());
+            if trace::active() {
+                let label = shared.routes.label(index);
+                trace::record(trace::ROUTE, label);
+                trace::record(trace::OUTCOME, decision.as_str());
+                if matched {
+                    resp.extensions_mut().insert(trace::Route(label.to_owned()));
+                }
+            }
+        }
+        answer
     }
 }
 
@@ -340,12 +386,19 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         }
     }
 
-    /// Routes the request, answers it, and counts the answer.
-    async fn handle<I, ReqBody, ResBody>(
-        this: Arc<Self>,
+    /// Routes the request, and answers it: what needs no waiting here
+    /// and now (a keyless request goes to the inner service at once), the
+    /// rest in `protect`. Every answer is counted.
+    ///
+    /// Only the future the request needs is boxed. One async function for
+    /// all of them held the request, and room for `protect`'s whole state
+    /// machine, in every request's box (2,976 bytes, copied into it each
+    /// time); a keyless request's box now holds the inner service's future.
+    fn handle<I, ReqBody, ResBody>(
+        this: &Arc<Self>,
         inner: I,
         req: Request<ReqBody>,
-    ) -> Answer<ResBody, I::Error>
+    ) -> Pin<Box<dyn Future<Output = Answer<ResBody, I::Error>> + Send>>
     where
         I: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
         I::Future: Send + 'static,
@@ -375,39 +428,53 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
             req.method(),
             normalized.as_deref().unwrap_or(req.uri().path()),
         );
-        // Labels index: configured routes, then the defaults, then "none".
-        let index = route.as_ref().map_or(this.engines.len(), |r| r.index);
-        let matched = route.is_some();
-        let mut answer = match route {
-            Some(route) => Self::protect(&this, inner, req, normalized, route).await,
-            None => pass_through(inner, req, Decision::PassThrough).await,
+        let counted = Counted {
+            shared: Arc::clone(this),
+            // Labels index: configured routes, then the defaults, then "none".
+            index: route.as_ref().map_or(this.engines.len(), |r| r.index),
+            matched: route.is_some(),
+            started,
         };
-        if let Ok(resp) = &mut answer {
-            let decision = resp
-                .extensions()
-                .get::<Decision>()
-                .copied()
-                .unwrap_or(Decision::PassThrough);
-            this.metrics
-                .record(&this.routes, index, decision, started.elapsed());
-            if trace::active() {
-                let label = this.routes.label(index);
-                trace::record(trace::ROUTE, label);
-                trace::record(trace::OUTCOME, decision.as_str());
-                if matched {
-                    resp.extensions_mut().insert(trace::Route(label.to_owned()));
+        let Some(route) = route else {
+            let forwarded = pass_through(inner, req, Decision::PassThrough);
+            return Box::pin(async move { counted.record(forwarded.await) });
+        };
+        let refused = match key_from_headers(req.headers(), &route.policy.key_headers) {
+            Err(p) => {
+                tracing::info!(reason = "idempotency_invalid_key", operation = %route.operation, detail = p.detail());
+                problem(p, Decision::InvalidKey)
+            }
+            Ok(None) if !key_in_body(route.policy, req.headers()) => {
+                match missing_key(route.policy, &route.operation) {
+                    Some(refusal) => refusal,
+                    None => {
+                        let forwarded = pass_through(inner, req, Decision::PassThrough);
+                        return Box::pin(async move { counted.record(forwarded.await) });
+                    }
                 }
             }
-        }
-        answer
+            Ok(key) => {
+                let this = Arc::clone(this);
+                let protected = Protected {
+                    index: route.index,
+                    operation: route.operation.into_owned(),
+                    policy: Arc::clone(route.policy),
+                    normalized,
+                };
+                return Box::pin(async move {
+                    counted.record(Self::protect(&this, inner, req, key, protected).await)
+                });
+            }
+        };
+        Box::pin(async move { counted.record(Ok(refused)) })
     }
 
     async fn protect<I, ReqBody, ResBody>(
         this: &Arc<Self>,
         inner: I,
         req: Request<ReqBody>,
-        normalized: Option<Box<str>>,
-        route: RouteMatch<'_>,
+        header_key: Option<IdempotencyKey>,
+        route: Protected,
     ) -> Answer<ResBody, I::Error>
     where
         I: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
@@ -418,30 +485,20 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         ResBody: Body<Data = Bytes> + Send + 'static,
         ResBody::Error: Into<BoxError>,
     {
-        let policy = Arc::clone(route.policy);
-        let engine = &this.engines[route.index];
-        let operation = route.operation.into_owned();
-        let header_key = match key_from_headers(req.headers(), &policy.key_headers) {
-            Ok(key) => key,
-            Err(p) => {
-                tracing::info!(reason = "idempotency_invalid_key", %operation, detail = p.detail());
-                return Ok(problem(p, Decision::InvalidKey));
-            }
-        };
+        let Protected {
+            index,
+            operation,
+            policy,
+            normalized,
+        } = route;
+        let engine = &this.engines[index];
         let (parts, body) = req.into_parts();
-        // Without a key header, a route with `key_from` reads the body
-        // first: whether the request is protected at all depends on it.
-        let (key, body) = match (header_key, &policy.key_from) {
-            (Some(key), _) => (key, Received::Unread(body)),
-            (None, None) => {
-                return no_key(inner, Request::from_parts(parts, body), &policy, &operation).await;
-            }
-            // Only a JSON body can hold the field: any other is forwarded
-            // (or refused) unread, as on a route without `key_from`.
-            (None, Some(_)) if !is_json(&parts.headers) => {
-                return no_key(inner, Request::from_parts(parts, body), &policy, &operation).await;
-            }
-            (None, Some(field)) => {
+        // Without a key header (`handle` sends such a request here only
+        // when `key_in_body` holds), the body is read first: whether the
+        // request is protected at all depends on it.
+        let (key, body) = match header_key {
+            Some(key) => (key, Received::Unread(body)),
+            None => {
                 let bytes = match read_body(&parts, body, &policy).await {
                     Ok(bytes) => bytes,
                     Err(refused) => {
@@ -449,11 +506,18 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                         return Ok(problem(refused.problem, Decision::BadRequest));
                     }
                 };
-                match key_from_body(&parts, &bytes, field) {
+                let found = match &policy.key_from {
+                    Some(field) => key_from_body(&parts, &bytes, field),
+                    None => Ok(None),
+                };
+                match found {
                     Ok(Some(key)) => (key, Received::Read(bytes)),
                     Ok(None) => {
+                        if let Some(refusal) = missing_key(&policy, &operation) {
+                            return Ok(refusal);
+                        }
                         let req = Request::from_parts(parts, ReqBody::from(bytes));
-                        return no_key(inner, req, &policy, &operation).await;
+                        return pass_through(inner, req, Decision::PassThrough).await;
                     }
                     Err(p) if p.kind() == Some(ProblemKind::BodyAmbiguous) => {
                         tracing::info!(reason = "idempotency_body_encoding", %operation, detail = p.detail());
@@ -535,7 +599,7 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         // 0.82–0.89× the requests/s at 1 and 64 connections).
         let decided = Box::pin(decide(
             Arc::clone(this),
-            route.index,
+            index,
             engine.clone(),
             inner,
             parts,
@@ -757,19 +821,19 @@ where
     }
 }
 
-/// A protected route's request that carries no key: refused where the
-/// route requires one, passed through otherwise.
-async fn no_key<I, ReqBody, ResBody>(
-    inner: I,
-    req: Request<ReqBody>,
-    policy: &RoutePolicy,
-    operation: &str,
-) -> Answer<ResBody, I::Error>
-where
-    I: Service<Request<ReqBody>, Response = Response<ResBody>>,
-{
+/// Whether a request without a key header may carry its key in the body:
+/// the route names a `key_from` field, and only a JSON body can hold it
+/// (any other is forwarded, or refused, unread, as on a route without
+/// `key_from`).
+fn key_in_body(policy: &RoutePolicy, headers: &HeaderMap) -> bool {
+    policy.key_from.is_some() && is_json(headers)
+}
+
+/// The answer to a protected route's request that carries no key: a
+/// refusal where the route requires one; `None` passes it through.
+fn missing_key<B>(policy: &RoutePolicy, operation: &str) -> Option<Response<ResponseBody<B>>> {
     if !policy.require_key {
-        return pass_through(inner, req, Decision::PassThrough).await;
+        return None;
     }
     tracing::info!(reason = "idempotency_missing_key", %operation);
     let headers: Vec<String> = policy.key_headers.iter().map(header_label).collect();
@@ -787,7 +851,7 @@ where
             format!("{wanted} or {body}")
         };
     }
-    Ok(problem(
+    Some(problem(
         Problem::new(
             ProblemKind::KeyMissing,
             format!("{operation} requires {wanted}"),
@@ -796,16 +860,25 @@ where
     ))
 }
 
-async fn pass_through<I, ReqBody, ResBody>(
+/// Forwards `req` as it is and labels the answer with `decision`. The
+/// request goes to the inner service at once, not when the future is
+/// first polled: held in the future, it was one more copy of the request
+/// (and of the future around it) on every request.
+fn pass_through<I, ReqBody, ResBody>(
     mut inner: I,
     req: Request<ReqBody>,
     decision: Decision,
-) -> Answer<ResBody, I::Error>
+) -> impl Future<Output = Answer<ResBody, I::Error>>
 where
     I: Service<Request<ReqBody>, Response = Response<ResBody>>,
 {
-    let resp = inner.call(req).await?;
-    Ok(with_decision(resp.map(ResponseBody::inner), decision))
+    let called = inner.call(req);
+    async move {
+        Ok(with_decision(
+            called.await?.map(ResponseBody::inner),
+            decision,
+        ))
+    }
 }
 
 /// Runs the work as the record's owner, detached from the caller.
