@@ -108,7 +108,7 @@ impl Service<Request<ProxyBody>> for Proxy {
 type Sent = Result<Result<Response<UpstreamBody>, ExchangeError>, Elapsed>;
 
 /// The answer to one proxied request: the exchange with the upstream, run
-/// in its span, then turned into the client's response by [`answer`].
+/// in its span, then turned into the client's response by `answer`.
 ///
 /// The request is made ready in [`Proxy::call`], and only the exchange and
 /// its time-out are boxed (1,144 bytes). An async block around them held
