@@ -557,16 +557,15 @@ fn write_canonical(value: &serde_json::Value, out: &mut Vec<u8>) {
         Value::Bool(true) => out.extend_from_slice(b"true"),
         Value::Bool(false) => out.extend_from_slice(b"false"),
         Value::Number(n) => {
-            // An integer (the parser admits none beyond ±2^53, which a
-            // double holds exactly) is written as ECMAScript writes it,
-            // plain digits, at a tenth of the cost of formatting a double.
-            // Otherwise: without serde_json's arbitrary_precision every
-            // number has an f64 view, and parsing never yields a
-            // non-finite one.
-            if let Some(i) = n.as_i64() {
+            // An integer within ±2^53 (a double holds it exactly) is
+            // written as ECMAScript writes it, plain digits, at a tenth of
+            // the cost of formatting a double. The bound is checked here,
+            // not left to the parser: a caller may hand over a value built
+            // some other way. Otherwise: without serde_json's
+            // arbitrary_precision every number has an f64 view, and parsing
+            // never yields a non-finite one.
+            if let Some(i) = n.as_i64().filter(|i| i.unsigned_abs() <= SAFE_INTEGER) {
                 out.extend_from_slice(itoa::Buffer::new().format(i).as_bytes());
-            } else if let Some(u) = n.as_u64() {
-                out.extend_from_slice(itoa::Buffer::new().format(u).as_bytes());
             } else {
                 let f = n.as_f64().unwrap_or(0.0);
                 out.extend_from_slice(ryu_js::Buffer::new().format_finite(f).as_bytes());
@@ -669,6 +668,20 @@ mod tests {
             canonical_json(b"[-0,100.0,1e2,-1.0]").as_deref(),
             Some(&b"[0,100,100,-1]"[..])
         );
+    }
+
+    /// An integer beyond ±2^53 in a value built by hand (the parser
+    /// refuses one) is written as its double is, as RFC 8785 says.
+    #[test]
+    fn integers_beyond_the_safe_range_are_written_as_doubles() {
+        for n in [u64::MAX, (1 << 53) + 1] {
+            let value = serde_json::Value::from(n);
+            #[allow(clippy::cast_precision_loss)] // rounded, as the RFC does
+            let double = ryu_js::Buffer::new().format_finite(n as f64).to_owned();
+            assert_eq!(canonical_json_value(&value, 0), double.as_bytes(), "{n}");
+        }
+        let value = serde_json::Value::from(i64::MIN);
+        assert_eq!(canonical_json_value(&value, 0), b"-9223372036854776000");
     }
 
     /// Found by the fuzzer: a double of 2^53 or more is written in integer
