@@ -435,38 +435,38 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
             matched: route.is_some(),
             started,
         };
-        let Some(route) = route else {
-            let forwarded = pass_through(inner, req, Decision::PassThrough);
-            return Box::pin(async move { counted.record(forwarded.await) });
-        };
-        let refused = match key_from_headers(req.headers(), &route.policy.key_headers) {
-            Err(p) => {
-                tracing::info!(reason = "idempotency_invalid_key", operation = %route.operation, detail = p.detail());
-                problem(p, Decision::InvalidKey)
-            }
-            Ok(None) if !key_in_body(route.policy, req.headers()) => {
-                match missing_key(route.policy, &route.operation) {
-                    Some(refusal) => refusal,
-                    None => {
-                        let forwarded = pass_through(inner, req, Decision::PassThrough);
-                        return Box::pin(async move { counted.record(forwarded.await) });
-                    }
+        // A refusal, or `None` to forward the request as it is.
+        let refused = match route {
+            None => None,
+            Some(route) => match key_from_headers(req.headers(), &route.policy.key_headers) {
+                Err(p) => {
+                    tracing::info!(reason = "idempotency_invalid_key", operation = %route.operation, detail = p.detail());
+                    Some(problem(p, Decision::InvalidKey))
                 }
-            }
-            Ok(key) => {
-                let this = Arc::clone(this);
-                let protected = Protected {
-                    index: route.index,
-                    operation: route.operation.into_owned(),
-                    policy: Arc::clone(route.policy),
-                    normalized,
-                };
-                return Box::pin(async move {
-                    counted.record(Self::protect(&this, inner, req, key, protected).await)
-                });
-            }
+                Ok(None) if !key_in_body(route.policy, req.headers()) => {
+                    missing_key(route.policy, &route.operation)
+                }
+                Ok(key) => {
+                    let this = Arc::clone(this);
+                    let protected = Protected {
+                        index: route.index,
+                        operation: route.operation.into_owned(),
+                        policy: Arc::clone(route.policy),
+                        normalized,
+                    };
+                    return Box::pin(async move {
+                        counted.record(Self::protect(&this, inner, req, key, protected).await)
+                    });
+                }
+            },
         };
-        Box::pin(async move { counted.record(Ok(refused)) })
+        match refused {
+            Some(refusal) => Box::pin(async move { counted.record(Ok(refusal)) }),
+            None => {
+                let forwarded = pass_through(inner, req, Decision::PassThrough);
+                Box::pin(async move { counted.record(forwarded.await) })
+            }
+        }
     }
 
     async fn protect<I, ReqBody, ResBody>(
