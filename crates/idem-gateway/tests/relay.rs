@@ -1101,8 +1101,30 @@ mod kafka {
         until_published(&store, 20).await;
 
         broker.kill();
+        let killed = tokio::time::Instant::now();
         enqueue(&store, 5, 4).await;
-        tokio::time::sleep(Duration::from_secs(12)).await;
+        // The round now waiting on the lost broker fails only after the
+        // client's 10 s delivery time-out; /readyz reads the link and must
+        // say not ready well before that.
+        loop {
+            let ready =
+                idem_testkit::client::send(relay.admin, http::Method::GET, "/readyz", &[], "")
+                    .await;
+            if ready.status == http::StatusCode::SERVICE_UNAVAILABLE {
+                let body = String::from_utf8_lossy(&ready.body);
+                assert!(body.contains("broker"), "{body}");
+                break;
+            }
+            assert!(
+                killed.elapsed() < Duration::from_secs(8),
+                "/readyz still said {} {}s after the broker was killed",
+                ready.status,
+                killed.elapsed().as_secs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Past the delivery time-out: the round failed as broker-down.
+        tokio::time::sleep_until(killed + Duration::from_secs(12)).await;
         let ready =
             idem_testkit::client::send(relay.admin, http::Method::GET, "/readyz", &[], "").await;
         assert_eq!(ready.status, http::StatusCode::SERVICE_UNAVAILABLE);

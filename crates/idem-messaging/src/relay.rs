@@ -424,28 +424,52 @@ impl std::fmt::Display for NotReady {
     }
 }
 
-/// A relay's readiness, shared with its `/readyz`: ready after a round
-/// that reached both the database and the broker, else why not.
-#[derive(Debug)]
-pub struct Readiness(Mutex<Option<NotReady>>);
+/// What `/readyz` says while the broker's client has no connection.
+const BROKER_NOT_CONNECTED: &str = "not connected; the client keeps trying to reconnect";
 
-impl Default for Readiness {
-    fn default() -> Self {
-        Self(Mutex::new(Some(NotReady::Starting)))
+/// A relay's readiness, shared with its `/readyz`: ready after a round
+/// that reached both the database and the broker, and while the broker's
+/// client is connected now, else why not.
+///
+/// The client's link is read when asked, not only after a round: a round
+/// waiting on a lost broker can take the client's whole delivery time-out
+/// to fail, and `/readyz` must not say ready meanwhile.
+pub struct Readiness {
+    /// What the last round found (`None`: both sides answered).
+    last: Mutex<Option<NotReady>>,
+    /// Whether the broker's client is connected now.
+    connected: Box<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl std::fmt::Debug for Readiness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Readiness")
+            .field("last", &self.last)
+            .field("connected", &(self.connected)())
+            .finish()
     }
 }
 
 impl Readiness {
+    /// Not ready until a round has run; `connected` reads the link.
+    fn new(connected: impl Fn() -> bool + Send + Sync + 'static) -> Self {
+        Self {
+            last: Mutex::new(Some(NotReady::Starting)),
+            connected: Box::new(connected),
+        }
+    }
+
     /// `Ok` when ready, else which side failed.
     pub fn check(&self) -> Result<(), NotReady> {
-        match &*self.0.lock().unwrap_or_else(|p| p.into_inner()) {
+        match &*self.last.lock().unwrap_or_else(|p| p.into_inner()) {
+            None if !(self.connected)() => Err(NotReady::Broker(BROKER_NOT_CONNECTED.to_owned())),
             None => Ok(()),
             Some(why) => Err(why.clone()),
         }
     }
 
     fn set(&self, state: Option<NotReady>) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = state;
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = state;
     }
 }
 
@@ -462,6 +486,8 @@ impl<P: Publisher> Relay<P> {
         options: RelayOptions,
     ) -> Self {
         let application = format!("{RELAY_APPLICATION}:{namespace}");
+        let publisher = Arc::new(publisher);
+        let link = Arc::clone(&publisher);
         let source = options
             .source
             .clone()
@@ -471,12 +497,12 @@ impl<P: Publisher> Relay<P> {
             lock_options: lock_options.application_name(&application),
             locks: PartitionLocks::new(namespace),
             application,
-            publisher: Arc::new(publisher),
+            publisher,
             options,
             lock: None,
             owned: Vec::new(),
             stats: RelayStats::default(),
-            ready: Arc::new(Readiness::default()),
+            ready: Arc::new(Readiness::new(move || link.is_connected())),
             outage_logged: false,
             cursor: Mutex::new(None),
             source,
@@ -489,15 +515,10 @@ impl<P: Publisher> Relay<P> {
         Arc::clone(&self.ready)
     }
 
-    /// Ready when the broker is connected (the database just answered).
+    /// The database just answered: ready while the broker's client is
+    /// connected ([`Readiness::check`] reads the link when asked).
     fn database_answered(&self) {
-        if self.publisher.is_connected() {
-            self.ready.set(None);
-        } else {
-            self.ready.set(Some(NotReady::Broker(
-                "not connected; the client keeps trying to reconnect".to_owned(),
-            )));
-        }
+        self.ready.set(None);
     }
 
     /// Counts so far.
@@ -958,6 +979,28 @@ fn outgoing(prefix: &str, source: &str, row: &PendingRow) -> Outgoing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn readiness_reads_the_link_when_asked() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let up = Arc::new(AtomicBool::new(true));
+        let link = Arc::clone(&up);
+        let ready = Readiness::new(move || link.load(Ordering::Relaxed));
+        assert_eq!(ready.check(), Err(NotReady::Starting));
+        ready.set(None);
+        assert_eq!(ready.check(), Ok(()));
+        // Lost between rounds: not ready at once, without a round.
+        up.store(false, Ordering::Relaxed);
+        assert_eq!(
+            ready.check(),
+            Err(NotReady::Broker(BROKER_NOT_CONNECTED.to_owned()))
+        );
+        up.store(true, Ordering::Relaxed);
+        assert_eq!(ready.check(), Ok(()));
+        // What a round found stays until the next round, link or not.
+        ready.set(Some(NotReady::Database("gone".to_owned())));
+        assert_eq!(ready.check(), Err(NotReady::Database("gone".to_owned())));
+    }
 
     #[test]
     fn backoff_grows_is_capped_and_jittered() {

@@ -128,8 +128,8 @@ impl RelayArgs {
 }
 
 /// The relay's admin routes: `/healthz`, and behind the admin rules
-/// `/readyz` (the last round reached the database and the broker) and
-/// `/metrics`.
+/// `/readyz` (the last round reached the database and the broker, and the
+/// broker's client is connected now) and `/metrics`.
 fn admin_router(ready: Arc<Readiness>, broker: String, token: Option<Arc<str>>) -> axum::Router {
     let protected = axum::Router::new()
         .route(
