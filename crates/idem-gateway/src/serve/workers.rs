@@ -207,6 +207,7 @@ async fn serve_queue(
     grace: Duration,
 ) -> bool {
     let graceful = GracefulShutdown::new();
+    let armed = tokio::spawn(keep_a_timer_armed());
     while let Some(Accepted { stream, peer, open }) = accepted.recv().await {
         // Counted since dispatch; uncounted when this scope lets go of it.
         let counted = Counted(Arc::clone(&load));
@@ -231,7 +232,32 @@ async fn serve_queue(
             drop(counted);
         });
     }
+    armed.abort();
     close_within(graceful, grace).await
+}
+
+/// How often [`keep_a_timer_armed`]'s timer fires: shorter than any time-out
+/// a request arms by default (header read 10 s, upstream 30 s, a 30 s
+/// lease's renewal 10 s).
+const ARMED_EVERY: Duration = Duration::from_secs(1);
+
+/// Keeps one timer armed on this thread's timer wheel, so that arming a
+/// request's own timers does not wake the thread's poller.
+///
+/// Tokio wakes a runtime's poller (an `eventfd` write) whenever a timer is
+/// armed earlier than the one the runtime last went to sleep for, even from
+/// the runtime's own thread, which is awake. A serving thread with nothing
+/// armed slept for no timer at all, so on a lone keep-alive connection
+/// every request's header-read timer cost that write: 7.0 system calls
+/// per pass-through request instead of 6.0 (`strace -c`, one connection).
+/// With this timer due within a second, a time-out of a second or more
+/// never comes first. It fires once a second on an idle thread.
+async fn keep_a_timer_armed() {
+    let mut every = tokio::time::interval(ARMED_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+    }
 }
 
 #[cfg(test)]
