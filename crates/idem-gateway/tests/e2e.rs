@@ -185,7 +185,7 @@ async fn the_contract_through_the_real_gateway() {
             send(addr, Method::POST, "/v1/payments", &h, "{}").await
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    up.until_received("slow").await;
     let busy = gw.post("/v1/payments", &slow_h, "{}").await;
     assert_eq!(busy.status, StatusCode::CONFLICT);
     assert!(busy.header("retry-after").is_some());
@@ -328,7 +328,7 @@ async fn sigterm_lets_in_flight_requests_finish() {
         )
         .await
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    up.until_received("drain").await;
     let status = gw.terminate().await;
     assert!(status.success());
     assert_eq!(

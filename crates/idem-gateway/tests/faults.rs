@@ -79,7 +79,9 @@ async fn an_upstream_link_slower_than_the_lease_does_not_run_the_work_twice() {
     link.set_latency(Duration::from_millis(1200), Duration::from_millis(300));
     let addr = gw.addr;
     let first = tokio::spawn(async move { post(addr, "/v1/payments", auth, "slow-1").await });
-    tokio::time::sleep(Duration::from_millis(1800)).await;
+    // The upstream has it after 1.2 s or more, past the lease; its answer
+    // is as long again on the way back.
+    up.until_received("slow-1").await;
     let retry = post(addr, "/v1/payments", auth, "slow-1").await;
     assert_eq!(retry.status, StatusCode::CONFLICT, "{:?}", retry.body);
     assert_eq!(retry.problem_type(), "idempotency-request-in-progress");

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
-use idem_testkit::client::{metric, send, try_send};
+use idem_testkit::client::{metric, send, try_send, until_status};
 use idem_testkit::gateway::{GatewayProcess as Gateway, sqlite_store};
 use idem_testkit::upstream::CountingUpstream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -278,7 +278,15 @@ async fn work_kept_going_for_a_client_that_left_still_holds_its_slot() {
     )
     .await
     .expect("write");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Hung up once the upstream has it: its 1.5 s of work has begun.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while up.executions("left") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the upstream never got the request"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     drop(conn);
 
     // Its work goes on, and still counts against max_in_flight.
@@ -301,21 +309,26 @@ async fn work_kept_going_for_a_client_that_left_still_holds_its_slot() {
     );
     assert_eq!(busy.problem_type(), "server-overloaded");
 
-    // Once it is recorded, the slot is free and the answer is kept.
-    tokio::time::sleep(Duration::from_millis(2000)).await;
-    let replay = send(
-        gw.addr,
-        Method::POST,
-        "/v1/payments",
-        &[
-            ("authorization", "Bearer sk_test_caller"),
-            ("idempotency-key", "left"),
-            ("x-delay-ms", "1500"),
-        ],
-        "{}",
+    // Once it is recorded, the slot is free and the answer is kept (until
+    // then a retry is shed: the work still holds the only slot).
+    let replay = until_status(
+        async || {
+            send(
+                gw.addr,
+                Method::POST,
+                "/v1/payments",
+                &[
+                    ("authorization", "Bearer sk_test_caller"),
+                    ("idempotency-key", "left"),
+                    ("x-delay-ms", "1500"),
+                ],
+                "{}",
+            )
+            .await
+        },
+        StatusCode::CREATED,
     )
     .await;
-    assert_eq!(replay.status, StatusCode::CREATED);
     assert_eq!(replay.header("idempotent-replayed"), Some("true"));
     assert_eq!(up.executions("left"), 1);
     assert_eq!(up.executions("other"), 0);
@@ -497,7 +510,8 @@ async fn one_peer_cannot_take_every_connection_or_slot() {
             .expect("write");
         held.push(conn);
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    up.until_received("hog-0").await;
+    up.until_received("hog-1").await;
     // Its third request is shed at once, not queued for the 2 s wait.
     let started = std::time::Instant::now();
     let (_c, third) = raw_from(

@@ -450,14 +450,20 @@ async fn a_broker_outage_leaves_rows_pending_and_spends_no_attempts() {
     let ready =
         idem_testkit::client::send(relay.admin, http::Method::GET, "/readyz", &[], "").await;
     assert_eq!(ready.status, http::StatusCode::SERVICE_UNAVAILABLE);
-    let metrics =
-        idem_testkit::client::send(relay.admin, http::Method::GET, "/metrics", &[], "").await;
-    let metrics = String::from_utf8_lossy(&metrics.body).into_owned();
-    assert!(
-        metrics.lines().any(|l| l == "idem_outbox_pending 50"),
-        "{metrics}"
-    );
-    assert!(metrics.contains("idem_outbox_lag_seconds"), "{metrics}");
+    // The gauges are refreshed every 5 s of the relay's loop: polled, not
+    // read once at a fixed moment.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let metrics =
+            idem_testkit::client::send(relay.admin, http::Method::GET, "/metrics", &[], "").await;
+        let metrics = String::from_utf8_lossy(&metrics.body).into_owned();
+        if metrics.lines().any(|l| l == "idem_outbox_pending 50") {
+            assert!(metrics.contains("idem_outbox_lag_seconds"), "{metrics}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert_nothing_spent(&store).await;
 
     proxy.restore();
@@ -830,11 +836,16 @@ async fn a_slow_reset_then_silent_rabbitmq_link_delivers_every_row_in_order() {
     until_published(store, 40).await;
     proxy.restore();
 
-    // Reset under way: 50 rows at 20 ms a chunk each way take well over
-    // the 150 ms after which the relay's connection breaks.
-    proxy.set_latency(Duration::from_millis(20), Duration::ZERO);
+    // Reset under way: 50 rows at 100 ms a chunk each way take seconds,
+    // and the relay's connection breaks once the first of them are in
+    // (whenever that is: enqueueing them may itself be slow).
+    proxy.set_latency(Duration::from_millis(100), Duration::ZERO);
     enqueue(store, 5, 10).await;
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while published(store).await <= 40 {
+        assert!(tokio::time::Instant::now() < deadline, "nothing flowed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     proxy.reset_all();
     let at_reset = published(store).await;
     assert!(at_reset < 90, "the reset came after the rows: {at_reset}");

@@ -286,7 +286,8 @@ async fn reqwest_retry_through_the_default_gateway_never_charges_twice() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_gateway_sigkilled_mid_request_charges_once_by_default() {
-    // Every request answers after 1.5 s; the gateway dies after 0.3 s.
+    // Every request answers after 1.5 s; the gateway dies once the
+    // upstream has charged, before it answers.
     let faults = Faults {
         lost_every: 0,
         slow_every: 1_000_000,
@@ -314,7 +315,14 @@ async fn a_gateway_sigkilled_mid_request_charges_once_by_default() {
             .await
         };
         let in_flight = tokio::spawn(pay(gw.addr));
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while ledger.charges("killed-1") == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the request never reached the upstream"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         gw.signal("KILL");
         assert!(
             in_flight.await.expect("task").is_err(),

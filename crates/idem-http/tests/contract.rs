@@ -241,7 +241,15 @@ async fn a_duplicate_during_the_first_gets_409_with_retry_after() {
         )
         .await
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // In flight once the handler has it (it counts, then waits 500 ms).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while counter.get() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let dup = send(
         addr,
         Method::POST,

@@ -244,8 +244,11 @@ mod tests {
         let mut frames = 0;
         while frames + 5 < DUE_FRAMES {
             frames += 5;
+            // Asked as of the commit: a stall of this thread in between
+            // would otherwise eat into the idle time being checked.
+            let now = Instant::now();
             kick.committed(frames);
-            let wait = due(&shared, Instant::now(), last).expect("frames pending");
+            let wait = due(&shared, now, last).expect("frames pending");
             assert!(wait > IDLE / 2, "due after {frames} frames: {wait:?}");
         }
         kick.committed(frames + 5);

@@ -879,7 +879,16 @@ pub async fn engine_runs_work_once<S: Store>(store: Arc<S>) {
 /// (a re-run, said so on the guard) and the stale owner's answer is
 /// refused.
 pub async fn engine_heartbeat_protects_slow_work<S: Store>(store: Arc<S>) {
+    // The heartbeat renews every third of the lease, so each renewal has
+    // two thirds of it to land: 1 s here, not the 200 ms of a
+    // [`SHORT_LEASE`], which one stalled fsync on a loaded machine spends.
+    const HEARTBEAT_LEASE: Duration = Duration::from_millis(1500);
     let scope = unique_scope("heartbeat");
+    let beating = Engine::from_arc(Arc::clone(&store)).with_policy(
+        Policy::default()
+            .with_lease(HEARTBEAT_LEASE)
+            .with_on_lease_expiry(LeaseExpiry::Retry),
+    );
     let engine = Engine::from_arc(store).with_policy(
         Policy::default()
             .with_lease(SHORT_LEASE)
@@ -887,14 +896,14 @@ pub async fn engine_heartbeat_protects_slow_work<S: Store>(store: Arc<S>) {
     );
 
     let k = key("slow-with-heartbeat");
-    let idem::Begin::Execute(mut guard) = engine.begin(&scope, &k, fp("a")).await.expect("begin")
+    let idem::Begin::Execute(mut guard) = beating.begin(&scope, &k, fp("a")).await.expect("begin")
     else {
         panic!("first begin executes");
     };
     guard.keep_alive();
-    tokio::time::sleep(SHORT_LEASE * 3).await;
+    tokio::time::sleep(HEARTBEAT_LEASE * 3).await;
     assert!(matches!(
-        engine.begin(&scope, &k, fp("a")).await.expect("begin"),
+        beating.begin(&scope, &k, fp("a")).await.expect("begin"),
         idem::Begin::InProgress { .. }
     ));
     assert!(!guard.lease_lost());

@@ -630,11 +630,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_bounded_store_treats_old_copies_as_absent() {
-        let cache = MemoryStore::cache(1 << 20, Duration::from_millis(30));
+        // Put then get must fit in the age: a second, not tens of ms that
+        // one descheduling on a loaded machine spends.
+        let cache = MemoryStore::cache(1 << 20, Duration::from_secs(1));
         cache.put(record("old", 10)).await.expect("put");
         let k: IdempotencyKey = "old".parse().expect("key");
         assert!(cache.get(&scope(), &k).await.expect("get").is_some());
-        tokio::time::sleep(Duration::from_millis(40)).await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
         assert!(cache.get(&scope(), &k).await.expect("get").is_none());
         // An unbounded store keeps it.
         let store = MemoryStore::new();

@@ -270,20 +270,29 @@ mod tests {
     use hyper_util::rt::TokioIo;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
-    use tokio::sync::Semaphore;
+    use tokio::sync::{Notify, Semaphore};
 
     const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n";
 
     /// Answers every request with the name of the thread that served it,
     /// after `delay`.
     fn thread_names(delay: Duration) -> ServeConnection {
+        noting_arrivals(delay, Arc::new(Notify::new()))
+    }
+
+    /// [`thread_names`], and `arrived` is notified as each request comes in.
+    fn noting_arrivals(delay: Duration, arrived: Arc<Notify>) -> ServeConnection {
         Arc::new(move |stream, _peer, graceful| {
-            let svc = service_fn(move |_req| async move {
-                tokio::time::sleep(delay).await;
-                let name = std::thread::current().name().unwrap_or("?").to_owned();
-                Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(Bytes::from(
-                    name,
-                ))))
+            let arrived = Arc::clone(&arrived);
+            let svc = service_fn(move |_req| {
+                arrived.notify_one();
+                async move {
+                    tokio::time::sleep(delay).await;
+                    let name = std::thread::current().name().unwrap_or("?").to_owned();
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(Bytes::from(
+                        name,
+                    ))))
+                }
             });
             let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
             let conn = graceful.watch(conn);
@@ -412,10 +421,16 @@ mod tests {
     /// One worker whose requests take `delay`, stopping within `grace`,
     /// with one request sent and in flight.
     async fn one_request_in_flight(delay: Duration, grace: Duration) -> (Workers, TcpStream) {
-        let workers = Workers::start(1, thread_names(delay), grace).expect("start");
+        let arrived = Arc::new(Notify::new());
+        let workers =
+            Workers::start(1, noting_arrivals(delay, Arc::clone(&arrived)), grace).expect("start");
         let mut client = connect(&workers, 1).await.remove(0);
         client.write_all(REQUEST).await.expect("write");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // In flight once the service has it (a connection still reading
+        // its request is idle to a graceful stop, and closed at once).
+        tokio::time::timeout(Duration::from_secs(30), arrived.notified())
+            .await
+            .expect("the request reached the service");
         (workers, client)
     }
 
