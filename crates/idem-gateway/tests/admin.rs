@@ -9,6 +9,7 @@ use http::{Method, StatusCode};
 use idem_testkit::client::Answer;
 use idem_testkit::gateway::{GatewayProcess as Gateway, sqlite_store};
 use idem_testkit::upstream::CountingUpstream;
+use idem_testkit::wait::eventually;
 use serde_json::Value;
 
 const IDEM: &str = env!("CARGO_BIN_EXE_idem");
@@ -56,17 +57,6 @@ async fn metrics(gw: &Gateway) -> String {
     let answer = get(gw, "/metrics").await;
     assert_eq!(answer.status, StatusCode::OK);
     String::from_utf8(answer.body.to_vec()).expect("utf-8")
-}
-
-/// Polls `check` for up to 10 s.
-async fn eventually<F: AsyncFnMut() -> bool>(what: &str, mut check: F) {
-    for _ in 0..100 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("{what}: not within 10 s");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,6 +12,7 @@ use idem_postgres::outbox::{Outbox, OutboxMessage};
 use idem_postgres::sqlx;
 use idem_postgres::{PgOptions, PgStore};
 use idem_testkit::services;
+use idem_testkit::wait::eventually;
 use tokio::io::AsyncBufReadExt;
 use tokio::process::{Child, Command};
 
@@ -452,18 +453,15 @@ async fn a_broker_outage_leaves_rows_pending_and_spends_no_attempts() {
     assert_eq!(ready.status, http::StatusCode::SERVICE_UNAVAILABLE);
     // The gauges are refreshed every 5 s of the relay's loop: polled, not
     // read once at a fixed moment.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let metrics =
+    let mut metrics = String::new();
+    eventually("idem_outbox_pending 50", async || {
+        let page =
             idem_testkit::client::send(relay.admin, http::Method::GET, "/metrics", &[], "").await;
-        let metrics = String::from_utf8_lossy(&metrics.body).into_owned();
-        if metrics.lines().any(|l| l == "idem_outbox_pending 50") {
-            assert!(metrics.contains("idem_outbox_lag_seconds"), "{metrics}");
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{metrics}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        metrics = String::from_utf8_lossy(&page.body).into_owned();
+        metrics.lines().any(|l| l == "idem_outbox_pending 50")
+    })
+    .await;
+    assert!(metrics.contains("idem_outbox_lag_seconds"), "{metrics}");
     assert_nothing_spent(&store).await;
 
     proxy.restore();
@@ -841,11 +839,7 @@ async fn a_slow_reset_then_silent_rabbitmq_link_delivers_every_row_in_order() {
     // (whenever that is: enqueueing them may itself be slow).
     proxy.set_latency(Duration::from_millis(100), Duration::ZERO);
     enqueue(store, 5, 10).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while published(store).await <= 40 {
-        assert!(tokio::time::Instant::now() < deadline, "nothing flowed");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("rows flowing", async || published(store).await > 40).await;
     proxy.reset_all();
     let at_reset = published(store).await;
     assert!(at_reset < 90, "the reset came after the rows: {at_reset}");

@@ -22,6 +22,7 @@ use std::time::Duration;
 use idem_testkit::client::metric;
 use idem_testkit::gateway::{GatewayProcess, listed_keys, sqlite_store};
 use idem_testkit::ledger::{Faults, Ledger};
+use idem_testkit::wait::eventually;
 
 const IDEM: &str = env!("CARGO_BIN_EXE_idem");
 const PAY_SCRIPT: &str = concat!(
@@ -315,14 +316,10 @@ async fn a_gateway_sigkilled_mid_request_charges_once_by_default() {
             .await
         };
         let in_flight = tokio::spawn(pay(gw.addr));
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while ledger.charges("killed-1") == 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the request never reached the upstream"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually("the upstream charging", async || {
+            ledger.charges("killed-1") > 0
+        })
+        .await;
         gw.signal("KILL");
         assert!(
             in_flight.await.expect("task").is_err(),

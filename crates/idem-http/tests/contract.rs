@@ -17,6 +17,7 @@ use hyper_util::rt::TokioExecutor;
 use idem::{FailMode, InFlight, MemoryStore, Policy};
 use idem_http::{Hashing, IdempotencyLayer, MissingTenant, RoutePolicy, Routes, TenantSource};
 use idem_testkit::client::send;
+use idem_testkit::wait::eventually;
 use idem_testkit::{Op, faulty};
 
 #[derive(Clone, Default)]
@@ -242,14 +243,7 @@ async fn a_duplicate_during_the_first_gets_409_with_retry_after() {
         .await
     });
     // In flight once the handler has it (it counts, then waits 500 ms).
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while counter.get() == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the first never arrived"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("the first reaching the handler", async || counter.get() > 0).await;
     let dup = send(
         addr,
         Method::POST,

@@ -13,6 +13,7 @@
 //! * [`servers`]: a private Redis, Redis Cluster, PostgreSQL and Kafka
 //!   (Tansu) broker a test may crash and restart;
 //! * [`upstream`]: a counting HTTP upstream on loopback for gateway tests;
+//! * [`wait`]: polling for a state the product reaches on its own time;
 //! * [`services`]: finds the loopback servers (PostgreSQL, Redis, NATS,
 //!   RabbitMQ, Kafka); skips loudly when one is absent, or fails under
 //!   `IDEM_REQUIRE_SERVICES=1`.
@@ -28,6 +29,7 @@ pub mod otlp;
 pub mod servers;
 pub mod services;
 pub mod upstream;
+pub mod wait;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;

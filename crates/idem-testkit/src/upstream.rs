@@ -119,18 +119,12 @@ impl CountingUpstream {
         lock(&self.state.per_key).get(key).copied().unwrap_or(0)
     }
 
-    /// Waits until a request with this `Idempotency-Key` has arrived (up
-    /// to 30 s; panics past it): a test's "in flight" from here on is the
-    /// upstream's, not a guess of how long the gateway takes to forward.
+    /// Waits until a request with this `Idempotency-Key` has arrived
+    /// ([`crate::wait::eventually`]): a test's "in flight" from here on is
+    /// the upstream's, not a guess of how long the gateway takes to forward.
     pub async fn until_received(&self, key: &str) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while self.executions(key) == 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no request with key {key:?} reached the upstream within 30 s"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        let what = format!("a request with key {key:?} reaching the upstream");
+        crate::wait::eventually(&what, async || self.executions(key) > 0).await;
     }
 
     /// The headers of the last request received.
