@@ -30,9 +30,10 @@
 //!   (or the server predates it), so a connection that closes while idle
 //!   is replaced as it closes and no command fails on it;
 //! * **a connection per serving thread**: on a thread given to
-//!   [`dedicate_current_thread`] (the gateway's serving threads), the
-//!   store opens a connection of that thread's own, so a round trip wakes
-//!   no other thread. Elsewhere every call shares one connection.
+//!   [`dedicate_current_thread`](idem::store::local::dedicate_current_thread)
+//!   (the gateway's serving threads), the store opens a connection of that
+//!   thread's own, so a round trip wakes no other thread. Elsewhere every
+//!   call shares one connection.
 //!
 //! ```no_run
 //! use idem::{Engine, Fingerprint, Scope, StoredResponse};
@@ -135,7 +136,7 @@ static PUT: LazyLock<Script> = script!("put.lua");
 pub struct RedisStore {
     conn: RedisConnection,
     /// Opens connections of a thread's own (single server only).
-    opener: Option<Arc<connection::local::Opener>>,
+    own: Option<Arc<connection::PerThreadConnections>>,
     prefix: Arc<str>,
     url: Arc<str>,
     /// `WAIT` after each write: replicas, and the longest wait in ms.
@@ -211,7 +212,9 @@ impl RedisStore {
             .await
             .map_err(|e| RedisError::connect(opts.url(), e))?;
         let mut store = Self::with_connection(RedisConnection::Single(conn), &opts, shown);
-        store.opener = Some(Arc::new(connection::local::Opener { client, config }));
+        store.own = Some(Arc::new(connection::PerThreadConnections::new(
+            client, config,
+        )));
         Ok(store)
     }
 
@@ -252,7 +255,7 @@ impl RedisStore {
     fn with_connection(conn: RedisConnection, opts: &RedisOptions, shown: String) -> Self {
         Self {
             conn,
-            opener: None,
+            own: None,
             prefix: opts.prefix().into(),
             url: shown.into(),
             min_replicas: opts.min_replicas(),
@@ -267,12 +270,13 @@ impl RedisStore {
     }
 
     /// The connection for one operation: this thread's own on a thread
-    /// given to [`dedicate_current_thread`], once open; else the shared
-    /// one. A write and the `WAIT` after it go on the same one.
+    /// given to [`idem::store::local::dedicate_current_thread`], once open;
+    /// else the shared one. A write and the `WAIT` after it go on the same
+    /// one.
     fn conn(&self) -> RedisConnection {
-        self.opener
+        self.own
             .as_ref()
-            .and_then(connection::local::get)
+            .and_then(|own| own.get())
             .map_or_else(|| self.conn.clone(), RedisConnection::Single)
     }
 
@@ -450,20 +454,6 @@ impl RedisStore {
         }
         Ok(())
     }
-}
-
-/// Declares that the calling thread runs one single-threaded tokio runtime
-/// for the rest of its life, as the gateway's serving threads do. Redis
-/// stores called from it then open a connection of this thread's own (in
-/// the background, on first use) and keep each round trip on this thread,
-/// instead of handing every command to the shared connection's task on
-/// another thread and being woken back by it.
-///
-/// Call it on such a thread before it serves; elsewhere stores use their
-/// shared connection. A thread that drives two runtimes in turn must not
-/// call it: a connection's task runs on the runtime that opened it.
-pub fn dedicate_current_thread() {
-    connection::local::dedicate();
 }
 
 /// Connects once, directly, and sends `PING`.

@@ -185,9 +185,9 @@ impl Worker {
             // Dropping the runtime at the thread's end ends whatever
             // outlived the grace period.
             .spawn(move || {
-                // This thread runs this one runtime: a Redis store opens a
-                // connection of its own here.
-                idem_redis::dedicate_current_thread();
+                // This thread runs this one runtime: stores open
+                // connections of its own here (idem::store::local).
+                idem::store::local::dedicate_current_thread();
                 runtime.block_on(serve_queue(accepted, serve, thread_load, grace))
             })?;
         Ok(Self {
