@@ -28,13 +28,27 @@
 //!   most the pool's maximum are lent at once, each waiting at most the
 //!   pool's acquire time-out for its turn.
 //!
+//! * on a thread [dedicated](idem::store::local::dedicate_current_thread)
+//!   to one single-threaded runtime (the gateway's serving threads), an
+//!   operation first asks for that thread's own connection
+//!   ([`idem::store::local::PerThread`]), opened outside the pool by that
+//!   thread, so the thread's own event loop hears the server's answers;
+//!   the kept and pooled connections serve while it is busy, opening, or
+//!   failed. Such connections are set aside out of `max_connections`
+//!   ([`PgOptions::thread_connections`](crate::PgOptions::thread_connections)):
+//!   each holds a seat for its life, the pool opens at most the rest, so
+//!   the server sees no more than `max_connections` in all. An operation
+//!   on a thread's own connection takes no turn: it is that thread's alone.
+//!
 //! With `ping_after_idle` zero (a test before every operation) nothing is
-//! kept.
+//! kept, and no thread has a connection of its own.
 
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
+use idem::store::local::{PerThread, Taken};
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection, PgConnection, PgPool, Postgres};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -54,6 +68,13 @@ struct Inner {
     /// One per connection the pool may open: the store's turns.
     turns: Arc<Semaphore>,
     state: Mutex<State>,
+    /// The dedicated threads' own connections.
+    own: Arc<PerThread<Own>>,
+    /// One per connection a thread may have of its own.
+    seats: Arc<Semaphore>,
+    /// Operations whose connection was dropped before they completed
+    /// (failed or cancelled).
+    failures: AtomicU64,
     /// How long a connection stays kept without use (zero: none is kept).
     keep: Duration,
     /// How long one may have been kept before it is tested when lent;
@@ -79,17 +100,46 @@ struct Kept {
 /// (which tests it); [`done`](Self::done) keeps it for the next operation.
 #[derive(Debug)]
 pub(crate) struct Lent {
-    /// Declared first: dropped (back to the pool) before the turn ends.
-    conn: PoolConnection<Postgres>,
+    /// Declared first: dropped (back to the pool, or closed) before the
+    /// turn ends. `None` once [`done`](Self::done).
+    conn: Option<Conn>,
     home: Conns,
-    _turn: OwnedSemaphorePermit,
+    /// Held for a pool's connection; a thread's own needs none.
+    _turn: Option<OwnedSemaphorePermit>,
+}
+
+/// A thread's own connection and the seat it holds.
+#[derive(Debug)]
+pub(crate) struct Own {
+    conn: PgConnection,
+    /// The store's count of failed operations when it was last kept.
+    failures_seen: u64,
+    _seat: OwnedSemaphorePermit,
+}
+
+impl Own {
+    /// Closes the connection, then gives up its seat.
+    pub(crate) async fn close(self) -> Result<(), sqlx::Error> {
+        let Self { conn, _seat, .. } = self;
+        conn.close().await
+    }
+}
+
+/// Where a lent connection comes from.
+#[derive(Debug)]
+enum Conn {
+    /// The pool (kept or just acquired).
+    Pool(PoolConnection<Postgres>),
+    /// The calling thread's own.
+    Own(Taken<Own>),
 }
 
 impl Conns {
     /// Keeps connections of `pool` between operations; one kept for
     /// `test_after` or longer is tested before it is lent (`None`: never
-    /// tested; zero: nothing is kept).
-    pub(crate) fn new(pool: PgPool, test_after: Option<Duration>) -> Self {
+    /// tested; zero: nothing is kept). Up to `seats` dedicated threads
+    /// open a connection of their own besides.
+    pub(crate) fn new(pool: PgPool, test_after: Option<Duration>, seats: u32) -> Self {
         let keep = test_after.map_or(KEEP, |after| after.min(KEEP));
         let turns = pool.options().get_max_connections() as usize;
         Self {
@@ -97,6 +147,9 @@ impl Conns {
                 turns: Arc::new(Semaphore::new(turns.max(1))),
                 pool,
                 state: Mutex::default(),
+                own: Arc::default(),
+                seats: Arc::new(Semaphore::new(seats as usize)),
+                failures: AtomicU64::new(0),
                 keep,
                 test_after,
             }),
@@ -112,6 +165,9 @@ impl Conns {
     /// kept one, else one from the pool. A turn not come within the pool's
     /// acquire time-out fails as the pool's own wait would.
     pub(crate) async fn lend(&self) -> Result<Lent, sqlx::Error> {
+        if let Some(own) = self.own().await {
+            return Ok(self.lent(Conn::Own(own), None));
+        }
         let wait = self.inner.pool.options().get_acquire_timeout();
         let turn = Arc::clone(&self.inner.turns).acquire_owned();
         let turn = match tokio::time::timeout(wait, turn).await {
@@ -119,6 +175,7 @@ impl Conns {
             Ok(Err(_closed)) => return Err(sqlx::Error::PoolClosed),
             Err(_elapsed) => return Err(sqlx::Error::PoolTimedOut),
         };
+        let turn = Some(turn);
         while let Some(kept) = self.inner.take() {
             let mut conn = kept.conn;
             if let Some(after) = self.inner.test_after
@@ -129,15 +186,69 @@ impl Conns {
                 tracing::debug!(%err, "a kept connection failed its test");
                 continue;
             }
-            return Ok(self.lent(conn, turn));
+            return Ok(self.lent(Conn::Pool(conn), turn));
         }
         let conn = self.inner.pool.acquire().await?;
-        Ok(self.lent(conn, turn))
+        Ok(self.lent(Conn::Pool(conn), turn))
     }
 
-    fn lent(&self, conn: PoolConnection<Postgres>, turn: OwnedSemaphorePermit) -> Lent {
+    /// The calling thread's own connection, tested first after an idle
+    /// spell as a kept one is; `None` when it has none ready (one is
+    /// being opened) or nothing is kept.
+    async fn own(&self) -> Option<Taken<Own>> {
+        if self.inner.keep.is_zero() || self.inner.pool.is_closed() {
+            return None;
+        }
+        let mut own = self.inner.own.take(|| {
+            let seat = Arc::clone(&self.inner.seats).try_acquire_owned();
+            let failures_seen = self.inner.failures.load(Ordering::Relaxed);
+            let options = self.inner.pool.connect_options();
+            let wait = self.inner.pool.options().get_acquire_timeout();
+            async move {
+                let Ok(seat) = seat else {
+                    return Err(
+                        "every connection set aside for threads (thread_connections) is taken"
+                            .to_owned(),
+                    );
+                };
+                match tokio::time::timeout(wait, PgConnection::connect_with(&options)).await {
+                    Ok(Ok(conn)) => Ok(Own {
+                        conn,
+                        failures_seen,
+                        _seat: seat,
+                    }),
+                    Ok(Err(err)) => Err(err.to_string()),
+                    Err(_elapsed) => Err(format!("not connected within {wait:?}")),
+                }
+            }
+        })?;
+        // Tested after an idle spell, as a kept one is, and after any
+        // operation of the store failed since it was kept: a server
+        // restart or a broken link ends every thread's connection, and a
+        // thread should not fail a request to learn it.
+        let failures = self.inner.failures.load(Ordering::Relaxed);
+        let suspect = own.failures_seen != failures;
+        if let Some(after) = self.inner.test_after
+            && (own.idle_for() >= after || suspect)
+            && let Err(err) = own.conn.ping().await
+        {
+            // Dropped: closed, and the thread opens a new one.
+            tracing::debug!(%err, "this thread's connection failed its test");
+            return None;
+        }
+        Some(own)
+    }
+
+    /// Takes out the dedicated threads' own connections not in use, to
+    /// close them with the store (those in use close when their
+    /// operations end).
+    pub(crate) fn drain_own(&self) -> Vec<Own> {
+        self.inner.own.drain()
+    }
+
+    fn lent(&self, conn: Conn, turn: Option<OwnedSemaphorePermit>) -> Lent {
         Lent {
-            conn,
+            conn: Some(conn),
             home: self.clone(),
             _turn: turn,
         }
@@ -239,9 +350,39 @@ async fn sweep(inner: Weak<Inner>, keep: Duration) {
 impl Lent {
     /// The operation completed: keep the connection for the next one
     /// (whose turn starts once it is kept).
-    pub(crate) fn done(self) {
-        let Self { conn, home, _turn } = self;
-        home.keep(conn);
+    pub(crate) fn done(mut self) {
+        match self.conn.take() {
+            Some(Conn::Pool(conn)) => self.home.keep(conn),
+            Some(Conn::Own(mut own)) => {
+                own.failures_seen = self.home.inner.failures.load(Ordering::Relaxed);
+                own.keep();
+            }
+            None => {}
+        }
+    }
+
+    fn conn(&self) -> &PgConnection {
+        match self.conn.as_ref().expect("present until done") {
+            Conn::Pool(conn) => conn,
+            Conn::Own(own) => &own.conn,
+        }
+    }
+
+    fn conn_mut(&mut self) -> &mut PgConnection {
+        match self.conn.as_mut().expect("present until done") {
+            Conn::Pool(conn) => conn,
+            Conn::Own(own) => &mut own.conn,
+        }
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if self.conn.is_some() {
+            // Its operation failed or was cancelled: the threads' own
+            // connections are tested before their next use.
+            self.home.inner.failures.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -249,12 +390,12 @@ impl Deref for Lent {
     type Target = PgConnection;
 
     fn deref(&self) -> &PgConnection {
-        &self.conn
+        self.conn()
     }
 }
 
 impl DerefMut for Lent {
     fn deref_mut(&mut self) -> &mut PgConnection {
-        &mut self.conn
+        self.conn_mut()
     }
 }

@@ -208,7 +208,7 @@ impl PgStore {
         }
         let (ping, ping_after_idle) = (opts.test_before_acquire(), opts.ping_after_idle());
         let pool = PgPoolOptions::new()
-            .max_connections(opts.max_connections())
+            .max_connections(opts.pool_connections())
             .min_connections(opts.min_connections())
             .acquire_timeout(opts.acquire_timeout())
             .idle_timeout(opts.idle_timeout())
@@ -226,7 +226,11 @@ impl PgStore {
             .connect_lazy_with(connect);
         let group = opts.group();
         let mut store = Self {
-            conns: conns::Conns::new(pool, ping.then_some(ping_after_idle)),
+            conns: conns::Conns::new(
+                pool,
+                ping.then_some(ping_after_idle),
+                opts.thread_connections(),
+            ),
             schema: opts.schema().map(str::to_owned),
             group,
             batches: Arc::default(),
@@ -253,7 +257,7 @@ impl PgStore {
             .test_before_acquire()
             .then_some(defaults.ping_after_idle());
         Self {
-            conns: conns::Conns::new(pool, test_after),
+            conns: conns::Conns::new(pool, test_after, 0),
             schema: None,
             group: Some(batch::GroupCommit::DEFAULT),
             batches: Arc::default(),
@@ -331,11 +335,23 @@ impl PgStore {
         self.conns.lend().await.map_err(error::to_store)
     }
 
-    /// Closes the pool: hands back the connections the store keeps, waits
-    /// for connections in use to be returned, then closes them all.
+    /// Closes the pool: hands back the connections the store keeps, closes
+    /// the threads' own, waits for connections in use to be returned, then
+    /// closes them all.
     pub async fn close(&self) {
+        // Marked closed at once: from here no operation takes a connection
+        // or opens a thread's own.
+        let closed = self.pool().close();
         self.conns.give_back();
-        self.pool().close().await;
+        for own in self.conns.drain_own() {
+            // On a serving thread's event loop, which may be stopping too.
+            match tokio::time::timeout(Duration::from_secs(1), own.close()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => tracing::debug!(%err, "closing a thread's connection failed"),
+                Err(_elapsed) => tracing::debug!("closing a thread's connection timed out"),
+            }
+        }
+        closed.await;
     }
 
     /// [`Store::reserve`] inside the caller's transaction: the reservation

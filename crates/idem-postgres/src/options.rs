@@ -12,8 +12,9 @@ use crate::error::PgError;
 
 /// The options idem reads from a store URL; every other one is the
 /// driver's.
-const OURS: [&str; 11] = [
+const OURS: [&str; 12] = [
     "max_connections",
+    "thread_connections",
     "min_connections",
     "acquire_timeout_ms",
     "connect_timeout_ms",
@@ -52,6 +53,8 @@ pub struct PgOptions {
     connect: PgConnectOptions,
     display_url: String,
     max_connections: u32,
+    /// `None`: not given (none).
+    thread_connections: Option<u32>,
     min_connections: u32,
     acquire_timeout: Duration,
     connect_timeout: Duration,
@@ -70,6 +73,7 @@ impl std::fmt::Debug for PgOptions {
         f.debug_struct("PgOptions")
             .field("url", &self.display_url)
             .field("max_connections", &self.max_connections)
+            .field("thread_connections", &self.thread_connections)
             .field("min_connections", &self.min_connections)
             .field("acquire_timeout", &self.acquire_timeout)
             .field("connect_timeout", &self.connect_timeout)
@@ -103,6 +107,7 @@ impl PgOptions {
             connect: connect.disable_statement_logging(),
             display_url,
             max_connections: 16,
+            thread_connections: None,
             min_connections: 0,
             acquire_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
@@ -120,7 +125,7 @@ impl PgOptions {
     /// Parses `postgres://user:password@host:port/database?options` (or
     /// `postgresql://…`). Besides the driver's own options (`sslmode`,
     /// `application_name`, `options`…), idem reads `max_connections=N`,
-    /// `min_connections=N`, `acquire_timeout_ms=N`, `connect_timeout_ms=N`,
+    /// `thread_connections=N`, `min_connections=N`, `acquire_timeout_ms=N`, `connect_timeout_ms=N`,
     /// `schema=NAME`, `migrate=true|false`, `test_before_acquire=true|false`,
     /// `ping_after_idle_ms=N` (0 pings before every operation),
     /// `group_commit=true|false`, `group_commit_max=N` and
@@ -172,6 +177,12 @@ impl PgOptions {
         let millis = |n: u32| Duration::from_millis(n.into());
         match option.name() {
             "max_connections" => self.max_connections = option.positive_u32()?,
+            "thread_connections" => {
+                let n = option.value()?.parse().map_err(|_| {
+                    option.invalid_value("a whole number of connections, 0 for none".to_owned())
+                })?;
+                self.thread_connections = Some(n);
+            }
             "min_connections" => self.min_connections = option.positive_u32()?,
             "acquire_timeout_ms" => self.acquire_timeout = millis(option.positive_u32()?),
             "connect_timeout_ms" => self.connect_timeout = millis(option.positive_u32()?),
@@ -206,15 +217,49 @@ impl PgOptions {
         &self.display_url
     }
 
-    /// Most connections the pool opens (default 16).
+    /// Most connections the store opens (default 16): the pool's, and
+    /// [`thread_connections`](Self::thread_connections) of them for
+    /// threads of their own.
     pub fn max_connections(&self) -> u32 {
         self.max_connections
     }
 
-    /// Sets the pool's maximum size.
+    /// Sets the store's maximum number of connections.
     pub fn with_max_connections(mut self, n: u32) -> Self {
         self.max_connections = n;
         self
+    }
+
+    /// How many of [`max_connections`](Self::max_connections) may be
+    /// connections of a thread's own (default 0; URL
+    /// `thread_connections=N`): one each for threads
+    /// [dedicated](idem::store::local::dedicate_current_thread) to one
+    /// single-threaded runtime, opened by that thread, so that its event
+    /// loop hears the server's answers and a round trip wakes no other
+    /// thread. The pool opens at most the rest, and must keep at least one.
+    /// The gateway sets it to its number of serving threads, up to half of
+    /// `max_connections`, unless the URL gives it.
+    pub fn thread_connections(&self) -> u32 {
+        self.thread_connections.unwrap_or(0)
+    }
+
+    /// Sets [`thread_connections`](Self::thread_connections).
+    pub fn with_thread_connections(mut self, n: u32) -> Self {
+        self.thread_connections = Some(n);
+        self
+    }
+
+    /// Whether [`thread_connections`](Self::thread_connections) was given
+    /// (in the URL or by [`with_thread_connections`](Self::with_thread_connections)).
+    pub fn thread_connections_given(&self) -> bool {
+        self.thread_connections.is_some()
+    }
+
+    /// Most connections the pool opens: those not set aside for threads
+    /// of their own.
+    pub(crate) fn pool_connections(&self) -> u32 {
+        self.max_connections
+            .saturating_sub(self.thread_connections())
     }
 
     /// Connections kept open even when idle (default 0).
@@ -391,10 +436,18 @@ impl PgOptions {
                 "group_commit_max and group_commit_in_flight must be at least 1".to_owned(),
             );
         }
-        if self.min_connections > self.max_connections {
+        if self.thread_connections() >= self.max_connections {
             return Err(format!(
-                "min_connections ({}) exceeds max_connections ({})",
-                self.min_connections, self.max_connections
+                "thread_connections ({}) must be below max_connections ({}): the pool keeps at least one",
+                self.thread_connections(),
+                self.max_connections
+            ));
+        }
+        if self.min_connections > self.pool_connections() {
+            return Err(format!(
+                "min_connections ({}) exceeds the pool's {} connections (max_connections less thread_connections)",
+                self.min_connections,
+                self.pool_connections()
             ));
         }
         if let Some(schema) = &self.schema
@@ -447,6 +500,14 @@ mod tests {
         .expect("valid");
         assert!(!o.group_commit());
         assert_eq!((o.group_commit_max(), o.group_commit_in_flight()), (8, 3));
+        assert_eq!(o.thread_connections(), 0, "none unless asked");
+        assert!(!o.thread_connections_given());
+        let o = PgOptions::from_url("postgres://db/idem?max_connections=8&thread_connections=2")
+            .expect("valid");
+        assert_eq!((o.thread_connections(), o.pool_connections()), (2, 6));
+        assert!(o.thread_connections_given());
+        let o = PgOptions::from_url("postgres://db/idem?thread_connections=0").expect("valid");
+        assert!(o.thread_connections_given(), "0 is an answer: none");
     }
 
     #[test]
@@ -478,6 +539,15 @@ mod tests {
                 "postgres://db/idem?min_connections=9&max_connections=2",
                 "exceeds",
             ),
+            (
+                "postgres://db/idem?max_connections=2&thread_connections=2",
+                "the pool keeps at least one",
+            ),
+            (
+                "postgres://db/idem?max_connections=4&thread_connections=2&min_connections=3",
+                "exceeds the pool's 2 connections",
+            ),
+            ("postgres://db/idem?thread_connections=-1", "0 for none"),
         ] {
             let err = PgOptions::from_url(url).expect_err(url).to_string();
             assert!(err.contains(needle), "{url}: {err}");

@@ -322,9 +322,7 @@ async fn killed_server_connections_are_replaced() {
     let Some(opts) = common::options() else {
         return;
     };
-    let app = format!("idem-test-{}", &OwnerToken::random().to_string()[..12]);
-    let connect = opts.connect_options().clone().application_name(&app);
-    let opts = opts.with_connect_options(connect);
+    let (opts, app) = named(opts);
     let store = PgStore::connect_with(opts).await.expect("connect");
     let scope = idem_testkit::conformance::unique_scope("pg-killed");
     let k: idem::IdempotencyKey = "k".parse().expect("key");
@@ -338,14 +336,7 @@ async fn killed_server_connections_are_replaced() {
     // The server ends every connection of this store (as a restart or a
     // fail-over would).
     let observer = common::shared_store().await.expect("second store");
-    let killed: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-         WHERE application_name = $1) AS t",
-    )
-    .bind(&app)
-    .fetch_one(observer.pool())
-    .await
-    .expect("terminate");
+    let killed = terminate(&observer, &app, None).await;
     assert!(killed >= 1, "the store had a connection open");
 
     // The pool notices and reconnects; at worst one call fails, transiently.
@@ -372,4 +363,234 @@ async fn killed_server_connections_are_replaced() {
     }
     let rec = store.get(&scope, &k).await.expect("get").expect("exists");
     assert_eq!(rec.state, idem::RecordState::Completed);
+}
+
+/// Options whose connections carry an `application_name` of their own
+/// (returned), so the server's view of them can be read and ended.
+fn named(opts: idem_postgres::PgOptions) -> (idem_postgres::PgOptions, String) {
+    let app = format!("idem-test-{}", &OwnerToken::random().to_string()[..12]);
+    let connect = opts.connect_options().clone().application_name(&app);
+    (opts.with_connect_options(connect), app)
+}
+
+/// Ends the connections named `app` (as a restart or a fail-over would),
+/// the `newest` most recently opened only when given; how many it ended.
+async fn terminate(observer: &PgStore, app: &str, newest: Option<i64>) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE application_name = $1 ORDER BY backend_start DESC LIMIT $2) AS t",
+    )
+    .bind(app)
+    .bind(newest)
+    .fetch_one(observer.pool())
+    .await
+    .expect("terminate")
+}
+
+/// The backends of the connections whose `application_name` is `app`.
+async fn backends(observer: &PgStore, app: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1")
+        .bind(app)
+        .fetch_one(observer.pool())
+        .await
+        .expect("pg_stat_activity")
+}
+
+/// One reservation and its resolution of a fresh key, which must succeed.
+async fn reserve_and_resolve(store: &PgStore, scope: &idem::Scope, key: &str) {
+    try_reserve_and_resolve(store, scope, key)
+        .await
+        .unwrap_or_else(|err| panic!("{key}: {err}"));
+}
+
+/// One reservation and its resolution of a fresh key.
+async fn try_reserve_and_resolve(
+    store: &PgStore,
+    scope: &idem::Scope,
+    key: &str,
+) -> Result<(), StoreError> {
+    let k: idem::IdempotencyKey = key.parse().expect("key");
+    let Reservation::Acquired(lease) = store
+        .reserve(request(scope, &k, Duration::from_secs(60)))
+        .await?
+    else {
+        panic!("a fresh key is acquired");
+    };
+    let outcome = FinalOutcome {
+        verdict: Verdict::Completed,
+        response: StoredResponse::new(200, "done"),
+        resource_id: None,
+        error_code: None,
+        retention: Duration::from_secs(60),
+    };
+    store.resolve(scope, &k, &lease, &outcome).await
+}
+
+/// A thread dedicated to its one runtime, as a serving thread is, which
+/// reserves and resolves each key sent to it on `store`.
+struct Dedicated {
+    keys: tokio::sync::mpsc::UnboundedSender<(
+        String,
+        tokio::sync::oneshot::Sender<Result<(), StoreError>>,
+    )>,
+}
+
+impl Dedicated {
+    fn start(store: PgStore, scope: idem::Scope) -> Self {
+        let (keys, mut rx) = tokio::sync::mpsc::unbounded_channel::<(
+            String,
+            tokio::sync::oneshot::Sender<Result<(), StoreError>>,
+        )>();
+        std::thread::spawn(move || {
+            idem::store::local::dedicate_current_thread();
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(async move {
+                    while let Some((key, reply)) = rx.recv().await {
+                        let _ = reply.send(try_reserve_and_resolve(&store, &scope, &key).await);
+                    }
+                });
+        });
+        Self { keys }
+    }
+
+    async fn run(&self, key: &str) -> Result<(), StoreError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.keys
+            .send((key.to_owned(), reply))
+            .expect("thread alive");
+        answer.await.expect("answered")
+    }
+}
+
+/// A failed operation on one thread's connection (the server ended it)
+/// makes every other thread test its own before using it: a restart or a
+/// broken link ends them all, and each thread would otherwise fail one
+/// request to learn it, however long it waits between pings.
+#[tokio::test]
+async fn a_failure_on_one_threads_connection_makes_the_others_test_theirs() {
+    let Some(opts) = common::options() else {
+        return;
+    };
+    let (opts, app) = named(opts);
+    let opts = opts
+        .with_ping_after_idle(Duration::from_secs(600))
+        .with_max_connections(3)
+        .with_thread_connections(2);
+    let store = PgStore::connect_with(opts).await.expect("connect");
+    let observer = common::shared_store().await.expect("second store");
+    let scope = idem_testkit::conformance::unique_scope("pg-own-fail");
+    let (a, b) = (
+        Dedicated::start(store.clone(), scope.clone()),
+        Dedicated::start(store.clone(), scope.clone()),
+    );
+    for (n, thread) in [(2, &a), (3, &b)] {
+        thread.run(&format!("open-{n}")).await.expect("on the pool");
+        idem_testkit::wait::eventually("the thread's own connection opens", async || {
+            backends(&observer, &app).await == n
+        })
+        .await;
+        thread.run(&format!("own-{n}")).await.expect("on its own");
+    }
+    // The server ends both threads' connections (the newest two), not the
+    // pool's.
+    assert_eq!(terminate(&observer, &app, Some(2)).await, 2);
+    let failed = a.run("after-kill-a").await;
+    assert!(
+        failed.as_ref().is_err_and(StoreError::is_transient),
+        "a learns it the hard way: {failed:?}"
+    );
+    b.run("after-kill-b")
+        .await
+        .expect("b tests its connection first and runs on the pool");
+    a.run("again-a").await.expect("a recovered");
+    store.close().await;
+}
+
+/// On a thread dedicated to its one runtime (as the gateway's serving
+/// threads are), the store opens a connection of the thread's own beside
+/// the pool's, so the thread's event loop hears the server's answers; it
+/// is set aside out of `max_connections`, so a second such thread finds no
+/// seat left and uses the pool. One killed while idle is replaced without
+/// failing an operation, and closing the store closes it with the pool's.
+#[tokio::test]
+async fn a_dedicated_thread_has_a_connection_of_its_own_closed_with_the_store() {
+    let Some(opts) = common::options() else {
+        return;
+    };
+    // This test's thread runs its one runtime to the end.
+    idem::store::local::dedicate_current_thread();
+    let (opts, app) = named(opts);
+    let idle = Duration::from_millis(100);
+    // Two connections: the pool's one and one thread's own.
+    let opts = opts
+        .with_ping_after_idle(idle)
+        .with_max_connections(2)
+        .with_thread_connections(1);
+    let store = PgStore::connect_with(opts).await.expect("connect");
+    let observer = common::shared_store().await.expect("second store");
+    let scope = idem_testkit::conformance::unique_scope("pg-own");
+
+    // The first operation runs on the pool's connection and starts opening
+    // the thread's own.
+    reserve_and_resolve(&store, &scope, "first").await;
+    idem_testkit::wait::eventually("the thread's own connection opens", async || {
+        backends(&observer, &app).await == 2
+    })
+    .await;
+    for i in 0..5 {
+        reserve_and_resolve(&store, &scope, &format!("warm-{i}")).await;
+    }
+    assert_eq!(
+        backends(&observer, &app).await,
+        2,
+        "the pool's connection and this thread's own, nothing more"
+    );
+    // Another dedicated thread: no seat is left for it, so it runs on the
+    // pool, and the server still sees two connections.
+    // (Joined off this thread: its event loop must keep running, since the
+    // pool's connection was opened here.)
+    let other = store.clone();
+    let other_scope = scope.clone();
+    let thread = std::thread::spawn(move || {
+        idem::store::local::dedicate_current_thread();
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(async {
+                for i in 0..5 {
+                    reserve_and_resolve(&other, &other_scope, &format!("other-{i}")).await;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            });
+    });
+    tokio::task::spawn_blocking(move || thread.join())
+        .await
+        .expect("joined")
+        .expect("the other thread's operations succeed");
+    assert_eq!(
+        backends(&observer, &app).await,
+        2,
+        "no more than max_connections"
+    );
+
+    // The server ends them all while the store is idle (a restart, a
+    // fail-over): both are tested after the idle spell and replaced.
+    assert_eq!(terminate(&observer, &app, None).await, 2);
+    tokio::time::sleep(idle * 3).await;
+    reserve_and_resolve(&store, &scope, "after-kill").await;
+    idem_testkit::wait::eventually("the thread opens a new connection", async || {
+        backends(&observer, &app).await == 2
+    })
+    .await;
+    reserve_and_resolve(&store, &scope, "on-the-new-one").await;
+
+    store.close().await;
+    idem_testkit::wait::eventually("closing the store closes every connection", async || {
+        backends(&observer, &app).await == 0
+    })
+    .await;
 }

@@ -88,6 +88,7 @@ pub async fn bind(settings: &Settings) -> Result<Server, GatewayError> {
         settings.cache,
         settings.store_timeout,
         settings.seal.clone(),
+        settings.workers,
     )
     .await?;
     let listener =

@@ -48,14 +48,16 @@ pub type GatewayStore = Around<Connection>;
 /// operation on the request path gets `timeout` to answer (see
 /// [`Settings::store_timeout`](crate::config::Settings::store_timeout)).
 /// With `seal`, response bodies are sealed at rest (the copies in
-/// the in-process cache stay clear: they never leave memory).
+/// the in-process cache stay clear: they never leave memory). `threads`
+/// serving threads call it ([`StoreUrl::for_serving_threads`]).
 pub async fn open(
     url: &str,
     cache: Option<CacheSettings>,
     timeout: Duration,
     seal: Option<SealSettings>,
+    threads: usize,
 ) -> Result<GatewayStore, GatewayError> {
-    let parsed = StoreUrl::parse(url)?;
+    let parsed = StoreUrl::parse(url)?.for_serving_threads(threads);
     let conn = Connection {
         ready: Arc::new(OnceLock::new()),
         last_error: Arc::new(Mutex::new(String::new())),
@@ -242,6 +244,39 @@ mod tests {
     }
 
     #[test]
+    fn postgres_sets_aside_a_connection_per_serving_thread_unless_told() {
+        let own = |url: &str, threads| match StoreUrl::parse(url)
+            .expect("url")
+            .for_serving_threads(threads)
+        {
+            StoreUrl::Postgres(o) | StoreUrl::Tiered(_, o) => o.thread_connections(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(own("postgres://u@db/idem", 2), 2);
+        assert_eq!(
+            own("postgres://u@db/idem?max_connections=3", 2),
+            1,
+            "up to half"
+        );
+        assert_eq!(own("postgres://u@db/idem?max_connections=1", 2), 0);
+        assert_eq!(
+            own("postgres://u@db/idem?thread_connections=0", 2),
+            0,
+            "told"
+        );
+        assert_eq!(
+            own("postgres://u@db/idem?thread_connections=5", 2),
+            5,
+            "told"
+        );
+        assert_eq!(own("postgres://u@db/idem", 0), 0, "no serving threads");
+        assert_eq!(
+            own("tiered:redis://127.0.0.1:6379,postgres://u@db/idem", 4),
+            4
+        );
+    }
+
+    #[test]
     fn urls_are_understood_or_refused_in_one_line() {
         assert!(matches!(
             StoreUrl::parse("sqlite://idem.db"),
@@ -299,7 +334,7 @@ mod tests {
 
     #[tokio::test]
     async fn files_fail_at_once_servers_are_retried() {
-        let err = open("sqlite:///nonexistent-dir/x.db", None, SECOND, None)
+        let err = open("sqlite:///nonexistent-dir/x.db", None, SECOND, None, 1)
             .await
             .expect_err("missing dir");
         let err = error_chain(&err);
@@ -310,6 +345,7 @@ mod tests {
             None,
             SECOND,
             None,
+            1,
         )
         .await
         .expect("starts anyway");

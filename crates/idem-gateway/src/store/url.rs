@@ -109,6 +109,28 @@ impl StoreUrl {
         }
     }
 
+    /// The same store, for a gateway with `threads` serving threads: unless
+    /// the URL says otherwise (`thread_connections=`), PostgreSQL sets
+    /// aside one connection per serving thread, up to half of
+    /// `max_connections`, for that thread's own use (see
+    /// [`PgOptions::thread_connections`]).
+    pub fn for_serving_threads(self, threads: usize) -> Self {
+        let own = |o: Box<PgOptions>| {
+            if o.thread_connections_given() {
+                return o;
+            }
+            let n = u32::try_from(threads)
+                .unwrap_or(u32::MAX)
+                .min(o.max_connections() / 2);
+            Box::new(o.with_thread_connections(n))
+        };
+        match self {
+            Self::Postgres(o) => Self::Postgres(own(o)),
+            Self::Tiered(fast, durable) => Self::Tiered(fast, own(durable)),
+            other => other,
+        }
+    }
+
     /// The same store, opened only if it already exists: an SQLite file
     /// that is not there is an error (instead of a new empty database), and
     /// a PostgreSQL schema is not migrated. For operator commands.
