@@ -33,7 +33,7 @@ fn world() -> &'static World {
             .build()
             .expect("runtime");
         let store = rt.block_on(async {
-            idem_gateway::store::open("memory://", None, Duration::from_secs(1), None)
+            idem_gateway::store::open("memory://", None, Duration::from_secs(1), None, 0)
                 .await
                 .expect("memory store")
         });
