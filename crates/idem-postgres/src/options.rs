@@ -238,7 +238,8 @@ impl PgOptions {
     /// loop hears the server's answers and a round trip wakes no other
     /// thread. The pool opens at most the rest, and must keep at least one.
     /// The gateway sets it to its number of serving threads, up to half of
-    /// `max_connections`, unless the URL gives it.
+    /// `max_connections` and leaving the pool its `min_connections`,
+    /// unless the URL gives it.
     pub fn thread_connections(&self) -> u32 {
         self.thread_connections.unwrap_or(0)
     }

@@ -260,6 +260,14 @@ mod tests {
         );
         assert_eq!(own("postgres://u@db/idem?max_connections=1", 2), 0);
         assert_eq!(
+            own(
+                "postgres://u@db/idem?max_connections=4&min_connections=3",
+                2
+            ),
+            1,
+            "the pool keeps its min_connections"
+        );
+        assert_eq!(
             own("postgres://u@db/idem?thread_connections=0", 2),
             0,
             "told"

@@ -112,16 +112,18 @@ impl StoreUrl {
     /// The same store, for a gateway with `threads` serving threads: unless
     /// the URL says otherwise (`thread_connections=`), PostgreSQL sets
     /// aside one connection per serving thread, up to half of
-    /// `max_connections`, for that thread's own use (see
-    /// [`PgOptions::thread_connections`]).
+    /// `max_connections` and leaving the pool its `min_connections`, for
+    /// that thread's own use (see [`PgOptions::thread_connections`]).
     pub fn for_serving_threads(self, threads: usize) -> Self {
         let own = |o: Box<PgOptions>| {
             if o.thread_connections_given() {
                 return o;
             }
+            let (max, min) = (o.max_connections(), o.min_connections());
             let n = u32::try_from(threads)
                 .unwrap_or(u32::MAX)
-                .min(o.max_connections() / 2);
+                .min(max / 2)
+                .min(max.saturating_sub(min));
             Box::new(o.with_thread_connections(n))
         };
         match self {
