@@ -68,8 +68,9 @@ struct Inner {
     /// One per connection the pool may open: the store's turns.
     turns: Arc<Semaphore>,
     state: Mutex<State>,
-    /// The dedicated threads' own connections.
-    own: Arc<PerThread<Own>>,
+    /// The dedicated threads' own connections; `None` when no connection
+    /// is set aside for them (nothing is ever opened or looked up).
+    own: Option<Arc<PerThread<Own>>>,
     /// One per connection a thread may have of its own.
     seats: Arc<Semaphore>,
     /// Operations whose connection was dropped before they completed
@@ -147,7 +148,7 @@ impl Conns {
                 turns: Arc::new(Semaphore::new(turns.max(1))),
                 pool,
                 state: Mutex::default(),
-                own: Arc::default(),
+                own: (seats > 0).then(Arc::default),
                 seats: Arc::new(Semaphore::new(seats as usize)),
                 failures: AtomicU64::new(0),
                 keep,
@@ -196,10 +197,11 @@ impl Conns {
     /// spell as a kept one is; `None` when it has none ready (one is
     /// being opened) or nothing is kept.
     async fn own(&self) -> Option<Taken<Own>> {
+        let table = self.inner.own.as_ref()?;
         if self.inner.keep.is_zero() || self.inner.pool.is_closed() {
             return None;
         }
-        let mut own = self.inner.own.take(|| {
+        let mut own = table.take(|| {
             let seat = Arc::clone(&self.inner.seats).try_acquire_owned();
             let failures_seen = self.inner.failures.load(Ordering::Relaxed);
             let options = self.inner.pool.connect_options();
@@ -243,7 +245,11 @@ impl Conns {
     /// close them with the store (those in use close when their
     /// operations end).
     pub(crate) fn drain_own(&self) -> Vec<Own> {
-        self.inner.own.drain()
+        self.inner
+            .own
+            .as_ref()
+            .map(|t| t.drain())
+            .unwrap_or_default()
     }
 
     fn lent(&self, conn: Conn, turn: Option<OwnedSemaphorePermit>) -> Lent {
