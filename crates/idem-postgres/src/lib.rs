@@ -143,7 +143,7 @@ pub struct PgStore {
     batches: Arc<OnceLock<Batches>>,
     /// Whether grouped statements are planned each time they run
     /// ([`BatchPlans`]).
-    batch_plans: BatchPlans,
+    batch_plans: Arc<BatchPlans>,
     /// What the collectors ran.
     counts: Arc<batch::Counts>,
 }
@@ -159,6 +159,10 @@ pub struct GroupCommitStats {
     /// Operations that found a slot free and ran alone, as plain
     /// statements.
     pub alone: u64,
+    /// Grouped statements parsed and planned when they ran, rather than on
+    /// a plan kept from earlier runs: those run while the records table is
+    /// small on a server without autovacuum (see `docs/STORES.md`).
+    pub planned: u64,
 }
 
 /// The collector of each kind of grouped operation.
@@ -234,13 +238,13 @@ impl PgStore {
             schema: opts.schema().map(str::to_owned),
             group,
             batches: Arc::default(),
-            batch_plans: BatchPlans::Kept,
+            batch_plans: Arc::new(BatchPlans::kept()),
             counts: Arc::default(),
         };
         if opts.migrate() {
             store.migrate().await?;
         }
-        store.batch_plans = BatchPlans::for_server(store.pool()).await?;
+        store.batch_plans = Arc::new(BatchPlans::for_server(store.pool()).await?);
         Ok(store)
     }
 
@@ -261,7 +265,7 @@ impl PgStore {
             schema: None,
             group: Some(batch::GroupCommit::DEFAULT),
             batches: Arc::default(),
-            batch_plans: BatchPlans::Kept,
+            batch_plans: Arc::new(BatchPlans::kept()),
             counts: Arc::default(),
         }
     }
@@ -275,6 +279,10 @@ impl PgStore {
             statements,
             operations,
             alone,
+            planned: self
+                .batch_plans
+                .planned
+                .load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -282,20 +290,23 @@ impl PgStore {
     /// on first use, from inside the runtime.
     fn batches(&self) -> Option<&Batches> {
         let group = self.group?;
-        let plans = self.batch_plans;
-        Some(self.batches.get_or_init(|| Batches {
-            reserve: batch::Batcher::start(
-                self.conns.clone(),
-                group,
-                Arc::clone(&self.counts),
-                move |conns, items| reserve_batch(conns, items, plans),
-            ),
-            resolve: batch::Batcher::start(
-                self.conns.clone(),
-                group,
-                Arc::clone(&self.counts),
-                move |conns, items| resolve_batch(conns, items, plans),
-            ),
+        Some(self.batches.get_or_init(|| {
+            let plans = Arc::clone(&self.batch_plans);
+            let resolve_plans = Arc::clone(&self.batch_plans);
+            Batches {
+                reserve: batch::Batcher::start(
+                    self.conns.clone(),
+                    group,
+                    Arc::clone(&self.counts),
+                    move |conns, items| reserve_batch(conns, items, Arc::clone(&plans)),
+                ),
+                resolve: batch::Batcher::start(
+                    self.conns.clone(),
+                    group,
+                    Arc::clone(&self.counts),
+                    move |conns, items| resolve_batch(conns, items, Arc::clone(&resolve_plans)),
+                ),
+            }
         }))
     }
 
@@ -595,46 +606,164 @@ impl batch::Batched for ReserveItem {
 ///
 /// PostgreSQL keeps one generic plan for a prepared statement after its
 /// fifth run, and plans it again only when the table's statistics change
-/// (autovacuum's `ANALYZE`). A plan made while the table is small joins the
+/// (autovacuum's `ANALYZE`). A plan made while the table is empty joins the
 /// batch's keys to the table by reading all of it (a hash join over a
 /// sequential scan). With autovacuum off nothing replaces that plan, and
 /// every batch reads every record: at 30,000 records the gateway at 64
 /// connections fell from about 5,000 req/s to 700–900 (docs/BENCHMARKS.md,
 /// #24). Planned each time, a batch looks its keys up in the primary key,
-/// at the cost of parsing and planning each batch: 0.79–0.82× the rate of
-/// kept plans on a server whose statistics are current. So plans are kept
-/// where autovacuum runs, and made each time where it does not. The
-/// single-key statements keep theirs everywhere: their plan is the key
-/// lookup at any size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum BatchPlans {
-    /// Prepared once per connection (autovacuum keeps statistics current).
-    Kept,
-    /// Parsed and planned at each run (autovacuum is off).
-    EachTime,
+/// but parsing and planning each batch cost a quarter of the rate: kept
+/// plans ran at 1.35–1.42× on a server without autovacuum and a grown table
+/// (docs/BENCHMARKS.md, "2026-12-05, last").
+///
+/// So plans are kept where autovacuum runs. Where it does not, they are
+/// made each time while the table is small, and kept once it has
+/// [`KEEP_PLANS_FROM_PAGES`]: from some fifty pages on, PostgreSQL's
+/// generic plans look every key up in the primary key. The size is read
+/// again every [`LOOK_AT_SIZE_EVERY`] on a batch's connection. Each time
+/// the table is found grown past the bound again (after a `TRUNCATE`, say),
+/// the statements get a new text, so PostgreSQL prepares and plans them
+/// anew instead of keeping a plan made on the small table. The single-key
+/// statements keep theirs everywhere: their plan is the key lookup at any
+/// size.
+#[derive(Debug)]
+struct BatchPlans {
+    /// Autovacuum runs: PostgreSQL plans again as the statistics change.
+    autovacuum: bool,
+    sized: std::sync::Mutex<SizedPlans>,
+    /// Grouped statements run without a kept plan.
+    planned: std::sync::atomic::AtomicU64,
+}
+
+/// Pages of the records table from which grouped statements keep their
+/// plans on a server without autovacuum (2 MiB).
+const KEEP_PLANS_FROM_PAGES: i64 = 256;
+
+/// How often the records table's size is read while autovacuum is off.
+const LOOK_AT_SIZE_EVERY: Duration = Duration::from_secs(10);
+
+/// What the last look at the table's size decided.
+#[derive(Debug)]
+struct SizedPlans {
+    looked: Option<std::time::Instant>,
+    large: bool,
+    /// The statements' texts for the current run of kept plans.
+    reserve: Arc<str>,
+    resolve: Arc<str>,
+    runs: u64,
+}
+
+/// Which grouped statement.
+#[derive(Debug, Clone, Copy)]
+enum Grouped {
+    Reserve,
+    Resolve,
+}
+
+impl Grouped {
+    fn sql(self) -> &'static str {
+        match self {
+            Grouped::Reserve => schema::RESERVE_BATCH,
+            Grouped::Resolve => schema::RESOLVE_BATCH,
+        }
+    }
 }
 
 impl BatchPlans {
+    fn new(autovacuum: bool) -> Self {
+        Self {
+            autovacuum,
+            sized: std::sync::Mutex::new(SizedPlans {
+                looked: None,
+                large: false,
+                reserve: schema::RESERVE_BATCH.into(),
+                resolve: schema::RESOLVE_BATCH.into(),
+                runs: 0,
+            }),
+            planned: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Plans kept from the start, as on a server that runs autovacuum.
+    fn kept() -> Self {
+        Self::new(true)
+    }
+
     /// Asks the server whether autovacuum runs, for the records table too.
     async fn for_server(pool: &PgPool) -> Result<Self, PgError> {
         let analyzed: bool = sqlx::query_scalar(schema::AUTOVACUUM_ON)
             .fetch_one(pool)
             .await?;
-        if analyzed {
-            return Ok(Self::Kept);
+        if !analyzed {
+            // Debug, not a warning: `idem migrate` and the tools print
+            // nothing on success. docs/STORES.md tells operators what
+            // autovacuum off asks of them.
+            tracing::debug!(
+                "postgres: autovacuum is off for idem_records; its grouped statements are planned at each run until the table has grown"
+            );
         }
-        // Debug, not a warning: `idem migrate` and the tools print nothing
-        // on success. docs/STORES.md tells operators what autovacuum off
-        // asks of them.
-        tracing::debug!(
-            "postgres: autovacuum is off for idem_records; its grouped statements are planned at each run"
-        );
-        Ok(Self::EachTime)
+        Ok(Self::new(analyzed))
     }
 
-    /// sqlx's `persistent` flag for a grouped statement.
-    fn persistent(self) -> bool {
-        self == Self::Kept
+    fn lock(&self) -> std::sync::MutexGuard<'_, SizedPlans> {
+        self.sized
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The text of the `which` statement and sqlx's `persistent` flag for
+    /// it; reads the table's size on `conn` first when that is due.
+    async fn statement(&self, which: Grouped, conn: &mut PgConnection) -> (Arc<str>, bool) {
+        if self.autovacuum {
+            return (which.sql().into(), true);
+        }
+        let due = {
+            let mut sized = self.lock();
+            let due = sized
+                .looked
+                .is_none_or(|at| at.elapsed() >= LOOK_AT_SIZE_EVERY);
+            if due {
+                // Claimed: one batch looks per interval.
+                sized.looked = Some(std::time::Instant::now());
+            }
+            due
+        };
+        if due {
+            match sqlx::query_scalar::<_, Option<i64>>(schema::RECORD_PAGES)
+                .fetch_one(&mut *conn)
+                .await
+            {
+                Ok(pages) => self.sized(pages.unwrap_or(0)),
+                Err(err) => {
+                    tracing::debug!(%err, "postgres: the records table's size could not be read")
+                }
+            }
+        }
+        let sized = self.lock();
+        let sql = match which {
+            Grouped::Reserve => &sized.reserve,
+            Grouped::Resolve => &sized.resolve,
+        };
+        if !sized.large {
+            self.planned
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        (Arc::clone(sql), sized.large)
+    }
+
+    /// Records that the table has `pages`: plans are kept from
+    /// [`KEEP_PLANS_FROM_PAGES`] on, under new texts each time the table
+    /// crosses that bound.
+    fn sized(&self, pages: i64) {
+        let mut sized = self.lock();
+        let large = pages >= KEEP_PLANS_FROM_PAGES;
+        if large && !sized.large {
+            sized.runs += 1;
+            let tag = format!("\n-- plans kept from run {}\n", sized.runs);
+            sized.reserve = format!("{}{tag}", schema::RESERVE_BATCH).into();
+            sized.resolve = format!("{}{tag}", schema::RESOLVE_BATCH).into();
+        }
+        sized.large = large;
     }
 }
 
@@ -643,11 +772,13 @@ impl BatchPlans {
 async fn reserve_batch(
     conns: conns::Conns,
     items: Vec<ReserveItem>,
-    plans: BatchPlans,
+    plans: Arc<BatchPlans>,
 ) -> Result<Vec<Option<PgRow>>, sqlx::Error> {
     let column = |f: fn(&ReserveItem) -> &str| items.iter().map(f).collect::<Vec<_>>();
-    let rows = sqlx::query(schema::RESERVE_BATCH)
-        .persistent(plans.persistent())
+    let mut conn = conns.lend().await?;
+    let (sql, persistent) = plans.statement(Grouped::Reserve, &mut conn).await;
+    let rows = sqlx::query(&sql)
+        .persistent(persistent)
         .bind(column(|i| &i.record.0))
         .bind(column(|i| &i.record.1))
         .bind(column(|i| &i.record.2))
@@ -655,7 +786,6 @@ async fn reserve_batch(
         .bind(items.iter().map(|i| &i.owner[..]).collect::<Vec<_>>())
         .bind(items.iter().map(|i| i.lease_ms).collect::<Vec<_>>())
         .bind(items.iter().map(|i| i.retention_ms).collect::<Vec<_>>());
-    let mut conn = conns.lend().await?;
     let rows = rows.fetch_all(&mut *conn).await?;
     conn.done();
     let mut answers: Vec<Option<PgRow>> = items.iter().map(|_| None).collect();
@@ -724,12 +854,14 @@ impl batch::Batched for ResolveItem {
 async fn resolve_batch(
     conns: conns::Conns,
     items: Vec<ResolveItem>,
-    plans: BatchPlans,
+    plans: Arc<BatchPlans>,
 ) -> Result<Vec<bool>, sqlx::Error> {
     let column = |f: fn(&ResolveItem) -> &str| items.iter().map(f).collect::<Vec<_>>();
     let optional = |f: fn(&ResolveItem) -> Option<&str>| items.iter().map(f).collect::<Vec<_>>();
-    let rows = sqlx::query(schema::RESOLVE_BATCH)
-        .persistent(plans.persistent())
+    let mut conn = conns.lend().await?;
+    let (sql, persistent) = plans.statement(Grouped::Resolve, &mut conn).await;
+    let rows = sqlx::query(&sql)
+        .persistent(persistent)
         .bind(column(|i| &i.record.0))
         .bind(column(|i| &i.record.1))
         .bind(column(|i| &i.record.2))
@@ -742,7 +874,6 @@ async fn resolve_batch(
         .bind(items.iter().map(|i| &i.body[..]).collect::<Vec<_>>())
         .bind(optional(|i| i.resource_id.as_deref()))
         .bind(optional(|i| i.error_code.as_deref()));
-    let mut conn = conns.lend().await?;
     let rows = rows.fetch_all(&mut *conn).await?;
     conn.done();
     let mut matched = vec![false; items.len()];

@@ -227,6 +227,69 @@ async fn a_failed_batch_fails_every_operation_as_unavailable() {
     assert!(matches!(reserved, Reservation::Acquired(_)), "{reserved:?}");
 }
 
+/// Keys per [`round`].
+const KEYS: usize = 32;
+
+/// Reserves [`KEYS`] fresh keys from `first` on, then resolves each, all at
+/// once: mostly in batches.
+async fn round(store: &Arc<PgStore>, scope: &Scope, first: usize) {
+    let mut tasks = JoinSet::new();
+    for n in first..first + KEYS {
+        let (store, scope) = (Arc::clone(store), scope.clone());
+        tasks.spawn(async move {
+            let k = key(n);
+            let Reservation::Acquired(lease) =
+                store.reserve(request(&scope, &k)).await.expect("reserve")
+            else {
+                panic!("key {n} was fresh");
+            };
+            store
+                .resolve(&scope, &k, &lease, &outcome(format!("answer {n}")))
+                .await
+                .expect("resolve");
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined.expect("task");
+    }
+}
+
+/// Adds `rows` completed records to `table`, beside the store's own.
+async fn grow(admin: &sqlx::PgPool, table: &str, rows: i64) {
+    sqlx::query(&format!(
+        "INSERT INTO {table} (tenant, operation, key, fingerprint, state, created_at, \
+         updated_at, expires_at, locked_until, owner, attempt) \
+         SELECT 'grown', 'POST /grown', 'g-' || n, decode(repeat('ab', 32), 'hex'), \
+         'completed', now(), now(), now() + interval '1 hour', now(), \
+         decode(repeat('cd', 16), 'hex'), 1 FROM generate_series(1, {rows}) AS n"
+    ))
+    .execute(admin)
+    .await
+    .expect("grow the table");
+}
+
+/// The table's `(n_tup_upd, seq_scan, seq_tup_read)` once at least
+/// `updated` updates are counted (a backend reports its counters when it
+/// ends), or as they stand after 10 s.
+async fn table_counters(admin: &sqlx::PgPool, table: &str, updated: i64) -> (i64, i64, i64) {
+    let stats = format!(
+        "SELECT n_tup_upd, seq_scan, seq_tup_read FROM pg_stat_user_tables \
+         WHERE relid = '{table}'::regclass"
+    );
+    let mut counted = (0, 0, 0);
+    for _ in 0..100 {
+        counted = sqlx::query_as::<_, (i64, i64, i64)>(&stats)
+            .fetch_one(admin)
+            .await
+            .expect("table counters");
+        if counted.0 >= updated {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    counted
+}
+
 /// Group commit's statements are planned for the table as it is, not as
 /// it was. PostgreSQL keeps a prepared statement's generic plan, and the
 /// resolutions' plan made while the table was empty was a hash join over
@@ -253,29 +316,6 @@ async fn grouped_statements_use_the_key_index_however_the_table_has_grown() {
         format!("\"{}\".idem_records", isolated.schema),
     );
     let scope = idem_testkit::conformance::unique_scope("pg-plans");
-    const KEYS: usize = 32;
-    // Every key reserved, then resolved, all at once: mostly in batches.
-    async fn round(store: &Arc<PgStore>, scope: &Scope, first: usize) {
-        let mut tasks = JoinSet::new();
-        for n in first..first + KEYS {
-            let (store, scope) = (Arc::clone(store), scope.clone());
-            tasks.spawn(async move {
-                let k = key(n);
-                let Reservation::Acquired(lease) =
-                    store.reserve(request(&scope, &k)).await.expect("reserve")
-                else {
-                    panic!("key {n} was fresh");
-                };
-                store
-                    .resolve(&scope, &k, &lease, &outcome(format!("answer {n}")))
-                    .await
-                    .expect("resolve");
-            });
-        }
-        while let Some(joined) = tasks.join_next().await {
-            joined.expect("task");
-        }
-    }
     // Enough executions on each connection for PostgreSQL to settle on a
     // generic plan (after five).
     const BEFORE: usize = 24;
@@ -289,16 +329,7 @@ async fn grouped_statements_use_the_key_index_however_the_table_has_grown() {
     );
     let admin = sqlx::PgPool::connect(&url).await.expect("admin connection");
     const GROWN: i64 = 100_000;
-    sqlx::query(&format!(
-        "INSERT INTO {table} (tenant, operation, key, fingerprint, state, created_at, \
-         updated_at, expires_at, locked_until, owner, attempt) \
-         SELECT 'grown', 'POST /grown', 'g-' || n, decode(repeat('ab', 32), 'hex'), \
-         'completed', now(), now(), now() + interval '1 hour', now(), \
-         decode(repeat('cd', 16), 'hex'), 1 FROM generate_series(1, {GROWN}) AS n"
-    ))
-    .execute(&admin)
-    .await
-    .expect("grow the table");
+    grow(&admin, &table, GROWN).await;
     // The store keeps its plans on a server running autovacuum, and
     // PostgreSQL plans them again after the ANALYZE.
     common::analyze_if_autovacuum(&admin, &table).await;
@@ -309,21 +340,7 @@ async fn grouped_statements_use_the_key_index_however_the_table_has_grown() {
     // A backend reports its counters when it ends: close them all, then
     // wait until every resolution is counted.
     store.close().await;
-    let stats = format!(
-        "SELECT n_tup_upd, seq_scan, seq_tup_read FROM pg_stat_user_tables \
-         WHERE relid = '{table}'::regclass"
-    );
-    let mut counted = (0, 0, 0);
-    for _ in 0..100 {
-        counted = sqlx::query_as::<_, (i64, i64, i64)>(&stats)
-            .fetch_one(&admin)
-            .await
-            .expect("table counters");
-        if counted.0 >= ((BEFORE + AFTER) * KEYS) as i64 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let counted = table_counters(&admin, &table, ((BEFORE + AFTER) * KEYS) as i64).await;
     let (updated, seq_scans, seq_rows) = counted;
     eprintln!(
         "after growing the table: {updated} rows updated, {seq_scans} sequential scans read {seq_rows} rows"
@@ -344,4 +361,76 @@ async fn grouped_statements_use_the_key_index_however_the_table_has_grown() {
     .execute(&admin)
     .await
     .expect("drop test schema");
+}
+
+/// Where autovacuum is off, grouped statements are planned each time they
+/// run while the records table is small, and keep their plans once it has
+/// grown (some 500 pages here): planning each batch cost a quarter of the
+/// rate at 64 connections (docs/BENCHMARKS.md, "2026-12-05, last"). The
+/// kept plans, made on the grown table, still look every key up in the
+/// primary key. Where autovacuum runs, plans are kept from the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn grouped_statements_keep_their_plans_once_the_table_has_grown() {
+    let Some(url) = services::postgres() else {
+        return;
+    };
+    let Some(isolated) = common::Isolated::new("kept").await else {
+        return;
+    };
+    let admin = sqlx::PgPool::connect(&url).await.expect("admin connection");
+    let autovacuum: bool = sqlx::query_scalar("SELECT current_setting('autovacuum')::boolean")
+        .fetch_one(&admin)
+        .await
+        .expect("autovacuum setting");
+    let table = format!("\"{}\".idem_records", isolated.schema);
+    let scope = idem_testkit::conformance::unique_scope("pg-kept");
+    const ROUNDS: usize = 8;
+
+    let small = Arc::new(
+        PgStore::connect_with(isolated.opts.clone())
+            .await
+            .expect("connect"),
+    );
+    for r in 0..ROUNDS {
+        round(&small, &scope, r * KEYS).await;
+    }
+    let stats = small.group_commit_stats();
+    assert!(stats.statements > 0, "the rounds formed batches: {stats:?}");
+    if autovacuum {
+        assert_eq!(stats.planned, 0, "autovacuum runs: plans kept: {stats:?}");
+    } else {
+        assert_eq!(
+            stats.planned, stats.statements,
+            "a small table, no autovacuum: every batch planned: {stats:?}"
+        );
+    }
+    small.close().await;
+
+    const GROWN: i64 = 20_000;
+    grow(&admin, &table, GROWN).await;
+    let (_, _, read_before) = table_counters(&admin, &table, (ROUNDS * KEYS) as i64).await;
+    let grown = Arc::new(
+        PgStore::connect_with(isolated.opts.clone())
+            .await
+            .expect("connect"),
+    );
+    // Enough executions on each connection for PostgreSQL to settle on a
+    // generic plan (after five).
+    const AFTER: usize = 16;
+    for r in ROUNDS..ROUNDS + AFTER {
+        round(&grown, &scope, r * KEYS).await;
+    }
+    let stats = grown.group_commit_stats();
+    assert!(stats.statements > 0, "the rounds formed batches: {stats:?}");
+    assert_eq!(stats.planned, 0, "a grown table: plans kept: {stats:?}");
+    grown.close().await;
+    let (updated, seq_scans, read_after) =
+        table_counters(&admin, &table, ((ROUNDS + AFTER) * KEYS) as i64).await;
+    eprintln!("after the grown rounds: {updated} rows updated, {seq_scans} sequential scans");
+    assert!(
+        read_after - read_before < GROWN,
+        "kept plans read the grown table sequentially: {} rows",
+        read_after - read_before
+    );
+    isolated.drop_schema().await;
 }
