@@ -640,7 +640,9 @@ struct BatchPlans {
 const KEEP_PLANS_FROM_PAGES: i64 = 256;
 
 /// How often the records table's size is read while autovacuum is off.
-const LOOK_AT_SIZE_EVERY: Duration = Duration::from_secs(10);
+/// A second: a store started on an empty table keeps its plans within a
+/// second of the table's reaching the bound, for one small query a second.
+const LOOK_AT_SIZE_EVERY: Duration = Duration::from_secs(1);
 
 /// What the last look at the table's size decided.
 #[derive(Debug)]
