@@ -662,15 +662,6 @@ enum Grouped {
     Resolve,
 }
 
-impl Grouped {
-    fn sql(self) -> &'static str {
-        match self {
-            Grouped::Reserve => schema::RESERVE_BATCH,
-            Grouped::Resolve => schema::RESOLVE_BATCH,
-        }
-    }
-}
-
 impl BatchPlans {
     fn new(autovacuum: bool) -> Self {
         Self {
@@ -716,10 +707,7 @@ impl BatchPlans {
     /// The text of the `which` statement and sqlx's `persistent` flag for
     /// it; reads the table's size on `conn` first when that is due.
     async fn statement(&self, which: Grouped, conn: &mut PgConnection) -> (Arc<str>, bool) {
-        if self.autovacuum {
-            return (which.sql().into(), true);
-        }
-        let due = {
+        let due = !self.autovacuum && {
             let mut sized = self.lock();
             let due = sized
                 .looked
@@ -746,11 +734,12 @@ impl BatchPlans {
             Grouped::Reserve => &sized.reserve,
             Grouped::Resolve => &sized.resolve,
         };
-        if !sized.large {
+        let kept = self.autovacuum || sized.large;
+        if !kept {
             self.planned
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        (Arc::clone(sql), sized.large)
+        (Arc::clone(sql), kept)
     }
 
     /// Records that the table has `pages`: plans are kept from
