@@ -291,14 +291,14 @@ impl PgStore {
     fn batches(&self) -> Option<&Batches> {
         let group = self.group?;
         Some(self.batches.get_or_init(|| {
-            let plans = Arc::clone(&self.batch_plans);
+            let reserve_plans = Arc::clone(&self.batch_plans);
             let resolve_plans = Arc::clone(&self.batch_plans);
             Batches {
                 reserve: batch::Batcher::start(
                     self.conns.clone(),
                     group,
                     Arc::clone(&self.counts),
-                    move |conns, items| reserve_batch(conns, items, Arc::clone(&plans)),
+                    move |conns, items| reserve_batch(conns, items, Arc::clone(&reserve_plans)),
                 ),
                 resolve: batch::Batcher::start(
                     self.conns.clone(),
@@ -723,7 +723,7 @@ impl BatchPlans {
                 .fetch_one(&mut *conn)
                 .await
             {
-                Ok(pages) => self.sized(pages.unwrap_or(0)),
+                Ok(pages) => self.record_size(pages.unwrap_or(0)),
                 Err(err) => {
                     tracing::debug!(%err, "postgres: the records table's size could not be read")
                 }
@@ -745,7 +745,7 @@ impl BatchPlans {
     /// Records that the table has `pages`: plans are kept from
     /// [`KEEP_PLANS_FROM_PAGES`] on, under new texts each time the table
     /// crosses that bound.
-    fn sized(&self, pages: i64) {
+    fn record_size(&self, pages: i64) {
         let mut sized = self.lock();
         let large = pages >= KEEP_PLANS_FROM_PAGES;
         if large && !sized.large {

@@ -378,10 +378,7 @@ async fn grouped_statements_keep_their_plans_once_the_table_has_grown() {
         return;
     };
     let admin = sqlx::PgPool::connect(&url).await.expect("admin connection");
-    let autovacuum: bool = sqlx::query_scalar("SELECT current_setting('autovacuum')::boolean")
-        .fetch_one(&admin)
-        .await
-        .expect("autovacuum setting");
+    let autovacuum = common::autovacuum(&admin).await;
     let table = format!("\"{}\".idem_records", isolated.schema);
     let scope = idem_testkit::conformance::unique_scope("pg-kept");
     const ROUNDS: usize = 8;

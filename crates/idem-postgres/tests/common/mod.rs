@@ -59,15 +59,19 @@ impl Isolated {
     }
 }
 
+/// Whether the server runs autovacuum.
+pub async fn autovacuum(admin: &sqlx::PgPool) -> bool {
+    sqlx::query_scalar("SELECT current_setting('autovacuum')::boolean")
+        .fetch_one(admin)
+        .await
+        .expect("autovacuum setting")
+}
+
 /// Does what autovacuum would do soon after a table grew (`ANALYZE`), when
 /// the server runs autovacuum; where it does not, the table keeps the
 /// statistics it had, as it would in production there.
 pub async fn analyze_if_autovacuum(admin: &sqlx::PgPool, table: &str) {
-    let autovacuum: bool = sqlx::query_scalar("SELECT current_setting('autovacuum')::boolean")
-        .fetch_one(admin)
-        .await
-        .expect("autovacuum setting");
-    if autovacuum {
+    if autovacuum(admin).await {
         eprintln!("autovacuum is on: ANALYZE stands in for it");
         sqlx::query(&format!("ANALYZE {table}"))
             .execute(admin)
