@@ -729,6 +729,13 @@ impl BatchPlans {
                 }
             }
         }
+        self.current(which)
+    }
+
+    /// The text of the `which` statement and whether its plan is kept, as
+    /// the last look at the table's size decided; counts it in `planned`
+    /// when it is not.
+    fn current(&self, which: Grouped) -> (Arc<str>, bool) {
         let sized = self.lock();
         let sql = match which {
             Grouped::Reserve => &sized.reserve,
@@ -1132,6 +1139,62 @@ impl Purge for PgStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A table that shrinks back below the bound (a `TRUNCATE`) has its
+    /// grouped statements planned at each run again, and when it grows past
+    /// the bound once more they get texts of their own, so no connection
+    /// runs a plan it prepared for the table as it was before.
+    #[test]
+    fn grouped_plans_follow_the_table_across_the_bound() {
+        let planned = |plans: &BatchPlans| plans.planned.load(std::sync::atomic::Ordering::Relaxed);
+        let plans = BatchPlans::new(false);
+        let (small, kept) = plans.current(Grouped::Reserve);
+        assert!(!kept, "a table not yet looked at is planned each run");
+        assert_eq!(&*small, schema::RESERVE_BATCH);
+        assert_eq!(planned(&plans), 1);
+
+        plans.record_size(KEEP_PLANS_FROM_PAGES - 1);
+        assert!(!plans.current(Grouped::Resolve).1);
+        assert_eq!(planned(&plans), 2);
+
+        plans.record_size(KEEP_PLANS_FROM_PAGES);
+        let (first, kept) = plans.current(Grouped::Reserve);
+        let (first_resolve, _) = plans.current(Grouped::Resolve);
+        assert!(kept, "a grown table keeps its plans");
+        assert!(first.starts_with(schema::RESERVE_BATCH) && first.ends_with("run 1\n"));
+        assert!(first_resolve.starts_with(schema::RESOLVE_BATCH));
+        assert!(first_resolve.ends_with("run 1\n"));
+        assert_eq!(planned(&plans), 2, "kept plans are not counted");
+
+        // Still large: the same texts, so the prepared statements stay.
+        plans.record_size(KEEP_PLANS_FROM_PAGES * 10);
+        assert_eq!(plans.current(Grouped::Reserve), (Arc::clone(&first), true));
+
+        // Truncated: planned each run (unprepared, so whatever its text,
+        // no plan is kept from it).
+        plans.record_size(0);
+        assert!(!plans.current(Grouped::Reserve).1);
+        assert_eq!(planned(&plans), 3);
+
+        // Grown again: kept, under texts no connection has prepared yet.
+        plans.record_size(KEEP_PLANS_FROM_PAGES);
+        let (second, kept) = plans.current(Grouped::Reserve);
+        let (second_resolve, _) = plans.current(Grouped::Resolve);
+        assert!(kept);
+        assert_ne!(second, first);
+        assert_ne!(second_resolve, first_resolve);
+        assert!(second.ends_with("run 2\n") && second_resolve.ends_with("run 2\n"));
+        assert_eq!(planned(&plans), 3);
+
+        // Where autovacuum runs, the store's own texts, kept (the size is
+        // never read there).
+        let analyzed = BatchPlans::kept();
+        assert_eq!(
+            analyzed.current(Grouped::Resolve),
+            (Arc::from(schema::RESOLVE_BATCH), true)
+        );
+        assert_eq!(planned(&analyzed), 0);
+    }
 
     #[test]
     fn durations_are_capped() {

@@ -431,3 +431,110 @@ async fn grouped_statements_keep_their_plans_once_the_table_has_grown() {
     );
     isolated.drop_schema().await;
 }
+
+/// A table emptied while the store runs (a `TRUNCATE`) and grown again:
+/// where autovacuum is off, the store finds it small at its next look at
+/// the size (within a second) and plans its grouped statements at each run
+/// again, so no plan is kept that was made on the emptied table; once the
+/// table has grown back, plans are kept again, and they look every key up
+/// in the primary key. Without the first half, a generic plan made on the
+/// empty table would read all of the grown one for every batch. Where
+/// autovacuum runs, plans are kept throughout, and its `ANALYZE` (stood in
+/// for here) plans them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn grouped_plans_are_made_anew_after_the_table_is_emptied_and_grows_back() {
+    let Some(url) = services::postgres() else {
+        return;
+    };
+    let Some(isolated) = common::Isolated::new("emptied").await else {
+        return;
+    };
+    let admin = sqlx::PgPool::connect(&url).await.expect("admin connection");
+    let autovacuum = common::autovacuum(&admin).await;
+    let table = format!("\"{}\".idem_records", isolated.schema);
+    let scope = idem_testkit::conformance::unique_scope("pg-emptied");
+    const GROWN: i64 = 20_000;
+    // A look at the size is due once a second; wait a little longer.
+    let next_look = || tokio::time::sleep(Duration::from_millis(1_200));
+
+    grow(&admin, &table, GROWN).await;
+    let store = Arc::new(
+        PgStore::connect_with(isolated.opts.clone())
+            .await
+            .expect("connect"),
+    );
+    let mut first = 0;
+    for _ in 0..8 {
+        round(&store, &scope, first).await;
+        first += KEYS;
+    }
+    let grown = store.group_commit_stats();
+    assert!(grown.statements > 0, "the rounds formed batches: {grown:?}");
+    assert_eq!(grown.planned, 0, "a grown table: plans kept: {grown:?}");
+
+    sqlx::query(&format!("TRUNCATE {table}"))
+        .execute(&admin)
+        .await
+        .expect("truncate");
+    next_look().await;
+    // The first round's first batch looks at the size; each batch after
+    // it runs planned.
+    round(&store, &scope, first).await;
+    first += KEYS;
+    let looked = store.group_commit_stats();
+    for _ in 0..4 {
+        round(&store, &scope, first).await;
+        first += KEYS;
+    }
+    let emptied = store.group_commit_stats();
+    assert!(emptied.statements > looked.statements, "{emptied:?}");
+    let (ran, planned) = (
+        emptied.statements - looked.statements,
+        emptied.planned - looked.planned,
+    );
+    if autovacuum {
+        assert_eq!(planned, 0, "autovacuum runs: plans kept: {emptied:?}");
+    } else {
+        assert_eq!(
+            planned, ran,
+            "an emptied table, no autovacuum: every batch planned: {emptied:?}"
+        );
+    }
+
+    grow(&admin, &table, GROWN).await;
+    common::analyze_if_autovacuum(&admin, &table).await;
+    next_look().await;
+    // Enough executions on each connection for PostgreSQL to settle on a
+    // generic plan (after five).
+    round(&store, &scope, first).await;
+    first += KEYS;
+    let regrown = store.group_commit_stats();
+    for _ in 0..16 {
+        round(&store, &scope, first).await;
+        first += KEYS;
+    }
+    let kept = store.group_commit_stats();
+    assert!(kept.statements > regrown.statements, "{kept:?}");
+    assert_eq!(
+        kept.planned, regrown.planned,
+        "grown back: plans kept again: {kept:?}"
+    );
+    store.close().await;
+    // Every round's resolutions count, the truncated ones too: the
+    // counters are complete once all `first` show.
+    let resolved = first as i64;
+    let counted = table_counters(&admin, &table, resolved).await;
+    let (updated, seq_scans, seq_rows) = counted;
+    eprintln!(
+        "over the test: {updated} rows updated, {seq_scans} sequential scans read {seq_rows} rows"
+    );
+    assert!(
+        updated >= resolved,
+        "the counters never showed the {resolved} resolutions: {counted:?}"
+    );
+    assert!(
+        seq_rows < GROWN,
+        "statements read a grown table sequentially: {seq_scans} scans, {seq_rows} rows"
+    );
+    isolated.drop_schema().await;
+}
