@@ -20,7 +20,7 @@ use tracing::Instrument;
 
 use idem::metrics::{
     ALL, ALONE_OPERATIONS_TOTAL, BUILD_INFO, GROUPED_OPERATIONS_TOTAL, GROUPED_STATEMENTS_TOTAL,
-    Kind, STORE_ERRORS_TOTAL, STORE_OP_SECONDS,
+    Kind, PLANNED_STATEMENTS_TOTAL, STORE_ERRORS_TOTAL, STORE_OP_SECONDS,
 };
 
 /// Latency buckets (seconds) for requests and store operations: 50 µs to
@@ -49,16 +49,18 @@ fn publish_group_commit() {
     if stores.is_empty() {
         return;
     }
-    let (mut statements, mut operations, mut alone) = (0, 0, 0);
+    let (mut statements, mut operations, mut alone, mut planned) = (0, 0, 0, 0);
     for store in stores.iter() {
         let s = store.group_commit_stats();
         statements += s.statements;
         operations += s.operations;
         alone += s.alone;
+        planned += s.planned;
     }
     metrics::counter!(GROUPED_STATEMENTS_TOTAL.name).absolute(statements);
     metrics::counter!(GROUPED_OPERATIONS_TOTAL.name).absolute(operations);
     metrics::counter!(ALONE_OPERATIONS_TOTAL.name).absolute(alone);
+    metrics::counter!(PLANNED_STATEMENTS_TOTAL.name).absolute(planned);
 }
 
 /// How often buffered histogram samples are folded into their buckets.

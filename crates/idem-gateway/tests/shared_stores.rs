@@ -118,14 +118,16 @@ async fn three_gateways_one_store(store: &str) {
         );
     }
     if store.contains("postgres") {
-        let (mut statements, mut grouped, mut alone) = (0.0, 0.0, 0.0);
+        let (mut statements, mut grouped, mut alone, mut planned) = (0.0, 0.0, 0.0, 0.0);
         for gw in &running {
             statements += metric(gw.admin, "idem_store_grouped_statements_total", "").await;
             grouped += metric(gw.admin, "idem_store_grouped_operations_total", "").await;
             alone += metric(gw.admin, "idem_store_alone_operations_total", "").await;
+            planned += metric(gw.admin, "idem_store_planned_statements_total", "").await;
         }
         eprintln!(
-            "group commit over 3 gateways: {statements} statements carried {grouped} operations; {alone} alone"
+            "group commit over 3 gateways: {statements} statements carried {grouped} operations \
+             ({planned} of them planned as they ran); {alone} alone"
         );
         // Each key's winner reserved and resolved in PostgreSQL.
         assert!(
@@ -133,6 +135,7 @@ async fn three_gateways_one_store(store: &str) {
             "{grouped} grouped + {alone} alone"
         );
         assert!(grouped >= statements);
+        assert!(planned <= statements, "{planned} planned of {statements}");
     }
 }
 

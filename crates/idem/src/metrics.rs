@@ -190,6 +190,14 @@ pub const ALONE_OPERATIONS_TOTAL: Metric = metric(
     false,
     "PostgreSQL reservations and resolutions that found a statement slot free and ran alone.",
 );
+/// Grouped PostgreSQL statements planned as they ran, without a kept plan.
+pub const PLANNED_STATEMENTS_TOTAL: Metric = metric(
+    "idem_store_planned_statements_total",
+    Counter,
+    &[],
+    false,
+    "Grouped PostgreSQL statements planned as they ran: the records table was small on a server without autovacuum.",
+);
 /// Outbox rows published.
 pub const OUTBOX_PUBLISHED_TOTAL: Metric = metric(
     "idem_outbox_published_total",
@@ -249,6 +257,7 @@ pub const ALL: &[Metric] = &[
     GROUPED_STATEMENTS_TOTAL,
     GROUPED_OPERATIONS_TOTAL,
     ALONE_OPERATIONS_TOTAL,
+    PLANNED_STATEMENTS_TOTAL,
     OUTBOX_PUBLISHED_TOTAL,
     OUTBOX_DEAD_TOTAL,
     OUTBOX_PENDING,
