@@ -142,8 +142,8 @@ pub struct PgStore {
     /// The collectors, started by the first operation (inside a runtime).
     batches: Arc<OnceLock<Batches>>,
     /// Whether grouped statements are planned each time they run
-    /// ([`BatchPlans`]).
-    batch_plans: Arc<BatchPlans>,
+    /// ([`Plans`]).
+    plans: Arc<Plans>,
     /// What the collectors ran.
     counts: Arc<batch::Counts>,
 }
@@ -238,13 +238,13 @@ impl PgStore {
             schema: opts.schema().map(str::to_owned),
             group,
             batches: Arc::default(),
-            batch_plans: Arc::new(BatchPlans::kept()),
+            plans: Arc::new(Plans::kept()),
             counts: Arc::default(),
         };
         if opts.migrate() {
             store.migrate().await?;
         }
-        store.batch_plans = Arc::new(BatchPlans::for_server(store.pool()).await?);
+        store.plans = Arc::new(Plans::for_server(store.pool()).await?);
         Ok(store)
     }
 
@@ -265,7 +265,7 @@ impl PgStore {
             schema: None,
             group: Some(batch::GroupCommit::DEFAULT),
             batches: Arc::default(),
-            batch_plans: Arc::new(BatchPlans::kept()),
+            plans: Arc::new(Plans::kept()),
             counts: Arc::default(),
         }
     }
@@ -280,7 +280,7 @@ impl PgStore {
             operations,
             alone,
             planned: self
-                .batch_plans
+                .plans
                 .planned
                 .load(std::sync::atomic::Ordering::Relaxed),
         }
@@ -291,8 +291,8 @@ impl PgStore {
     fn batches(&self) -> Option<&Batches> {
         let group = self.group?;
         Some(self.batches.get_or_init(|| {
-            let reserve_plans = Arc::clone(&self.batch_plans);
-            let resolve_plans = Arc::clone(&self.batch_plans);
+            let reserve_plans = Arc::clone(&self.plans);
+            let resolve_plans = Arc::clone(&self.plans);
             Batches {
                 reserve: batch::Batcher::start(
                     self.conns.clone(),
@@ -341,9 +341,13 @@ impl PgStore {
         self.conns.pool()
     }
 
-    /// A connection for one record operation ([`conns::Conns::lend`]).
+    /// A connection for one record operation ([`conns::Conns::lend`]); the
+    /// records table's size is read on it first when that is due
+    /// ([`Plans::look`]).
     async fn lend(&self) -> Result<conns::Lent, StoreError> {
-        self.conns.lend().await.map_err(error::to_store)
+        let mut conn = self.conns.lend().await.map_err(error::to_store)?;
+        self.plans.look(&mut conn).await;
+        Ok(conn)
     }
 
     /// Closes the pool: hands back the connections the store keeps, closes
@@ -602,7 +606,8 @@ impl batch::Batched for ReserveItem {
 }
 
 /// Whether the group-commit statements keep their plan or are planned
-/// each time they run.
+/// each time they run, and when the records table is analyzed for every
+/// statement's sake.
 ///
 /// PostgreSQL keeps one generic plan for a prepared statement after its
 /// fifth run, and plans it again only when the table's statistics change
@@ -620,19 +625,31 @@ impl batch::Batched for ReserveItem {
 /// made each time while the table is small, and kept once it has
 /// [`KEEP_PLANS_FROM_PAGES`]: from some fifty pages on, PostgreSQL's
 /// generic plans look every key up in the primary key. The size is read
-/// again every [`LOOK_AT_SIZE_EVERY`] on a batch's connection. Each time
-/// the table is found grown past the bound again (after a `TRUNCATE`, say),
-/// the statements get a new text, so PostgreSQL prepares and plans them
-/// anew instead of keeping a plan made on the small table. The single-key
-/// statements keep theirs everywhere: their plan is the key lookup at any
-/// size.
+/// again every [`LOOK_AT_SIZE_EVERY`] on a connection about to run a record
+/// operation. Each time the table is found grown past the bound again
+/// (after a `TRUNCATE`, say), the statements get a new text, so PostgreSQL
+/// prepares and plans them anew instead of keeping a plan made on the
+/// small table.
+///
+/// The single-key statements are prepared from the first operation on,
+/// and on an empty table their generic plans find a key through
+/// `idem_records_tenant_created` (tenant, created_at, …): a walk over all of
+/// the tenant's records, which grows with them (45–80 ms per resolution at
+/// 300,000 records of one tenant, and 0.74× the rate of a gateway started
+/// on the grown table: docs/BENCHMARKS.md, "2026-12-05, session close").
+/// So at each crossing of the bound the store also analyzes the table:
+/// the new statistics make PostgreSQL plan every statement on every
+/// connection again, by the primary key. Where the store's role may not
+/// analyze the table, it says so once.
 #[derive(Debug)]
-struct BatchPlans {
+struct Plans {
     /// Autovacuum runs: PostgreSQL plans again as the statistics change.
     autovacuum: bool,
     sized: std::sync::Mutex<SizedPlans>,
     /// Grouped statements run without a kept plan.
     planned: std::sync::atomic::AtomicU64,
+    /// Told the operator that the table could not be analyzed.
+    warned: std::sync::atomic::AtomicBool,
 }
 
 /// Pages of the records table from which grouped statements keep their
@@ -662,7 +679,7 @@ enum Grouped {
     Resolve,
 }
 
-impl BatchPlans {
+impl Plans {
     fn new(autovacuum: bool) -> Self {
         Self {
             autovacuum,
@@ -674,6 +691,7 @@ impl BatchPlans {
                 runs: 0,
             }),
             planned: std::sync::atomic::AtomicU64::new(0),
+            warned: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -707,29 +725,69 @@ impl BatchPlans {
     /// The text of the `which` statement and sqlx's `persistent` flag for
     /// it; reads the table's size on `conn` first when that is due.
     async fn statement(&self, which: Grouped, conn: &mut PgConnection) -> (Arc<str>, bool) {
+        self.look(conn).await;
+        self.current(which)
+    }
+
+    /// Reads the table's size on `conn` when a look is due (once per
+    /// [`LOOK_AT_SIZE_EVERY`], by one caller; never where autovacuum runs),
+    /// and analyzes the table when it has just crossed the bound.
+    async fn look(&self, conn: &mut PgConnection) {
         let due = !self.autovacuum && {
             let mut sized = self.lock();
             let due = sized
                 .looked
                 .is_none_or(|at| at.elapsed() >= LOOK_AT_SIZE_EVERY);
             if due {
-                // Claimed: one batch looks per interval.
+                // Claimed: one caller looks per interval.
                 sized.looked = Some(std::time::Instant::now());
             }
             due
         };
-        if due {
-            match sqlx::query_scalar::<_, Option<i64>>(schema::RECORD_PAGES)
-                .fetch_one(&mut *conn)
+        if !due {
+            return;
+        }
+        match sqlx::query_scalar::<_, Option<i64>>(schema::RECORD_PAGES)
+            .fetch_one(&mut *conn)
+            .await
+        {
+            Ok(pages) => {
+                if self.record_size(pages.unwrap_or(0)) {
+                    self.analyze(conn).await;
+                }
+            }
+            Err(err) => {
+                tracing::debug!(%err, "postgres: the records table's size could not be read")
+            }
+        }
+    }
+
+    /// `ANALYZE idem_records` on `conn`; says once when the role may not.
+    async fn analyze(&self, conn: &mut PgConnection) {
+        let done = match sqlx::query(schema::ANALYZE_RECORDS)
+            .persistent(false)
+            .execute(&mut *conn)
+            .await
+        {
+            // A role that does not own the table gets a warning from the
+            // server, not an error: the statistics say whether it ran.
+            Ok(_) => sqlx::query_scalar::<_, Option<bool>>(schema::RECORDS_ANALYZED)
+                .fetch_optional(&mut *conn)
                 .await
-            {
-                Ok(pages) => self.record_size(pages.unwrap_or(0)),
-                Err(err) => {
-                    tracing::debug!(%err, "postgres: the records table's size could not be read")
+                .map(|analyzed| analyzed.flatten().unwrap_or(true)),
+            Err(err) => Err(err),
+        };
+        match done {
+            Ok(true) => {
+                tracing::debug!("postgres: idem_records analyzed at its crossing of the plan bound")
+            }
+            Ok(false) | Err(_) => {
+                if !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    let err = done.err().map(|e| e.to_string()).unwrap_or_default();
+                    tracing::warn!(%err, "postgres: autovacuum is off and idem_records could not be analyzed by this role: statements prepared while the table was small may read all of a tenant's records for each key; run ANALYZE idem_records as its owner, or turn autovacuum on");
                 }
             }
         }
-        self.current(which)
     }
 
     /// The text of the `which` statement and whether its plan is kept, as
@@ -751,17 +809,19 @@ impl BatchPlans {
 
     /// Records that the table has `pages`: plans are kept from
     /// [`KEEP_PLANS_FROM_PAGES`] on, under new texts each time the table
-    /// crosses that bound.
-    fn record_size(&self, pages: i64) {
+    /// crosses that bound. True when it has just crossed it.
+    fn record_size(&self, pages: i64) -> bool {
         let mut sized = self.lock();
         let large = pages >= KEEP_PLANS_FROM_PAGES;
-        if large && !sized.large {
+        let crossed = large && !sized.large;
+        if crossed {
             sized.runs += 1;
             let tag = format!("\n-- plans kept from run {}\n", sized.runs);
             sized.reserve = format!("{}{tag}", schema::RESERVE_BATCH).into();
             sized.resolve = format!("{}{tag}", schema::RESOLVE_BATCH).into();
         }
         sized.large = large;
+        crossed
     }
 }
 
@@ -770,7 +830,7 @@ impl BatchPlans {
 async fn reserve_batch(
     conns: conns::Conns,
     items: Vec<ReserveItem>,
-    plans: Arc<BatchPlans>,
+    plans: Arc<Plans>,
 ) -> Result<Vec<Option<PgRow>>, sqlx::Error> {
     let column = |f: fn(&ReserveItem) -> &str| items.iter().map(f).collect::<Vec<_>>();
     let mut conn = conns.lend().await?;
@@ -852,7 +912,7 @@ impl batch::Batched for ResolveItem {
 async fn resolve_batch(
     conns: conns::Conns,
     items: Vec<ResolveItem>,
-    plans: Arc<BatchPlans>,
+    plans: Arc<Plans>,
 ) -> Result<Vec<bool>, sqlx::Error> {
     let column = |f: fn(&ResolveItem) -> &str| items.iter().map(f).collect::<Vec<_>>();
     let optional = |f: fn(&ResolveItem) -> Option<&str>| items.iter().map(f).collect::<Vec<_>>();
@@ -1146,18 +1206,18 @@ mod tests {
     /// runs a plan it prepared for the table as it was before.
     #[test]
     fn grouped_plans_follow_the_table_across_the_bound() {
-        let planned = |plans: &BatchPlans| plans.planned.load(std::sync::atomic::Ordering::Relaxed);
-        let plans = BatchPlans::new(false);
+        let planned = |plans: &Plans| plans.planned.load(std::sync::atomic::Ordering::Relaxed);
+        let plans = Plans::new(false);
         let (small, kept) = plans.current(Grouped::Reserve);
         assert!(!kept, "a table not yet looked at is planned each run");
         assert_eq!(&*small, schema::RESERVE_BATCH);
         assert_eq!(planned(&plans), 1);
 
-        plans.record_size(KEEP_PLANS_FROM_PAGES - 1);
+        assert!(!plans.record_size(KEEP_PLANS_FROM_PAGES - 1));
         assert!(!plans.current(Grouped::Resolve).1);
         assert_eq!(planned(&plans), 2);
 
-        plans.record_size(KEEP_PLANS_FROM_PAGES);
+        assert!(plans.record_size(KEEP_PLANS_FROM_PAGES), "crossed: analyze");
         let (first, kept) = plans.current(Grouped::Reserve);
         let (first_resolve, _) = plans.current(Grouped::Resolve);
         assert!(kept, "a grown table keeps its plans");
@@ -1167,17 +1227,17 @@ mod tests {
         assert_eq!(planned(&plans), 2, "kept plans are not counted");
 
         // Still large: the same texts, so the prepared statements stay.
-        plans.record_size(KEEP_PLANS_FROM_PAGES * 10);
+        assert!(!plans.record_size(KEEP_PLANS_FROM_PAGES * 10));
         assert_eq!(plans.current(Grouped::Reserve), (Arc::clone(&first), true));
 
         // Truncated: planned each run (unprepared, so whatever its text,
         // no plan is kept from it).
-        plans.record_size(0);
+        assert!(!plans.record_size(0));
         assert!(!plans.current(Grouped::Reserve).1);
         assert_eq!(planned(&plans), 3);
 
         // Grown again: kept, under texts no connection has prepared yet.
-        plans.record_size(KEEP_PLANS_FROM_PAGES);
+        assert!(plans.record_size(KEEP_PLANS_FROM_PAGES), "crossed again");
         let (second, kept) = plans.current(Grouped::Reserve);
         let (second_resolve, _) = plans.current(Grouped::Resolve);
         assert!(kept);
@@ -1188,7 +1248,7 @@ mod tests {
 
         // Where autovacuum runs, the store's own texts, kept (the size is
         // never read there).
-        let analyzed = BatchPlans::kept();
+        let analyzed = Plans::kept();
         assert_eq!(
             analyzed.current(Grouped::Resolve),
             (Arc::from(schema::RESOLVE_BATCH), true)

@@ -126,6 +126,8 @@ pub(crate) const RENEW: &str = include_str!("../queries/renew.sql");
 pub(crate) const GET: &str = include_str!("../queries/get.sql");
 pub(crate) const AUTOVACUUM_ON: &str = include_str!("../queries/autovacuum_on.sql");
 pub(crate) const RECORD_PAGES: &str = include_str!("../queries/record_pages.sql");
+pub(crate) const ANALYZE_RECORDS: &str = "ANALYZE idem_records";
+pub(crate) const RECORDS_ANALYZED: &str = include_str!("../queries/records_analyzed.sql");
 pub(crate) const LIST: &str = include_str!("../queries/list.sql");
 /// `LIST` filters: each is followed by its bind, then by its `_END` (if any);
 /// `LIST_STATE` by the state as a quoted literal instead (see `list`).

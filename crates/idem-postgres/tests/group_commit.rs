@@ -256,13 +256,19 @@ async fn round(store: &Arc<PgStore>, scope: &Scope, first: usize) {
 
 /// Adds `rows` completed records to `table`, beside the store's own.
 async fn grow(admin: &sqlx::PgPool, table: &str, rows: i64) {
+    grow_tenant(admin, table, "grown", rows).await;
+}
+
+/// Adds `rows` completed records of `tenant` to `table`.
+async fn grow_tenant(admin: &sqlx::PgPool, table: &str, tenant: &str, rows: i64) {
     sqlx::query(&format!(
         "INSERT INTO {table} (tenant, operation, key, fingerprint, state, created_at, \
          updated_at, expires_at, locked_until, owner, attempt) \
-         SELECT 'grown', 'POST /grown', 'g-' || n, decode(repeat('ab', 32), 'hex'), \
+         SELECT $1, 'POST /grown', 'g-' || n, decode(repeat('ab', 32), 'hex'), \
          'completed', now(), now(), now() + interval '1 hour', now(), \
          decode(repeat('cd', 16), 'hex'), 1 FROM generate_series(1, {rows}) AS n"
     ))
+    .bind(tenant)
     .execute(admin)
     .await
     .expect("grow the table");
@@ -535,6 +541,105 @@ async fn grouped_plans_are_made_anew_after_the_table_is_emptied_and_grows_back()
     assert!(
         seq_rows < GROWN,
         "statements read a grown table sequentially: {seq_scans} scans, {seq_rows} rows"
+    );
+    isolated.drop_schema().await;
+}
+
+/// Single-key statements are prepared from a store's first operation on.
+/// On an empty table PostgreSQL's generic plans for them find a key
+/// through `idem_records_tenant_created` (tenant, created_at, operation,
+/// key): a walk over every record of the tenant. With autovacuum off
+/// nothing planned them again, and a gateway started on an empty table
+/// answered at 0.74× the rate of one started later, each lone resolution
+/// taking 45–80 ms at 300,000 records of one tenant (docs/BENCHMARKS.md,
+/// "2026-12-05, session close"). Here: a store without group commit (every
+/// operation a single statement) runs on the empty table, the table grows
+/// by 200,000 records of the same tenant, and after the store's next look
+/// at the size no operation walks them. (The index blocks counted include
+/// the early rounds' own, reported when the store closes: some hundreds.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn single_key_statements_find_keys_by_the_primary_key_once_the_table_has_grown() {
+    let Some(url) = services::postgres() else {
+        return;
+    };
+    let Some(isolated) = common::Isolated::new("single").await else {
+        return;
+    };
+    // One connection, so that its own counters can be flushed on demand.
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .expect("admin connection");
+    let table = format!("\"{}\".idem_records", isolated.schema);
+    let index = format!("\"{}\".idem_records_tenant_created", isolated.schema);
+    let scope = idem_testkit::conformance::unique_scope("pg-single");
+    let store = Arc::new(
+        PgStore::connect_with(isolated.opts.clone().with_group_commit(false))
+            .await
+            .expect("connect"),
+    );
+    // Rounds of KEYS at once, each operation a single statement: every
+    // connection of the pool runs each statement more than the five times
+    // after which PostgreSQL settles on a generic plan.
+    const EARLY: usize = 6;
+    for r in 0..EARLY {
+        round(&store, &scope, r * KEYS).await;
+    }
+    const GROWN: i64 = 200_000;
+    grow_tenant(&admin, &table, scope.tenant(), GROWN).await;
+    common::analyze_if_autovacuum(&admin, &table).await;
+    // Index blocks touched so far (the growth's own, flushed now), and the
+    // index's size: one walk over the tenant's entries touches about all
+    // of it.
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(&admin)
+        .await
+        .expect("flush");
+    let blocks = format!(
+        "SELECT idx_blks_read + idx_blks_hit, pg_relation_size(indexrelid) / 8192 \
+         FROM pg_statio_user_indexes WHERE indexrelid = '{index}'::regclass"
+    );
+    let (before, size): (i64, i64) = sqlx::query_as(&blocks)
+        .fetch_one(&admin)
+        .await
+        .expect("index counters");
+    // The next look at the size is due a second after the last; one
+    // operation alone takes it (operations already under way when the
+    // table is analyzed finish on the plans they had).
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let k = key(usize::MAX);
+    let Reservation::Acquired(lease) = store.reserve(request(&scope, &k)).await.expect("reserve")
+    else {
+        panic!("a fresh key");
+    };
+    store
+        .resolve(&scope, &k, &lease, &outcome("alone".into()))
+        .await
+        .expect("resolve");
+    round(&store, &scope, EARLY * KEYS).await;
+    // A backend reports its counters when it ends.
+    store.close().await;
+    let resolved = ((EARLY + 1) * KEYS + 1) as i64;
+    let (updated, _, _) = table_counters(&admin, &table, resolved).await;
+    assert!(
+        updated >= resolved,
+        "the counters never showed the {resolved} resolutions: {updated}"
+    );
+    let (after, _): (i64, i64) = sqlx::query_as(&blocks)
+        .fetch_one(&admin)
+        .await
+        .expect("index counters");
+    eprintln!(
+        "idem_records_tenant_created ({size} pages): {} blocks touched by {} keys after the growth",
+        after - before,
+        KEYS + 1
+    );
+    assert!(
+        after - before < size,
+        "single-key statements walked the tenant's records: {} index blocks for {} keys, the index has {size}",
+        after - before,
+        KEYS + 1
     );
     isolated.drop_schema().await;
 }
