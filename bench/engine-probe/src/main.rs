@@ -24,8 +24,16 @@
 //! Prints keys per second and the process's CPU (user + system, every
 //! thread: SQLite's checkpoints, fjall's flushes and compactions) per key.
 //!
+//! * sqlite-wr: the same table `WITHOUT ROWID`, clustered on its key;
+//!   sqlite-hk: its unique key a 16-byte hash of the names (see
+//!   [`Layout`]).
+//!
+//! Keys come in order (`k-1-1`, `k-1-2`, …, as `bench/post.lua` makes
+//! them), or with `PROBE_KEYS=random` in no order, as UUIDs would.
+//!
 //! ```sh
 //! cargo run --release --manifest-path bench/engine-probe/Cargo.toml -- /tmp/engine-probe 4 1,6,20,44
+//! PROBE_KEYS=random engine-probe /tmp/engine-probe 4 20,44 sqlite,sqlite-wr
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -34,7 +42,9 @@ use std::time::{Duration, Instant};
 use fjall::{Database, KeyspaceCreateOptions, PersistMode};
 use rusqlite::{Connection, params};
 
-const TENANT: &str = "bench";
+/// A tenant as the gateway stores it: the credential's keyed hash, 64 hex
+/// digits.
+const TENANT: &str = "7925faaac5fd9b69762654e8635863f0bf9001f7cd512428a0ecf845bcb84c5a";
 const OPERATION: &str = "POST /v1/payments";
 const HEADERS: &[u8] =
     b"content-type: application/json\r\nx-request-id: 0b6f5e1c-5d0e-4a4e-9b8f-2f1c3a4d5e6f\r\n";
@@ -73,29 +83,100 @@ trait Engine {
     fn batch(&mut self, fresh: &[String], done: &[String], now: i64);
 }
 
-struct Sqlite(Connection);
+/// How the probe lays out SQLite's records table.
+#[derive(Clone, Copy, PartialEq)]
+enum Layout {
+    /// The store's own schema.
+    Store,
+    /// The same table clustered on its key: `PRIMARY KEY (tenant,
+    /// operation, key) WITHOUT ROWID`, one B-tree for the row and its key
+    /// instead of a table and a unique index.
+    WithoutRowid,
+    /// The unique key a 16-byte hash of (tenant, operation, key), and the
+    /// listing indexes on `(created_at, id)`: index entries of some 30
+    /// bytes instead of the names' 100 or so.
+    HashedKey,
+}
+
+struct Sqlite(Connection, Layout);
+
+/// The store's records table (its migrations, in order).
+const RECORDS: &str = concat!(
+    include_str!("../../../crates/idem-sqlite/migrations/0001_records.sql"),
+    include_str!("../../../crates/idem-sqlite/migrations/0003_processing.sql"),
+);
+
+/// `text` with `from` replaced by `to`, which must be there.
+fn swap(text: &str, from: &str, to: &str) -> String {
+    assert!(text.contains(from), "the migrations changed shape: {from}");
+    text.replace(from, to)
+}
 
 impl Sqlite {
-    fn open(dir: &Path) -> Self {
+    fn open(dir: &Path, layout: Layout) -> Self {
         let conn = Connection::open(dir.join("probe.db")).unwrap();
         conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0))
             .unwrap();
         conn.pragma_update(None, "synchronous", "FULL").unwrap();
-        conn.execute_batch(include_str!(
-            "../../../crates/idem-sqlite/migrations/0001_records.sql"
-        ))
-        .unwrap();
-        Self(conn)
+        let schema = match layout {
+            Layout::Store => RECORDS.to_owned(),
+            Layout::WithoutRowid => swap(
+                RECORDS,
+                "    UNIQUE (tenant, operation, key)\n);",
+                "    PRIMARY KEY (tenant, operation, key)\n) WITHOUT ROWID;",
+            ),
+            Layout::HashedKey => swap(
+                &swap(
+                    RECORDS,
+                    "    UNIQUE (tenant, operation, key)\n);",
+                    "    id BLOB NOT NULL UNIQUE\n);",
+                ),
+                "(created_at, tenant, operation, key)",
+                "(created_at, id)",
+            ),
+        };
+        conn.execute_batch(&schema).unwrap();
+        Self(conn, layout)
     }
+}
+
+/// A 16-byte name for (tenant, operation, key): FNV-1a, 128 bits (the
+/// store would use a keyed hash; the probe needs only the bytes).
+fn hashed(key: &str) -> [u8; 16] {
+    let mut h: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+    for b in TENANT
+        .bytes()
+        .chain([0])
+        .chain(OPERATION.bytes())
+        .chain([0])
+        .chain(key.bytes())
+    {
+        h ^= u128::from(b);
+        h = h.wrapping_mul(0x0000_0000_0100_0000_0000_0000_0000_013b);
+    }
+    h.to_le_bytes()
 }
 
 impl Engine for Sqlite {
     fn batch(&mut self, fresh: &[String], done: &[String], now: i64) {
-        let conn = &self.0;
+        let Self(conn, layout) = self;
+        let hashed_key = *layout == Layout::HashedKey;
         conn.execute_batch("BEGIN IMMEDIATE").unwrap();
         for key in fresh {
-            let changed = conn
-                .prepare_cached(
+            let (fp, owner) = ([7u8; 32], [9u8; 16]);
+            let (expires, locked) = (now + 86_400_000, now + 30_000);
+            let changed = if hashed_key {
+                conn.prepare_cached(
+                    "INSERT INTO idem_records \
+                     (tenant, operation, key, fingerprint, state, created_at, updated_at, expires_at, \
+                      locked_until, owner, attempt, id) \
+                     VALUES (?1, ?2, ?3, ?4, 'processing', ?5, ?5, ?6, ?7, ?8, 1, ?9) \
+                     ON CONFLICT (id) DO NOTHING",
+                )
+                .unwrap()
+                .execute(params![TENANT, OPERATION, key, fp, now, expires, locked, owner, hashed(key)])
+            } else {
+                conn.prepare_cached(
                     "INSERT INTO idem_records \
                      (tenant, operation, key, fingerprint, state, created_at, updated_at, expires_at, \
                       locked_until, owner, attempt) \
@@ -103,45 +184,57 @@ impl Engine for Sqlite {
                      ON CONFLICT (tenant, operation, key) DO NOTHING",
                 )
                 .unwrap()
-                .execute(params![
-                    TENANT,
-                    OPERATION,
-                    key,
-                    [7u8; 32],
-                    now,
-                    now + 86_400_000,
-                    now + 30_000,
-                    [9u8; 16]
-                ])
-                .unwrap();
-            assert_eq!(changed, 1);
+                .execute(params![TENANT, OPERATION, key, fp, now, expires, locked, owner])
+            };
+            assert_eq!(changed.unwrap(), 1);
         }
+        const SET: &str = "UPDATE idem_records SET \
+             state = ?4, updated_at = ?5, expires_at = ?6, response_status = ?7, \
+             response_headers = ?8, response_body = ?9, resource_id = ?10, error_code = ?11 ";
         for key in done {
-            let changed = conn
-                .prepare_cached(
-                    "UPDATE idem_records SET \
-                     state = ?6, updated_at = ?7, expires_at = ?8, response_status = ?9, \
-                     response_headers = ?10, response_body = ?11, resource_id = ?12, error_code = ?13 \
-                     WHERE tenant = ?1 AND operation = ?2 AND key = ?3 AND owner = ?4 AND attempt = ?5",
-                )
+            let (owner, expires) = ([9u8; 16], now + 86_400_000);
+            let (resource, error) = ("pay_000000000001", None::<String>);
+            let changed = if hashed_key {
+                conn.prepare_cached(&format!(
+                    "{SET} WHERE id = ?1 AND owner = ?2 AND attempt = ?3"
+                ))
                 .unwrap()
                 .execute(params![
-                    TENANT,
-                    OPERATION,
-                    key,
-                    [9u8; 16],
+                    hashed(key),
+                    owner,
                     1,
                     "completed",
                     now,
-                    now + 86_400_000,
+                    expires,
                     201,
                     HEADERS,
                     BODY,
-                    "pay_000000000001",
-                    None::<String>
+                    resource,
+                    error
                 ])
-                .unwrap();
-            assert_eq!(changed, 1);
+            } else {
+                conn.prepare_cached(&format!(
+                    "{SET} WHERE tenant = ?12 AND operation = ?13 AND key = ?1 AND owner = ?2 \
+                     AND attempt = ?3"
+                ))
+                .unwrap()
+                .execute(params![
+                    key,
+                    owner,
+                    1,
+                    "completed",
+                    now,
+                    expires,
+                    201,
+                    HEADERS,
+                    BODY,
+                    resource,
+                    error,
+                    TENANT,
+                    OPERATION
+                ])
+            };
+            assert_eq!(changed.unwrap(), 1);
         }
         conn.execute_batch("COMMIT").unwrap();
     }
@@ -254,6 +347,7 @@ impl Engine for Append {
 /// Runs batches of `size` operations for `secs`; keys per second and CPU
 /// per key.
 fn run(engine: &mut dyn Engine, size: usize, secs: f64, tag: &str) -> (f64, f64) {
+    let random_keys = std::env::var("PROBE_KEYS").is_ok_and(|k| k == "random");
     let half = (size / 2).max(1);
     let mut next = 0u64;
     let mut reserved: Vec<String> = Vec::new();
@@ -276,7 +370,11 @@ fn run(engine: &mut dyn Engine, size: usize, secs: f64, tag: &str) -> (f64, f64)
         let fresh: Vec<String> = (0..fresh_n)
             .map(|_| {
                 next += 1;
-                format!("{tag}-1-{next}")
+                if random_keys {
+                    format!("{tag}-{:016x}", mix(next))
+                } else {
+                    format!("{tag}-1-{next}")
+                }
             })
             .collect();
         let done: Vec<String> = reserved.drain(..done_n).collect();
@@ -289,6 +387,14 @@ fn run(engine: &mut dyn Engine, size: usize, secs: f64, tag: &str) -> (f64, f64)
     (keys as f64 / wall, used / keys as f64 * 1e6)
 }
 
+/// splitmix64: keys in no order, as UUIDs from many clients arrive.
+fn mix(n: u64) -> u64 {
+    let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let dir = PathBuf::from(args.next().unwrap_or_else(|| "/tmp/engine-probe".into()));
@@ -296,6 +402,10 @@ fn main() {
     let sizes: Vec<usize> = args.next().map_or_else(
         || vec![1, 16, 64, 256],
         |s| s.split(',').map(|n| n.parse().unwrap()).collect(),
+    );
+    let engines: Vec<String> = args.next().map_or_else(
+        || vec!["append".into(), "sqlite".into(), "fjall".into()],
+        |s| s.split(',').map(str::to_owned).collect(),
     );
     println!(
         "{secs} s per point, batches of B operations (half reservations, half resolutions), one durable commit each"
@@ -305,13 +415,16 @@ fn main() {
         "engine", "B", "keys/s", "CPU µs/key"
     );
     for size in sizes {
-        for name in ["append", "sqlite", "fjall"] {
+        for name in &engines {
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).unwrap();
-            let mut engine: Box<dyn Engine> = match name {
-                "sqlite" => Box::new(Sqlite::open(&dir)),
+            let mut engine: Box<dyn Engine> = match name.as_str() {
+                "sqlite" => Box::new(Sqlite::open(&dir, Layout::Store)),
+                "sqlite-wr" => Box::new(Sqlite::open(&dir, Layout::WithoutRowid)),
+                "sqlite-hk" => Box::new(Sqlite::open(&dir, Layout::HashedKey)),
                 "append" => Box::new(Append(std::fs::File::create(dir.join("log")).unwrap())),
-                _ => Box::new(Fjall::open(&dir)),
+                "fjall" => Box::new(Fjall::open(&dir)),
+                other => panic!("no engine {other}: append, sqlite, sqlite-wr, sqlite-hk or fjall"),
             };
             // Warm: the files grow to their working size first.
             run(engine.as_mut(), size.max(16), secs.min(2.0), "warm");
