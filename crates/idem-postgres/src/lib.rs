@@ -637,10 +637,12 @@ impl batch::Batched for ReserveItem {
 /// the tenant's records, which grows with them (45–80 ms per resolution at
 /// 300,000 records of one tenant, and 0.74× the rate of a gateway started
 /// on the grown table: docs/BENCHMARKS.md, "2026-12-05, session close").
-/// So at each crossing of the bound the store also analyzes the table:
-/// the new statistics make PostgreSQL plan every statement on every
-/// connection again, by the primary key. Where the store's role may not
-/// analyze the table, it says so once.
+/// So at each crossing of the bound it saw (small at one look, large at a
+/// later one) the store also analyzes the table: the new statistics make
+/// PostgreSQL plan every statement on every connection again, by the
+/// primary key. A store started on a large table prepares its statements
+/// there and analyzes nothing. Where the store's role may not analyze the
+/// table, it says so once.
 #[derive(Debug)]
 struct Plans {
     /// Autovacuum runs: PostgreSQL plans again as the statistics change.
@@ -666,6 +668,9 @@ const LOOK_AT_SIZE_EVERY: Duration = Duration::from_secs(1);
 struct SizedPlans {
     looked: Option<std::time::Instant>,
     large: bool,
+    /// A look found the table small: statements may have been prepared
+    /// on it since.
+    seen_small: bool,
     /// The statements' texts for the current run of kept plans.
     reserve: Arc<str>,
     resolve: Arc<str>,
@@ -686,6 +691,7 @@ impl Plans {
             sized: std::sync::Mutex::new(SizedPlans {
                 looked: None,
                 large: false,
+                seen_small: false,
                 reserve: schema::RESERVE_BATCH.into(),
                 resolve: schema::RESOLVE_BATCH.into(),
                 runs: 0,
@@ -809,7 +815,11 @@ impl Plans {
 
     /// Records that the table has `pages`: plans are kept from
     /// [`KEEP_PLANS_FROM_PAGES`] on, under new texts each time the table
-    /// crosses that bound. True when it has just crossed it.
+    /// crosses that bound. True when this store saw it small before, so
+    /// that statements prepared on the small table need the table
+    /// analyzed; a store started on a large table prepares them there and
+    /// analyzes nothing (an `ANALYZE` at every start would hold up the
+    /// first operation, the longer the larger the table).
     fn record_size(&self, pages: i64) -> bool {
         let mut sized = self.lock();
         let large = pages >= KEEP_PLANS_FROM_PAGES;
@@ -820,8 +830,10 @@ impl Plans {
             sized.reserve = format!("{}{tag}", schema::RESERVE_BATCH).into();
             sized.resolve = format!("{}{tag}", schema::RESOLVE_BATCH).into();
         }
+        let analyze = crossed && sized.seen_small;
         sized.large = large;
-        crossed
+        sized.seen_small = !large;
+        analyze
     }
 }
 
@@ -1245,6 +1257,17 @@ mod tests {
         assert_ne!(second_resolve, first_resolve);
         assert!(second.ends_with("run 2\n") && second_resolve.ends_with("run 2\n"));
         assert_eq!(planned(&plans), 3);
+
+        // A store whose first look finds the table large keeps its plans
+        // and analyzes nothing: it prepares its statements there.
+        let started_large = Plans::new(false);
+        assert!(!started_large.record_size(KEEP_PLANS_FROM_PAGES * 100));
+        assert!(started_large.current(Grouped::Reserve).1);
+        assert!(!started_large.record_size(0));
+        assert!(
+            started_large.record_size(KEEP_PLANS_FROM_PAGES),
+            "then a crossing it saw"
+        );
 
         // Where autovacuum runs, the store's own texts, kept (the size is
         // never read there).
