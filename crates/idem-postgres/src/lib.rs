@@ -238,7 +238,7 @@ impl PgStore {
             schema: opts.schema().map(str::to_owned),
             group,
             batches: Arc::default(),
-            plans: Arc::new(Plans::kept()),
+            plans: Arc::new(Plans::ask_later()),
             counts: Arc::default(),
         };
         if opts.migrate() {
@@ -251,9 +251,10 @@ impl PgStore {
     /// Uses an existing pool (whose connections must already see the idem
     /// tables on their `search_path`), with group commit at its defaults.
     /// Applies no migration: call [`migrate`](Self::migrate) if needed.
-    /// Grouped statements stay prepared, as on a server that analyzes its
-    /// tables (autovacuum on); see [`connect_with`](Self::connect_with).
-    /// Connections kept between operations are tested after an idle
+    /// Whether autovacuum runs is asked of the server at the first
+    /// operation, and grouped statements are kept or planned as with
+    /// [`connect_with`](Self::connect_with). Connections kept between
+    /// operations are tested after an idle
     /// second, as with [`PgOptions`]' defaults.
     pub fn from_pool(pool: PgPool) -> Self {
         let defaults = PgOptions::new(pool.connect_options().as_ref().clone());
@@ -265,7 +266,7 @@ impl PgStore {
             schema: None,
             group: Some(batch::GroupCommit::DEFAULT),
             batches: Arc::default(),
-            plans: Arc::new(Plans::kept()),
+            plans: Arc::new(Plans::ask_later()),
             counts: Arc::default(),
         }
     }
@@ -646,7 +647,9 @@ impl batch::Batched for ReserveItem {
 #[derive(Debug)]
 struct Plans {
     /// Autovacuum runs: PostgreSQL plans again as the statistics change.
-    autovacuum: bool,
+    /// Unset until the server is asked (a store made from the caller's
+    /// pool asks at its first look).
+    autovacuum: std::sync::OnceLock<bool>,
     sized: std::sync::Mutex<SizedPlans>,
     /// Grouped statements run without a kept plan.
     planned: std::sync::atomic::AtomicU64,
@@ -685,9 +688,19 @@ enum Grouped {
 }
 
 impl Plans {
+    /// Plans for a server known to run autovacuum or not (tests).
+    #[cfg(test)]
     fn new(autovacuum: bool) -> Self {
+        let plans = Self::ask_later();
+        let _ = plans.autovacuum.set(autovacuum);
+        plans
+    }
+
+    /// Asks the server whether autovacuum runs at the first look, on the
+    /// connection of the store's first operation.
+    fn ask_later() -> Self {
         Self {
-            autovacuum,
+            autovacuum: std::sync::OnceLock::new(),
             sized: std::sync::Mutex::new(SizedPlans {
                 looked: None,
                 large: false,
@@ -702,16 +715,30 @@ impl Plans {
     }
 
     /// Plans kept from the start, as on a server that runs autovacuum.
+    #[cfg(test)]
     fn kept() -> Self {
         Self::new(true)
     }
 
     /// Asks the server whether autovacuum runs, for the records table too.
     async fn for_server(pool: &PgPool) -> Result<Self, PgError> {
+        let plans = Self::ask_later();
+        plans.ask(pool).await?;
+        Ok(plans)
+    }
+
+    /// Whether autovacuum runs, asked of the server on `exec` unless known.
+    async fn ask<'e, E: Executor<'e, Database = Postgres>>(
+        &self,
+        exec: E,
+    ) -> Result<bool, sqlx::Error> {
+        if let Some(known) = self.autovacuum.get() {
+            return Ok(*known);
+        }
         let analyzed: bool = sqlx::query_scalar(schema::AUTOVACUUM_ON)
-            .fetch_one(pool)
+            .fetch_one(exec)
             .await?;
-        if !analyzed {
+        if self.autovacuum.set(analyzed).is_ok() && !analyzed {
             // Debug, not a warning: `idem migrate` and the tools print
             // nothing on success. docs/STORES.md tells operators what
             // autovacuum off asks of them.
@@ -719,7 +746,13 @@ impl Plans {
                 "postgres: autovacuum is off for idem_records; its grouped statements are planned at each run until the table has grown"
             );
         }
-        Ok(Self::new(analyzed))
+        Ok(analyzed)
+    }
+
+    /// Whether autovacuum runs, as far as known: until the server is
+    /// asked, plans are kept, as before there was a look.
+    fn autovacuum(&self) -> bool {
+        self.autovacuum.get().copied().unwrap_or(true)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, SizedPlans> {
@@ -739,7 +772,14 @@ impl Plans {
     /// [`LOOK_AT_SIZE_EVERY`], by one caller; never where autovacuum runs),
     /// and analyzes the table when it has just crossed the bound.
     async fn look(&self, conn: &mut PgConnection) {
-        let due = !self.autovacuum && {
+        let autovacuum = match self.ask(&mut *conn).await {
+            Ok(autovacuum) => autovacuum,
+            Err(err) => {
+                tracing::debug!(%err, "postgres: whether autovacuum runs could not be read");
+                return;
+            }
+        };
+        let due = !autovacuum && {
             let mut sized = self.lock();
             let due = sized
                 .looked
@@ -805,7 +845,7 @@ impl Plans {
             Grouped::Reserve => &sized.reserve,
             Grouped::Resolve => &sized.resolve,
         };
-        let kept = self.autovacuum || sized.large;
+        let kept = self.autovacuum() || sized.large;
         if !kept {
             self.planned
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

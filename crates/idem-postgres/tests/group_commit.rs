@@ -643,3 +643,46 @@ async fn single_key_statements_find_keys_by_the_primary_key_once_the_table_has_g
     );
     isolated.drop_schema().await;
 }
+
+/// A store made from the caller's own pool cannot ask the server anything
+/// when it is made, so it asks at its first operation whether autovacuum
+/// runs, and then plans as a connected store does: where autovacuum is
+/// off, batches on a small table run planned (and the table is analyzed
+/// when it grows), not on plans made on the empty table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_from_a_pool_asks_whether_autovacuum_runs() {
+    let Some(url) = services::postgres() else {
+        return;
+    };
+    let Some(isolated) = common::Isolated::new("pool").await else {
+        return;
+    };
+    let admin = sqlx::PgPool::connect(&url).await.expect("admin connection");
+    let autovacuum = common::autovacuum(&admin).await;
+    let connect = url
+        .parse::<sqlx::postgres::PgConnectOptions>()
+        .expect("url")
+        .options([("search_path", isolated.schema.as_str())]);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .connect_with(connect)
+        .await
+        .expect("pool");
+    let store = Arc::new(PgStore::from_pool(pool));
+    let scope = idem_testkit::conformance::unique_scope("pg-pool");
+    for r in 0..4 {
+        round(&store, &scope, r * KEYS).await;
+    }
+    let stats = store.group_commit_stats();
+    assert!(stats.statements > 0, "the rounds formed batches: {stats:?}");
+    if autovacuum {
+        assert_eq!(stats.planned, 0, "autovacuum runs: plans kept: {stats:?}");
+    } else {
+        assert_eq!(
+            stats.planned, stats.statements,
+            "a small table, no autovacuum: every batch planned: {stats:?}"
+        );
+    }
+    store.close().await;
+    isolated.drop_schema().await;
+}
