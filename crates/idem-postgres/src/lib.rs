@@ -141,8 +141,8 @@ pub struct PgStore {
     group: Option<batch::GroupCommit>,
     /// The collectors, started by the first operation (inside a runtime).
     batches: Arc<OnceLock<Batches>>,
-    /// Whether grouped statements are planned each time they run
-    /// ([`Plans`]).
+    /// Whether statements keep their plans, and when the records table is
+    /// analyzed ([`Plans`]).
     plans: Arc<Plans>,
     /// What the collectors ran.
     counts: Arc<batch::Counts>,
@@ -229,7 +229,7 @@ impl PgStore {
             })
             .connect_lazy_with(connect);
         let group = opts.group();
-        let mut store = Self {
+        let store = Self {
             conns: conns::Conns::new(
                 pool,
                 ping.then_some(ping_after_idle),
@@ -244,7 +244,7 @@ impl PgStore {
         if opts.migrate() {
             store.migrate().await?;
         }
-        store.plans = Arc::new(Plans::for_server(store.pool()).await?);
+        store.plans.ask(store.pool()).await?;
         Ok(store)
     }
 
@@ -252,10 +252,10 @@ impl PgStore {
     /// tables on their `search_path`), with group commit at its defaults.
     /// Applies no migration: call [`migrate`](Self::migrate) if needed.
     /// Whether autovacuum runs is asked of the server at the first
-    /// operation, and grouped statements are kept or planned as with
+    /// operation, and statements keep their plans or not as with
     /// [`connect_with`](Self::connect_with). Connections kept between
-    /// operations are tested after an idle
-    /// second, as with [`PgOptions`]' defaults.
+    /// operations are tested after an idle second, as with [`PgOptions`]'
+    /// defaults.
     pub fn from_pool(pool: PgPool) -> Self {
         let defaults = PgOptions::new(pool.connect_options().as_ref().clone());
         let test_after = defaults
@@ -720,14 +720,8 @@ impl Plans {
         Self::new(true)
     }
 
-    /// Asks the server whether autovacuum runs, for the records table too.
-    async fn for_server(pool: &PgPool) -> Result<Self, PgError> {
-        let plans = Self::ask_later();
-        plans.ask(pool).await?;
-        Ok(plans)
-    }
-
-    /// Whether autovacuum runs, asked of the server on `exec` unless known.
+    /// Whether autovacuum runs, for the records table too: asked of the
+    /// server on `exec` unless known.
     async fn ask<'e, E: Executor<'e, Database = Postgres>>(
         &self,
         exec: E,
@@ -810,7 +804,7 @@ impl Plans {
 
     /// `ANALYZE idem_records` on `conn`; says once when the role may not.
     async fn analyze(&self, conn: &mut PgConnection) {
-        let done = match sqlx::query(schema::ANALYZE_RECORDS)
+        let analyzed = match sqlx::query(schema::ANALYZE_RECORDS)
             .persistent(false)
             .execute(&mut *conn)
             .await
@@ -823,16 +817,18 @@ impl Plans {
                 .map(|analyzed| analyzed.flatten().unwrap_or(true)),
             Err(err) => Err(err),
         };
-        match done {
+        let err = match analyzed {
             Ok(true) => {
-                tracing::debug!("postgres: idem_records analyzed at its crossing of the plan bound")
+                tracing::debug!(
+                    "postgres: idem_records analyzed at its crossing of the plan bound"
+                );
+                return;
             }
-            Ok(false) | Err(_) => {
-                if !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                    let err = done.err().map(|e| e.to_string()).unwrap_or_default();
-                    tracing::warn!(%err, "postgres: autovacuum is off and idem_records could not be analyzed by this role: statements prepared while the table was small may read all of a tenant's records for each key; run ANALYZE idem_records as its owner, or turn autovacuum on");
-                }
-            }
+            Ok(false) => String::new(),
+            Err(err) => err.to_string(),
+        };
+        if !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(%err, "postgres: autovacuum is off and idem_records could not be analyzed by this role: statements prepared while the table was small may read all of a tenant's records for each key; run ANALYZE idem_records as its owner, or turn autovacuum on");
         }
     }
 

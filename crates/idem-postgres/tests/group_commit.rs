@@ -10,7 +10,7 @@ use idem::{
     FinalOutcome, Fingerprint, IdempotencyKey, LeaseExpiry, OwnerToken, Reservation,
     ReserveRequest, Scope, Store, StoreError, StoredResponse, Verdict,
 };
-use idem_postgres::{PgOptions, PgStore};
+use idem_postgres::{GroupCommitStats, PgOptions, PgStore};
 use idem_testkit::fault::FaultProxy;
 use idem_testkit::services;
 use tokio::sync::Barrier;
@@ -296,6 +296,36 @@ async fn table_counters(admin: &sqlx::PgPool, table: &str, updated: i64) -> (i64
     counted
 }
 
+/// What a plan test starts from: the server's URL, a schema of its own,
+/// an admin pool of one connection (so that its own counters can be
+/// flushed on demand) and the schema's records table, quoted. `None`: no
+/// server (the test skips).
+async fn plan_test(label: &str) -> Option<(String, common::Isolated, sqlx::PgPool, String)> {
+    let url = services::postgres()?;
+    let isolated = common::Isolated::new(label).await?;
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .expect("admin connection");
+    let table = format!("\"{}\".idem_records", isolated.schema);
+    Some((url, isolated, admin, table))
+}
+
+/// Batches on a small table: planned at each run where autovacuum is off,
+/// on kept plans where it runs.
+fn assert_small_table_batches(stats: GroupCommitStats, autovacuum: bool) {
+    assert!(stats.statements > 0, "the rounds formed batches: {stats:?}");
+    if autovacuum {
+        assert_eq!(stats.planned, 0, "autovacuum runs: plans kept: {stats:?}");
+    } else {
+        assert_eq!(
+            stats.planned, stats.statements,
+            "a small table, no autovacuum: every batch planned: {stats:?}"
+        );
+    }
+}
+
 /// Group commit's statements are planned for the table as it is, not as
 /// it was. PostgreSQL keeps a prepared statement's generic plan, and the
 /// resolutions' plan made while the table was empty was a hash join over
@@ -377,15 +407,10 @@ async fn grouped_statements_use_the_key_index_however_the_table_has_grown() {
 /// primary key. Where autovacuum runs, plans are kept from the start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn grouped_statements_keep_their_plans_once_the_table_has_grown() {
-    let Some(url) = services::postgres() else {
+    let Some((_, isolated, admin, table)) = plan_test("kept").await else {
         return;
     };
-    let Some(isolated) = common::Isolated::new("kept").await else {
-        return;
-    };
-    let admin = sqlx::PgPool::connect(&url).await.expect("admin connection");
     let autovacuum = common::autovacuum(&admin).await;
-    let table = format!("\"{}\".idem_records", isolated.schema);
     let scope = idem_testkit::conformance::unique_scope("pg-kept");
     const ROUNDS: usize = 8;
 
@@ -397,16 +422,7 @@ async fn grouped_statements_keep_their_plans_once_the_table_has_grown() {
     for r in 0..ROUNDS {
         round(&small, &scope, r * KEYS).await;
     }
-    let stats = small.group_commit_stats();
-    assert!(stats.statements > 0, "the rounds formed batches: {stats:?}");
-    if autovacuum {
-        assert_eq!(stats.planned, 0, "autovacuum runs: plans kept: {stats:?}");
-    } else {
-        assert_eq!(
-            stats.planned, stats.statements,
-            "a small table, no autovacuum: every batch planned: {stats:?}"
-        );
-    }
+    assert_small_table_batches(small.group_commit_stats(), autovacuum);
     small.close().await;
 
     const GROWN: i64 = 20_000;
@@ -449,15 +465,10 @@ async fn grouped_statements_keep_their_plans_once_the_table_has_grown() {
 /// for here) plans them again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn grouped_plans_are_made_anew_after_the_table_is_emptied_and_grows_back() {
-    let Some(url) = services::postgres() else {
+    let Some((_, isolated, admin, table)) = plan_test("emptied").await else {
         return;
     };
-    let Some(isolated) = common::Isolated::new("emptied").await else {
-        return;
-    };
-    let admin = sqlx::PgPool::connect(&url).await.expect("admin connection");
     let autovacuum = common::autovacuum(&admin).await;
-    let table = format!("\"{}\".idem_records", isolated.schema);
     let scope = idem_testkit::conformance::unique_scope("pg-emptied");
     const GROWN: i64 = 20_000;
     // A look at the size is due once a second; wait a little longer.
@@ -559,19 +570,9 @@ async fn grouped_plans_are_made_anew_after_the_table_is_emptied_and_grows_back()
 /// the early rounds' own, reported when the store closes: some hundreds.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn single_key_statements_find_keys_by_the_primary_key_once_the_table_has_grown() {
-    let Some(url) = services::postgres() else {
+    let Some((_, isolated, admin, table)) = plan_test("single").await else {
         return;
     };
-    let Some(isolated) = common::Isolated::new("single").await else {
-        return;
-    };
-    // One connection, so that its own counters can be flushed on demand.
-    let admin = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&url)
-        .await
-        .expect("admin connection");
-    let table = format!("\"{}\".idem_records", isolated.schema);
     let index = format!("\"{}\".idem_records_tenant_created", isolated.schema);
     let scope = idem_testkit::conformance::unique_scope("pg-single");
     let store = Arc::new(
@@ -651,13 +652,9 @@ async fn single_key_statements_find_keys_by_the_primary_key_once_the_table_has_g
 /// when it grows), not on plans made on the empty table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_store_from_a_pool_asks_whether_autovacuum_runs() {
-    let Some(url) = services::postgres() else {
+    let Some((url, isolated, admin, _)) = plan_test("pool").await else {
         return;
     };
-    let Some(isolated) = common::Isolated::new("pool").await else {
-        return;
-    };
-    let admin = sqlx::PgPool::connect(&url).await.expect("admin connection");
     let autovacuum = common::autovacuum(&admin).await;
     let connect = url
         .parse::<sqlx::postgres::PgConnectOptions>()
@@ -673,16 +670,7 @@ async fn a_store_from_a_pool_asks_whether_autovacuum_runs() {
     for r in 0..4 {
         round(&store, &scope, r * KEYS).await;
     }
-    let stats = store.group_commit_stats();
-    assert!(stats.statements > 0, "the rounds formed batches: {stats:?}");
-    if autovacuum {
-        assert_eq!(stats.planned, 0, "autovacuum runs: plans kept: {stats:?}");
-    } else {
-        assert_eq!(
-            stats.planned, stats.statements,
-            "a small table, no autovacuum: every batch planned: {stats:?}"
-        );
-    }
+    assert_small_table_batches(store.group_commit_stats(), autovacuum);
     store.close().await;
     isolated.drop_schema().await;
 }
