@@ -54,6 +54,23 @@ pub fn guarded<S: Clone + Send + Sync + 'static>(
     routes.layer(middleware::from_fn_with_state(token, require_token))
 }
 
+/// Whether a request's `Host` and `Origin` (each when present) name
+/// loopback. A value that is not text names nothing, so it is refused,
+/// not skipped.
+pub(super) fn from_same_machine(headers: &http::HeaderMap) -> bool {
+    let host_ok = headers
+        .get_all(header::HOST)
+        .iter()
+        .all(|v| v.to_str().is_ok_and(is_loopback_host));
+    let origin_ok = headers.get_all(header::ORIGIN).iter().all(|v| {
+        v.to_str().is_ok_and(|o| {
+            o.split_once("://")
+                .is_some_and(|(_, h)| is_loopback_host(h))
+        })
+    });
+    host_ok && origin_ok
+}
+
 pub(super) async fn require_token(
     State(token): State<Option<Arc<str>>>,
     req: Request,
@@ -63,20 +80,7 @@ pub(super) async fn require_token(
         // No token (a loopback listener): a web page in the operator's
         // browser must not reach the API through DNS rebinding (a foreign
         // Host) nor make it act cross-site (a foreign Origin).
-        let host_ok = req
-            .headers()
-            .get(header::HOST)
-            .and_then(|v| v.to_str().ok())
-            .is_none_or(is_loopback_host);
-        let origin_ok = req
-            .headers()
-            .get(header::ORIGIN)
-            .and_then(|v| v.to_str().ok())
-            .is_none_or(|o| {
-                o.split_once("://")
-                    .is_some_and(|(_, h)| is_loopback_host(h))
-            });
-        if !host_ok || !origin_ok {
+        if !from_same_machine(req.headers()) {
             return problem(
                 AdminProblem::Forbidden,
                 "without an admin token the admin API answers only same-machine requests (Host and Origin on loopback); set an admin token to reach it otherwise",

@@ -85,7 +85,7 @@ mod tests {
 
     use idem::store::Cursor;
 
-    use super::auth::{is_loopback_host, same_secret};
+    use super::auth::{from_same_machine, is_loopback_host, same_secret};
     use super::records::list_filter;
     use crate::records::{DEFAULT_PAGE, ResolveRequest, decode_cursor, encode_cursor};
     use idem::fingerprint::to_hex;
@@ -172,6 +172,44 @@ mod tests {
             let err = parse(text).expect_err(text);
             assert!(err.contains(needle), "{text}: {err}");
         }
+    }
+
+    /// A `Host` or `Origin` that is not text is refused, not skipped; two
+    /// `Host` lines must both be loopback.
+    #[test]
+    fn a_host_that_is_not_text_is_not_the_same_machine() {
+        let headers = |pairs: &[(&str, &[u8])]| {
+            let mut h = http::HeaderMap::new();
+            for (name, value) in pairs {
+                h.append(
+                    http::HeaderName::from_bytes(name.as_bytes()).expect("name"),
+                    http::HeaderValue::from_bytes(value).expect("value"),
+                );
+            }
+            h
+        };
+        assert!(from_same_machine(&headers(&[])));
+        assert!(from_same_machine(&headers(&[(
+            "host",
+            &b"127.0.0.1:9090"[..]
+        )])));
+        assert!(!from_same_machine(&headers(&[(
+            "host",
+            &b"\xffevil.example"[..]
+        )])));
+        assert!(!from_same_machine(&headers(&[("host", &b"evil\xff"[..])])));
+        assert!(!from_same_machine(&headers(&[
+            ("host", &b"localhost"[..]),
+            ("host", &b"evil.example"[..])
+        ])));
+        assert!(!from_same_machine(&headers(&[
+            ("host", &b"localhost"[..]),
+            ("origin", &b"http://evil\xff"[..])
+        ])));
+        assert!(from_same_machine(&headers(&[
+            ("host", &b"localhost"[..]),
+            ("origin", &b"http://localhost:9090"[..])
+        ])));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 mod cleanup;
 mod demo;
+mod log_fields;
 mod migrate;
 mod outbox;
 mod records;
@@ -176,6 +177,7 @@ where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
     tracing_subscriber::fmt::layer()
+        .fmt_fields(log_fields::QuotedFields)
         .with_ansi(colour(
             std::io::stderr().is_terminal(),
             std::env::var_os("NO_COLOR"),
