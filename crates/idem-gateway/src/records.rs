@@ -187,6 +187,11 @@ impl ResolveRequest {
         for (name, value) in &self.headers {
             header::HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| format!("headers: {name:?} is not a header name"))?;
+            if !idem_http::replayable(name) {
+                return Err(InvalidParameter(format!(
+                    "headers: {name:?} is never stored: a replay frames its own body, and connection, cookie and authentication headers belong to one caller"
+                )));
+            }
             HeaderValue::from_str(value)
                 .map_err(|_| format!("headers: the value of {name:?} is not a header value"))?;
             response = response.with_header(name, value.clone().into_bytes());

@@ -231,3 +231,64 @@ async fn bad_hosts_are_refused_and_no_method_loses_its_body() {
         "the body arrived whole: {chunked}"
     );
 }
+
+/// Session and authentication headers of one caller (`Set-Cookie2`,
+/// `Authentication-Info`, `Proxy-Authentication-Info`) and the gateway's
+/// own marks reach that caller and are never stored for a replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authentication_results_and_marks_are_not_stored() {
+    let upstream = raw_upstream(
+        b"HTTP/1.1 201 Created\r\nContent-Length: 7\r\nSet-Cookie2: s=alice\r\n\
+          Authentication-Info: nextnonce=\"alice\"\r\nProxy-Authentication-Info: nextnonce=\"p\"\r\n\
+          Idempotency-Status: forged\r\nX-Kept: yes\r\n\r\ncharged",
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("dir");
+    let gw = GatewayProcess::builder(IDEM, dir.path())
+        .config(CONFIG)
+        .upstream(&upstream)
+        .store(&sqlite_store(dir.path()))
+        .start()
+        .await;
+    let first = post(&gw, "auth-info").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(
+        first.header("authentication-info"),
+        Some("nextnonce=\"alice\"")
+    );
+    let replay = post(&gw, "auth-info").await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(replay.header("x-kept"), Some("yes"));
+    for name in [
+        "set-cookie2",
+        "authentication-info",
+        "proxy-authentication-info",
+        "idempotency-status",
+    ] {
+        assert!(replay.header(name).is_none(), "{name} replayed");
+    }
+}
+
+/// The gateway never asks for a protocol switch, so an upstream's `101`
+/// is a broken answer after sending: `502`, the record held, the retry
+/// not run again, and nothing of the switch recorded or replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrequested_101_is_a_broken_answer_and_is_held() {
+    let upstream = raw_upstream(
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("dir");
+    let gw = GatewayProcess::builder(IDEM, dir.path())
+        .config(CONFIG)
+        .upstream(&upstream)
+        .store(&sqlite_store(dir.path()))
+        .start()
+        .await;
+    let first = post(&gw, "switched").await;
+    assert_eq!(first.status, StatusCode::BAD_GATEWAY, "{first:?}");
+    assert_eq!(first.problem_type(), "upstream-response-broken");
+    let retry = post(&gw, "switched").await;
+    assert_eq!(retry.status, StatusCode::CONFLICT, "{retry:?}");
+    assert_eq!(retry.problem_type(), "idempotency-outcome-held");
+}

@@ -111,6 +111,20 @@ async fn a_key_cannot_move_to_another_resource_nor_a_path_skip_its_policy() {
     );
     assert_eq!(b.problem_type(), "idempotency-key-reused");
     assert_eq!(up.executions("capture-1"), 1);
+    // The upstream runs the request that was judged: B's path with a dot
+    // segment that names A is A's capture, sent as A's.
+    let dotted = gw
+        .post(
+            "/v1/orders/ord_B/%2e%2e/ord_A/capture?x=1",
+            &[("idempotency-key", "capture-2")],
+            "{}",
+        )
+        .await;
+    assert_eq!(dotted.status, StatusCode::CREATED);
+    assert!(
+        String::from_utf8_lossy(&dotted.body).contains(r#""path":"/v1/orders/ord_A/capture""#),
+        "{dotted:?}"
+    );
     for path in [
         "/v1/payments/",
         "//v1/payments",
@@ -253,4 +267,150 @@ async fn the_embedded_store_keeps_its_own_secret_beside_its_database() {
     assert!(listed.contains("\"tenant\""), "{listed}");
     assert!(!listed.contains(&unkeyed), "{listed}");
     assert!(listed.contains("v2:"), "{listed}");
+}
+
+/// A `502` or `504` from the upstream proves nothing about the request:
+/// a load balancer between the gateway and the app answers them after the
+/// app ran. The key is held as an unknown outcome, and the retry charges
+/// nothing; a route whose upstream is the app itself may release them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_intermediary_s_502_or_504_holds_the_key_instead_of_running_twice() {
+    let up = CountingUpstream::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let gw = start(dir.path(), CONFIG, &up).await;
+    for status in ["502", "504"] {
+        let key = format!("lb-{status}");
+        let timed_out = [("idempotency-key", key.as_str()), ("x-status", status)];
+        let first = gw.post("/v1/payments", &timed_out, "{}").await;
+        assert_eq!(first.status.as_str(), status);
+        let retry = gw
+            .post("/v1/payments", &[("idempotency-key", key.as_str())], "{}")
+            .await;
+        assert_eq!(retry.status, StatusCode::CONFLICT, "{status}: {retry:?}");
+        assert_eq!(retry.problem_type(), "idempotency-outcome-held");
+        assert_eq!(up.executions(&key), 1, "{status}: charged once");
+    }
+    let released = format!("[defaults]\nrelease_statuses = [502, 504]\n{CONFIG}");
+    let dir2 = tempfile::tempdir().expect("temp dir");
+    let app = start(dir2.path(), &released, &up).await;
+    let key = [("idempotency-key", "app-502"), ("x-status", "502")];
+    assert_eq!(
+        app.post("/v1/payments", &key, "{}").await.status,
+        StatusCode::BAD_GATEWAY
+    );
+    let retry = app
+        .post("/v1/payments", &[("idempotency-key", "app-502")], "{}")
+        .await;
+    assert_eq!(retry.status, StatusCode::CREATED, "released: {retry:?}");
+    assert_eq!(up.executions("app-502"), 2);
+}
+
+/// A route looked up by `/v1/payments/by-key/{key}` cannot take the keys
+/// `.` and `..`: its lookup would be `/v1/payments/by-key/..`, which an
+/// upstream that resolves dot segments answers for another path (the
+/// payment run twice, or its record settled with another resource's
+/// answer). They are refused before anything runs; elsewhere they are
+/// keys like any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_cannot_make_the_lookup_name_another_path() {
+    let up = CountingUpstream::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = format!(
+        "{CONFIG}\n[[route]]\nmethod = \"POST\"\npath = \"/v1/charges\"\nrequire_key = true\n\
+         [route.reconcile]\npath = \"/v1/charges/by-key/{{key}}\"\nstatus = 201\n"
+    );
+    let gw = start(dir.path(), &config, &up).await;
+    for dots in [".", ".."] {
+        let refused = gw
+            .post("/v1/charges", &[("idempotency-key", dots)], "{}")
+            .await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{dots}");
+        assert_eq!(refused.problem_type(), "idempotency-key-invalid", "{dots}");
+        assert_eq!(up.executions(dots), 0, "{dots}: nothing ran");
+        let elsewhere = gw
+            .post("/v1/payments", &[("idempotency-key", dots)], "{}")
+            .await;
+        assert_eq!(elsewhere.status, StatusCode::CREATED, "{dots}");
+    }
+    let fine = gw
+        .post("/v1/charges", &[("idempotency-key", "...")], "{}")
+        .await;
+    assert_eq!(fine.status, StatusCode::CREATED);
+}
+
+/// From a peer that is not a trusted proxy, the identity header and the
+/// client's own `X-Forwarded-For` and `Forwarded` never reach the
+/// upstream, on a protected route or not; from a trusted proxy they do.
+/// A `Connection` header may not name the key or the credential, which
+/// the gateway reads and the next hop would strip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_peer_s_identity_and_forwarded_headers_never_reach_the_upstream() {
+    let up = CountingUpstream::start().await;
+    let trusted = |nets: &str| {
+        format!(
+            "[tenant]\nfrom = \"trusted_header\"\nname = \"X-User\"\ntrusted_proxies = [{nets}]\n{CONFIG}"
+        )
+    };
+    let claims = [
+        ("x-user", "alice"),
+        ("x-forwarded-for", "6.6.6.6"),
+        ("forwarded", "for=6.6.6.6"),
+    ];
+    let dir = tempfile::tempdir().expect("temp dir");
+    let elsewhere = start(dir.path(), &trusted("\"10.0.0.0/8\""), &up).await;
+    for path in ["/v1/public", "/v1/unrouted"] {
+        let answer = elsewhere.post(path, &claims, "{}").await;
+        assert_eq!(answer.status, StatusCode::CREATED, "{path}: {answer:?}");
+        let seen = up.last_headers().expect("a request");
+        assert!(seen.get("x-user").is_none(), "{path}: {seen:?}");
+        assert!(seen.get("forwarded").is_none(), "{path}: {seen:?}");
+        let chain: Vec<_> = seen.get_all("x-forwarded-for").iter().collect();
+        assert_eq!(chain, ["127.0.0.1"], "{path}: only the gateway's own");
+    }
+    let dir2 = tempfile::tempdir().expect("temp dir");
+    let behind = start(dir2.path(), &trusted("\"127.0.0.0/8\""), &up).await;
+    let answer = behind.post("/v1/public", &claims, "{}").await;
+    assert_eq!(answer.status, StatusCode::CREATED);
+    let seen = up.last_headers().expect("a request");
+    assert_eq!(seen["x-user"], "alice");
+    assert_eq!(seen["forwarded"], "for=6.6.6.6");
+    let chain: Vec<_> = seen.get_all("x-forwarded-for").iter().collect();
+    assert_eq!(chain, ["6.6.6.6", "127.0.0.1"]);
+
+    let dir3 = tempfile::tempdir().expect("temp dir");
+    let gw = start(dir3.path(), CONFIG, &up).await;
+    // A protected request: the client's chain is not passed on either.
+    let protected = [
+        ("idempotency-key", "chain"),
+        ("x-forwarded-for", "6.6.6.6"),
+        ("forwarded", "for=6.6.6.6"),
+    ];
+    assert_eq!(
+        gw.post("/v1/payments", &protected, "{}").await.status,
+        StatusCode::CREATED
+    );
+    let seen = up.last_headers().expect("a request");
+    assert!(seen.get("forwarded").is_none(), "{seen:?}");
+    let chain: Vec<_> = seen.get_all("x-forwarded-for").iter().collect();
+    assert_eq!(chain, ["127.0.0.1"]);
+    for (named, problem) in [
+        ("idempotency-key", "idempotency-key-invalid"),
+        ("authorization", "tenant-invalid"),
+    ] {
+        let key = format!("hop-{named}");
+        let answer = gw
+            .post(
+                "/v1/payments",
+                &[("idempotency-key", key.as_str()), ("connection", named)],
+                "{}",
+            )
+            .await;
+        assert_eq!(
+            answer.status,
+            StatusCode::BAD_REQUEST,
+            "{named}: {answer:?}"
+        );
+        assert_eq!(answer.problem_type(), problem, "{named}");
+        assert_eq!(up.executions(&key), 0, "{named}: nothing forwarded");
+    }
 }

@@ -18,14 +18,45 @@ pub const IDEMPOTENCY_STATUS: HeaderName = HeaderName::from_static("idempotency-
 /// an upstream's own copy is stripped from its answer.
 pub(crate) const NOT_RETAINED: HeaderName = HeaderName::from_static("x-idem-body-not-retained");
 
-/// Response headers never stored, whatever a route's `unstored_headers`
-/// add: a cookie is one caller's, replayed it would hand that caller's
-/// session to another; the length and the replay mark are the replay's own.
-pub(crate) const NEVER_STORED: [HeaderName; 3] = [
-    header::SET_COOKIE,
+/// Response headers never stored nor replayed, whatever a route's
+/// `unstored_headers` add and whatever wrote the record (the upstream, an
+/// operator's `records resolve`, a store edited by hand), beside the
+/// connection-level [`HOP_BY_HOP`] set:
+///
+/// * the framing (`Content-Length`): the replay frames its own body, and
+///   a stored length that disagrees with it desyncs the client's
+///   connection (the next pipelined answer lands inside the body);
+/// * cookies and authentication results (`Set-Cookie`, `Set-Cookie2`,
+///   `Authentication-Info`, `Proxy-Authentication-Info`): they belong to
+///   one caller's session, and a replay would hand them to another;
+/// * the gateway's own marks (`Idempotent-Replayed`,
+///   `Idempotency-Status`): only the gateway says what a replay is.
+pub const NEVER_STORED: [HeaderName; 7] = [
     header::CONTENT_LENGTH,
+    header::SET_COOKIE,
+    HeaderName::from_static("set-cookie2"),
+    HeaderName::from_static("authentication-info"),
+    HeaderName::from_static("proxy-authentication-info"),
     IDEMPOTENT_REPLAYED,
+    IDEMPOTENCY_STATUS,
 ];
+
+/// Whether a response header may be stored and replayed: the one gate
+/// every writer of a record and every replay goes through (names compared
+/// without case). `false` for the [`HOP_BY_HOP`] and [`NEVER_STORED`]
+/// sets, `Proxy-Connection`, and anything that is not a header name.
+pub fn replayable(name: &str) -> bool {
+    match HeaderName::from_bytes(name.as_bytes()) {
+        Ok(name) => {
+            !HOP_BY_HOP.contains(&name) && !NEVER_STORED.contains(&name) && name != PROXY_CONNECTION
+        }
+        Err(_) => false,
+    }
+}
+
+/// The pre-standard `Connection` of old clients and proxies, which some
+/// still honour: connection-level like [`HOP_BY_HOP`].
+const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 /// Connection-level headers: never forwarded by a proxy, never stored.
 pub static HOP_BY_HOP: [HeaderName; 8] = [
@@ -71,6 +102,9 @@ pub fn hop_by_hop_names(headers: &HeaderMap) -> Vec<HeaderName> {
         .collect()
 }
 
+/// The headers of an upstream's answer that its record keeps: those
+/// [`replayable`] and not named by its `Connection` header nor in the
+/// route's `unstored` list.
 pub(crate) fn storable_headers(
     headers: &HeaderMap,
     unstored: &[HeaderName],
@@ -80,7 +114,7 @@ pub(crate) fn storable_headers(
         .iter()
         .filter(|(name, _)| {
             !hop_by_hop.contains(name)
-                && !NEVER_STORED.contains(*name)
+                && replayable(name.as_str())
                 && **name != NOT_RETAINED
                 && !unstored.contains(name)
         })

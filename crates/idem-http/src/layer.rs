@@ -39,14 +39,16 @@ use tower_service::Service;
 
 use crate::body::{BoxError, Kept, RequestBodyError, ResponseBody, keep_response, read_request};
 use crate::decision::Decision;
-use crate::headers::{IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED, NOT_RETAINED, storable_headers};
+use crate::headers::{
+    IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED, NOT_RETAINED, replayable, storable_headers,
+};
 use crate::metrics::RequestMetrics;
 use crate::pattern::normalize_path;
 use crate::problem::{Problem, ProblemKind, retry_after_secs};
 use crate::reconcile::{HttpLookup, LookupRequest, Sender};
 use crate::request::{
-    Hashing, TenantExtractor, TenantSource, fingerprints, header_label, is_json, key_from_body,
-    key_from_headers,
+    Hashing, PeerAddr, TenantExtractor, TenantSource, fingerprints, header_label, is_json,
+    key_from_body, key_from_headers,
 };
 use crate::routes::{MissingTenant, RoutePolicy, Routes};
 use crate::trace;
@@ -417,9 +419,9 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
             r.reconciler().connect(|| lookup_sender(inner.clone()));
             this.start_reconciliation();
         }
-        // Matched and fingerprinted in one spelling; forwarded as sent.
-        // Kept only when it differs from the path sent (rare): no
-        // allocation on the common path.
+        // Matched, fingerprinted and forwarded in one spelling. Kept only
+        // when it differs from the path sent (rare): no allocation on the
+        // common path.
         let normalized = match normalize_path(req.uri().path()) {
             Cow::Borrowed(_) => None,
             Cow::Owned(path) => Some(path.into_boxed_str()),
@@ -447,6 +449,10 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                     missing_key(route.policy, &route.operation)
                 }
                 Ok(key) => {
+                    let mut req = req;
+                    if let Some(path) = &normalized {
+                        forward_as_judged(&mut req, path);
+                    }
                     let this = Arc::clone(this);
                     let protected = Protected {
                         index: route.index,
@@ -463,6 +469,8 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         match refused {
             Some(refusal) => Box::pin(async move { counted.record(Ok(refusal)) }),
             None => {
+                let mut req = req;
+                remove_untrusted(&*this.tenant, &mut req);
                 let forwarded = pass_through(inner, req, Decision::PassThrough);
                 Box::pin(async move { counted.record(forwarded.await) })
             }
@@ -493,6 +501,10 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         } = route;
         let engine = &this.engines[index];
         let (parts, body) = req.into_parts();
+        if let Some(refused) = connection_names_what_was_read(&parts, &policy, &*this.tenant) {
+            tracing::info!(reason = "idempotency_connection_header", %operation, detail = refused.detail());
+            return Ok(problem(refused, Decision::BadRequest));
+        }
         // Without a key header (`handle` sends such a request here only
         // when `key_in_body` holds), the body is read first: whether the
         // request is protected at all depends on it.
@@ -516,7 +528,8 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                         if let Some(refusal) = missing_key(&policy, &operation) {
                             return Ok(refusal);
                         }
-                        let req = Request::from_parts(parts, ReqBody::from(bytes));
+                        let mut req = Request::from_parts(parts, ReqBody::from(bytes));
+                        remove_untrusted(&*this.tenant, &mut req);
                         return pass_through(inner, req, Decision::PassThrough).await;
                     }
                     Err(p) if p.kind() == Some(ProblemKind::BodyAmbiguous) => {
@@ -530,6 +543,16 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                 }
             }
         };
+        if let Some(lookup) = &policy.lookup
+            && !lookup.accepts(&key)
+        {
+            let p = Problem::new(
+                ProblemKind::KeyInvalid,
+                "this route's lookup puts the key in a path segment of its own, which cannot be '.' or '..'",
+            );
+            tracing::info!(reason = "idempotency_invalid_key", %operation, detail = p.detail());
+            return Ok(problem(p, Decision::InvalidKey));
+        }
         let scope = match this.tenant.tenant(&parts).and_then(|t| {
             Scope::new(&this.hashing.tenant(&t), &operation)
                 .map_err(|e| Problem::new(ProblemKind::TenantInvalid, e.to_string()))
@@ -540,7 +563,8 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                     && policy.on_missing_tenant == MissingTenant::Pass =>
             {
                 tracing::warn!(reason = "idempotency_unprotected", %operation, %key, detail = p.detail(), "no tenant credential: forwarded unprotected (on_missing_tenant = pass)");
-                let req = Request::from_parts(parts, body.into_body());
+                let mut req = Request::from_parts(parts, body.into_body());
+                remove_untrusted(&*this.tenant, &mut req);
                 let mut resp = pass_through(inner, req, Decision::Unprotected).await?;
                 resp.headers_mut()
                     .insert(IDEMPOTENCY_STATUS, HeaderValue::from_static("unprotected"));
@@ -860,6 +884,71 @@ fn missing_key<B>(policy: &RoutePolicy, operation: &str) -> Option<Response<Resp
     ))
 }
 
+/// A `Connection` header that names the key or the tenant's header: the
+/// layer would read them, and the next hop strip them, so the upstream
+/// would run a request other than the one judged. Refused (`400`).
+fn connection_names_what_was_read<T: TenantExtractor>(
+    parts: &Parts,
+    policy: &RoutePolicy,
+    tenant: &T,
+) -> Option<Problem> {
+    if !parts.headers.contains_key(header::CONNECTION) {
+        return None;
+    }
+    let named = crate::headers::hop_by_hop_names(&parts.headers);
+    if let Some(key) = policy.key_headers.iter().find(|h| named.contains(h)) {
+        return Some(Problem::new(
+            ProblemKind::KeyInvalid,
+            format!(
+                "the Connection header names {key}, which would be removed before the upstream; nothing was forwarded"
+            ),
+        ));
+    }
+    let credentials = tenant.credentials(parts);
+    let name = credentials.keys().find(|h| named.contains(h))?;
+    Some(Problem::new(
+        ProblemKind::TenantInvalid,
+        format!(
+            "the Connection header names {name}, which would be removed before the upstream; nothing was forwarded"
+        ),
+    ))
+}
+
+/// Puts the path a protected request was matched and fingerprinted on in
+/// its URI, so that the upstream runs the request that was judged: an
+/// upstream that does not resolve `%2e%2e` would otherwise run
+/// `/orders/B/%2e%2e/A/capture` as B's capture under A's fingerprint. A
+/// trailing slash stays as sent: upstreams that route `/payments/` and
+/// `/payments` apart (Django's `APPEND_SLASH`) keep working.
+fn forward_as_judged<B>(req: &mut Request<B>, normalized: &str) {
+    let sent = req.uri().path();
+    let mut path = String::with_capacity(sent.len());
+    path.push_str(normalized);
+    if sent.len() > 1 && sent.ends_with('/') && normalized != "/" {
+        path.push('/');
+    }
+    if path == sent {
+        return;
+    }
+    if let Some(query) = req.uri().query() {
+        path.push('?');
+        path.push_str(query);
+    }
+    let mut uri = req.uri().clone().into_parts();
+    uri.path_and_query = path.parse().ok();
+    if let Ok(uri) = http::Uri::from_parts(uri) {
+        *req.uri_mut() = uri;
+    }
+}
+
+/// Removes what the request's peer may not carry on to the service (see
+/// [`TenantExtractor::remove_untrusted`]): on every path that forwards a
+/// request whose tenant was not judged trusted.
+fn remove_untrusted<T: TenantExtractor, B>(tenant: &T, req: &mut Request<B>) {
+    let peer = req.extensions().get::<PeerAddr>().copied();
+    tenant.remove_untrusted(req.headers_mut(), peer.as_ref());
+}
+
 /// Forwards `req` as it is and labels the answer with `decision`. The
 /// request goes to the inner service at once, not when the future is
 /// first polled: held in the future, it was one more copy of the request
@@ -933,20 +1022,14 @@ where
                 ));
             }
             Some(UpstreamOutcome::MaybeSent) => {
-                tracing::warn!(reason = "idempotency_outcome_unknown", tenant = scope.tenant(), operation = scope.operation(), %key, status = parts.status.as_u16());
-                trace::record(trace::RECORD_STATE, "outcome_unknown");
-                let first_lookup =
-                    unknown(guard, "upstream failed after the request was sent", handoff).await;
-                if let Some(after) = first_lookup {
-                    parts.headers.insert(
-                        header::RETRY_AFTER,
-                        HeaderValue::from(retry_after_secs(after)),
-                    );
-                }
-                return Ok(with_decision(
-                    Response::from_parts(parts, ResponseBody::inner(body)),
-                    Decision::OutcomeUnknown,
-                ));
+                return Ok(held_as_unknown(
+                    parts,
+                    body,
+                    guard,
+                    handoff,
+                    "upstream failed after the request was sent",
+                )
+                .await);
             }
             Some(UpstreamOutcome::Recorded) => {
                 guard.recorded_elsewhere();
@@ -957,18 +1040,31 @@ where
             }
             None => {}
         }
-        if policy.engine.resolution_for(parts.status.as_u16()) == idem::Resolution::Release {
-            trace::record(trace::RECORD_STATE, "released");
-            log_recording(
-                &scope,
-                &key,
-                "transient status; key released",
-                guard.release().await,
-            );
-            return Ok(with_decision(
-                Response::from_parts(parts, ResponseBody::inner(body)),
-                Decision::Executed,
-            ));
+        match policy.engine.resolution_for(parts.status.as_u16()) {
+            idem::Resolution::Release => {
+                trace::record(trace::RECORD_STATE, "released");
+                log_recording(
+                    &scope,
+                    &key,
+                    "transient status; key released",
+                    guard.release().await,
+                );
+                return Ok(with_decision(
+                    Response::from_parts(parts, ResponseBody::inner(body)),
+                    Decision::Executed,
+                ));
+            }
+            idem::Resolution::Unknown => {
+                return Ok(held_as_unknown(
+                    parts,
+                    body,
+                    guard,
+                    handoff,
+                    "the upstream's status does not prove the request was not executed",
+                )
+                .await);
+            }
+            idem::Resolution::Complete | idem::Resolution::Fail => {}
         }
         let streamed = is_streamed(&parts.headers);
         let kept = if streamed {
@@ -1096,6 +1192,30 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
     }
 }
 
+/// An answer that does not prove the request was not executed: the record
+/// is held as an unknown outcome and the answer goes to the client as it
+/// came, with `Retry-After` when a lookup will settle the record.
+async fn held_as_unknown<S: Store, B>(
+    mut parts: http::response::Parts,
+    body: B,
+    guard: Guard<S>,
+    handoff: Option<Handoff<S>>,
+    cause: &str,
+) -> Response<ResponseBody<B>> {
+    tracing::warn!(reason = "idempotency_outcome_unknown", tenant = guard.scope().tenant(), operation = guard.scope().operation(), key = %guard.key(), status = parts.status.as_u16(), cause);
+    trace::record(trace::RECORD_STATE, "outcome_unknown");
+    if let Some(after) = unknown(guard, cause, handoff).await {
+        parts.headers.insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(retry_after_secs(after)),
+        );
+    }
+    with_decision(
+        Response::from_parts(parts, ResponseBody::inner(body)),
+        Decision::OutcomeUnknown,
+    )
+}
+
 /// Marks the attempt's outcome unknown; with a hand-off, the record goes to
 /// the reconciliation (settled with this attempt's lease). Returns when
 /// the first lookup is due, if one will be made.
@@ -1215,7 +1335,13 @@ fn replayed<B>(replay: Replay) -> Response<ResponseBody<B>> {
     resp
 }
 
+/// Adds a stored header to a replay, through the one gate of what is
+/// replayable: a record written by hand, or by an older gateway, cannot
+/// frame the replay nor hand out a session.
 fn append(headers: &mut HeaderMap, name: &str, value: &Bytes) {
+    if !replayable(name) {
+        return;
+    }
     if let (Ok(name), Ok(value)) = (
         HeaderName::from_bytes(name.as_bytes()),
         HeaderValue::from_bytes(value),
@@ -1320,6 +1446,37 @@ mod tests {
         let resp: Response<ResponseBody<http_body_util::Empty<Bytes>>> = replayed(replay);
         assert_eq!(resp.status(), 201);
         assert_eq!(resp.headers()["location"], "/x/1");
+        assert_eq!(resp.headers()[IDEMPOTENT_REPLAYED], "true");
+    }
+
+    /// A record written by hand (or by a store writer that skipped the
+    /// gate) cannot frame its replay, hand out a session, or mark itself:
+    /// every stored header goes through the one gate again on the way out.
+    #[test]
+    fn a_replay_carries_no_framing_session_or_marker_headers_whatever_was_stored() {
+        let mut stored = StoredResponse::new(201, "made").with_header("location", "/x/1");
+        for (name, value) in [
+            ("Content-Length", "100"),
+            ("transfer-encoding", "chunked"),
+            ("connection", "close"),
+            ("proxy-connection", "keep-alive"),
+            ("set-cookie", "s=alice"),
+            ("set-cookie2", "s=alice"),
+            ("authentication-info", "nextnonce=1"),
+            ("proxy-authentication-info", "nextnonce=1"),
+            ("idempotent-replayed", "false"),
+            ("idempotency-status", "unprotected"),
+        ] {
+            stored = stored.with_header(name, value);
+        }
+        let replay = Replay {
+            state: idem::RecordState::Completed,
+            response: stored,
+            resource_id: None,
+        };
+        let resp: Response<ResponseBody<http_body_util::Empty<Bytes>>> = replayed(replay);
+        let names: Vec<_> = resp.headers().keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["location", "idempotent-replayed"], "{names:?}");
         assert_eq!(resp.headers()[IDEMPOTENT_REPLAYED], "true");
     }
 

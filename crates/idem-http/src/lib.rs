@@ -53,7 +53,9 @@ pub mod trace;
 
 pub use body::{BoxError, ResponseBody};
 pub use decision::Decision;
-pub use headers::{HOP_BY_HOP, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED, hop_by_hop_names};
+pub use headers::{
+    HOP_BY_HOP, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED, NEVER_STORED, hop_by_hop_names, replayable,
+};
 pub use layer::{Idempotency, IdempotencyLayer, Reserved, UpstreamOutcome};
 pub use lookup::Lookup;
 pub use pattern::{PathPattern, PatternError, normalize_path};
@@ -63,6 +65,6 @@ pub use problem::{
 };
 pub use request::{
     Hashing, IDEMPOTENCY_KEY, PeerAddr, Tenant, TenantExtractor, TenantSource, fingerprints,
-    idempotency_key, is_json,
+    idempotency_key, is_json, is_trusted,
 };
 pub use routes::{MissingTenant, NO_ROUTE, RouteMatch, RoutePolicy, Routes, UNMATCHED_ROUTE};

@@ -147,13 +147,56 @@ impl Lookup {
         })
     }
 
+    /// Whether `key` can be looked up: `false` when the key would be a
+    /// whole path segment of its own that is a dot segment (`.` or `..`,
+    /// which percent-encoding leaves as they are). An upstream that
+    /// resolves dot segments would answer for another path (`by-key/..`
+    /// is the parent resource), and a record would be settled with
+    /// another resource's answer.
+    pub fn accepts(&self, key: &IdempotencyKey) -> bool {
+        !matches!(key.as_str(), "." | "..") || !self.key_is_a_segment()
+    }
+
+    /// Whether `{key}` fills a whole path segment (`/by-key/{key}`, not
+    /// `/by-key/k-{key}` nor the query).
+    fn key_is_a_segment(&self) -> bool {
+        let mut in_query = false;
+        let mut segment_start = true;
+        let mut parts = self.parts.iter().peekable();
+        while let Some(part) = parts.next() {
+            match part {
+                Part::Text(text) => {
+                    in_query |= text.contains('?');
+                    segment_start = text.ends_with('/');
+                }
+                Part::Key if !in_query && segment_start => {
+                    let segment_end = match parts.peek() {
+                        None => true,
+                        Some(Part::Text(next)) => next.starts_with(['/', '?', '#']),
+                        Some(_) => false,
+                    };
+                    if segment_end {
+                        return true;
+                    }
+                    segment_start = false;
+                }
+                Part::Key | Part::Param(_) => segment_start = false,
+            }
+        }
+        false
+    }
+
     /// The lookup's URI for `key`, taking route parameters from `param`;
-    /// `None` when one is missing.
+    /// `None` when one is missing, or when the key cannot be looked up
+    /// ([`accepts`](Self::accepts)).
     pub(crate) fn uri<'a>(
         &self,
         key: &IdempotencyKey,
         param: impl Fn(&str) -> Option<&'a str>,
     ) -> Option<Uri> {
+        if !self.accepts(key) {
+            return None;
+        }
         let mut out = String::with_capacity(self.path.len() + key.as_str().len());
         for part in &self.parts {
             match part {
@@ -201,6 +244,38 @@ mod tests {
             "/v1/payments",
         ] {
             assert!(Lookup::new(Method::GET, bad).is_err(), "{bad}");
+        }
+    }
+
+    /// A key of `.` or `..` alone in a segment would name another path
+    /// on an upstream that resolves dot segments; inside a segment, in
+    /// the query, or with other characters it names only itself.
+    #[test]
+    fn no_key_escapes_its_segment() {
+        let key = |k: &str| -> IdempotencyKey { k.parse().expect("key") };
+        for template in ["/v1/payments/by-key/{key}", "/v1/by-key/{key}/status"] {
+            let l = Lookup::new(Method::GET, template).expect("valid");
+            for dots in [".", ".."] {
+                assert!(!l.accepts(&key(dots)), "{template} {dots}");
+                assert!(l.uri(&key(dots), |_| None).is_none(), "{template} {dots}");
+            }
+            for fine in ["...", ".a", "a..", "%2e%2e", "k-1"] {
+                let uri = l.uri(&key(fine), |_| None).expect("uri");
+                assert!(
+                    uri.path().split('/').all(|s| s != "." && s != ".."),
+                    "{uri}"
+                );
+            }
+        }
+        for template in ["/v1/by-key/k-{key}", "/v1/by-key?key={key}"] {
+            let l = Lookup::new(Method::GET, template).expect("valid");
+            for dots in [".", ".."] {
+                let uri = l.uri(&key(dots), |_| None).expect("uri");
+                assert!(
+                    uri.path().split('/').all(|s| s != "." && s != ".."),
+                    "{uri}"
+                );
+            }
         }
     }
 }

@@ -222,6 +222,19 @@ impl Reconciler for HttpLookup {
             )
             .into());
         }
+        // An upstream that echoes the key says which record it answered
+        // about: an answer about another key never settles this one.
+        if let Some(echoed) = headers.get(&route.key_header)
+            && echoed.as_bytes() != record.key.as_str().as_bytes()
+        {
+            return Err(format!(
+                "the lookup {} {} answered about another key ({}: {echoed:?})",
+                route.lookup.method(),
+                route.lookup.path(),
+                route.key_header
+            )
+            .into());
+        }
         let status = route.lookup.status().unwrap_or(status);
         Ok(Reconciled::Done(FinalOutcome {
             verdict: Verdict::Completed,

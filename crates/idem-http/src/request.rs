@@ -254,6 +254,25 @@ pub trait TenantExtractor: Send + Sync + 'static {
     fn needs_credentials(&self) -> bool {
         false
     }
+
+    /// Removes from a request what its peer may not carry on to the
+    /// service: an identity only a trusted proxy may set. Called on every
+    /// request the layer forwards, protected or not, after its tenant was
+    /// judged (so a protected request still gets its clear refusal).
+    /// Default: nothing.
+    fn remove_untrusted(&self, headers: &mut HeaderMap, peer: Option<&PeerAddr>) {
+        let _ = (headers, peer);
+    }
+}
+
+/// Whether `peer` is one of `proxies`, compared by canonical address: on
+/// a dual-stack listener an IPv4 client is `::ffff:a.b.c.d`, which is the
+/// IPv4 address `a.b.c.d`.
+pub fn is_trusted(proxies: &[IpNet], peer: Option<&PeerAddr>) -> bool {
+    peer.is_some_and(|p| {
+        let ip = p.0.ip().to_canonical();
+        proxies.iter().any(|net| net.contains(&ip))
+    })
 }
 
 /// The built-in tenant sources (the gateway's `[tenant] from = …`).
@@ -280,6 +299,17 @@ pub enum TenantSource {
     /// One tenant for everything: a single-tenant deployment, where every
     /// caller may see every answer.
     Single(String),
+}
+
+impl TenantSource {
+    /// The proxies trusted to say who a request is from: those of
+    /// [`TenantSource::TrustedHeader`], none for the other sources.
+    pub fn trusted_proxies(&self) -> &[IpNet] {
+        match self {
+            Self::TrustedHeader { proxies, .. } => proxies,
+            _ => &[],
+        }
+    }
 }
 
 /// Exactly one non-empty value of `name`, `Ok(None)` when absent.
@@ -354,6 +384,14 @@ impl TenantExtractor for TenantSource {
         !matches!(self, Self::Single(_))
     }
 
+    fn remove_untrusted(&self, headers: &mut HeaderMap, peer: Option<&PeerAddr>) {
+        if let Self::TrustedHeader { name, proxies } = self
+            && !is_trusted(proxies, peer)
+        {
+            headers.remove(name);
+        }
+    }
+
     fn tenant<'a>(&'a self, parts: &'a Parts) -> Result<Tenant<'a>, Problem> {
         match self {
             Self::Authorization => single_header(parts, &header::AUTHORIZATION)?
@@ -369,8 +407,7 @@ impl TenantExtractor for TenantSource {
                 let Some(value) = single_header(parts, name)? else {
                     return Err(missing(&format!("the {name} header")));
                 };
-                let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0.ip());
-                if !peer.is_some_and(|ip| proxies.iter().any(|net| net.contains(&ip))) {
+                if !is_trusted(proxies, parts.extensions.get::<PeerAddr>()) {
                     return Err(Problem::new(
                         ProblemKind::TenantUntrusted,
                         format!(

@@ -779,6 +779,11 @@ async fn held_records_are_reconciled_through_the_route_s_lookup() {
                         *r.status_mut() = StatusCode::BAD_GATEWAY;
                         r.extensions_mut().insert(UpstreamOutcome::MaybeSent);
                     }
+                    if first && key.starts_with("lb") {
+                        // A load balancer's time-out after the charge: a
+                        // plain 502, which proves nothing either way.
+                        *r.status_mut() = StatusCode::BAD_GATEWAY;
+                    }
                     r
                 };
                 resp.headers_mut()
@@ -858,6 +863,34 @@ async fn held_records_are_reconciled_through_the_route_s_lookup() {
         "the lookup's answer, under the configured status"
     );
     assert_eq!(ledger.lock().expect("ledger")["lost-1"], 1, "charged once");
+
+    // An intermediary's 502 after the charge: held and settled the same
+    // way, never released to run again.
+    let first = svc
+        .clone()
+        .oneshot(request("/v1/payments", "lb-1"))
+        .await
+        .expect("answer");
+    assert_eq!(first.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(first.headers()["retry-after"], "1");
+    let mut settled = None;
+    for _ in 0..100 {
+        let r = svc
+            .clone()
+            .oneshot(request("/v1/payments", "lb-1"))
+            .await
+            .expect("answer");
+        if r.status() == StatusCode::CREATED {
+            settled = Some(r);
+            break;
+        }
+        assert_eq!(r.status(), StatusCode::CONFLICT);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (parts, bytes) = read(settled.expect("reconciled")).await;
+    assert_eq!(parts.headers["idempotent-replayed"], "true");
+    assert_eq!(&bytes[..], b"charge 1");
+    assert_eq!(ledger.lock().expect("ledger")["lb-1"], 1, "charged once");
 
     // Lost before charging: "not found" is believed after the settle time;
     // then the retry runs the charge, once.

@@ -638,6 +638,10 @@ impl<S: Store> Drop for Guard<S> {
     }
 }
 
+/// The cause recorded for an answer whose status proves nothing
+/// ([`Resolution::Unknown`]).
+const UNKNOWN_STATUS_CAUSE: &str = "the answer's status does not prove the work did not run";
+
 const RECORD_FIRST_PAUSE: Duration = Duration::from_millis(20);
 const RECORD_MAX_PAUSE: Duration = Duration::from_millis(500);
 
@@ -749,19 +753,20 @@ impl<S: Store> Guard<S> {
     }
 
     /// Records the answer chosen by the policy for its status (complete,
-    /// fail or release).
+    /// fail, release, or hold as an unknown outcome).
     pub async fn finish(self, response: StoredResponse) -> Result<(), RecordError> {
+        let not_recorded = |source| RecordError::NotRecorded {
+            marked_unknown: false,
+            source,
+        };
         match self.policy.resolution_for(response.status) {
             Resolution::Complete => self.complete(response).await,
             Resolution::Fail => self.fail(response).await,
-            Resolution::Release => {
-                self.release()
-                    .await
-                    .map_err(|source| RecordError::NotRecorded {
-                        marked_unknown: false,
-                        source,
-                    })
-            }
+            Resolution::Release => self.release().await.map_err(not_recorded),
+            Resolution::Unknown => self
+                .unknown(UNKNOWN_STATUS_CAUSE)
+                .await
+                .map_err(not_recorded),
         }
     }
 

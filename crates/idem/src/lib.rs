@@ -64,7 +64,10 @@ pub use key::{
     IdempotencyKey, KeyError, MAX_KEY_LEN, MAX_SCOPE_LEN, Scope, ScopeError, ScopeField,
 };
 pub use memory::MemoryStore;
-pub use policy::{DEFAULT_RELEASE_STATUSES, FailMode, InFlight, LeaseExpiry, Policy, Resolution};
+pub use policy::{
+    DEFAULT_RELEASE_STATUSES, FailMode, InFlight, LeaseExpiry, Policy, Resolution,
+    UNKNOWN_OUTCOME_STATUSES,
+};
 pub use record::{
     HeaderDecodeError, Lease, OUTCOME_UNKNOWN, OwnerToken, Record, RecordState, StoredResponse,
     Timestamp, UnknownState,

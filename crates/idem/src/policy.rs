@@ -71,14 +71,27 @@ pub enum Resolution {
     /// Record nothing and free the key: the answer was transient and a retry
     /// should run the work again.
     Release,
+    /// Hold the key as an unknown outcome: the answer does not prove that
+    /// the work did not run (see [`UNKNOWN_OUTCOME_STATUSES`]). Nothing is
+    /// replayed and nothing runs again until the record is reconciled.
+    Unknown,
 }
 
 /// Statuses that free the key instead of being stored, by default:
 /// authentication failures (401, 403, 407: a caller who could claim a key
 /// with a bad credential must not fix the answer its owner gets), request
-/// timeout, conflict, too early, too many requests, and the
-/// gateway/availability errors. Retrying any of them may rightly succeed.
-pub const DEFAULT_RELEASE_STATUSES: &[u16] = &[401, 403, 407, 408, 409, 425, 429, 502, 503, 504];
+/// timeout, conflict, too early, too many requests, and service
+/// unavailable. Each says the request was not acted on, so retrying it may
+/// rightly succeed.
+pub const DEFAULT_RELEASE_STATUSES: &[u16] = &[401, 403, 407, 408, 409, 425, 429, 503];
+
+/// Statuses that prove nothing about the request: `502` and `504` are what
+/// a load balancer or ingress between the caller and the app answers when
+/// the app is slow or its connection breaks, often after the app ran. They
+/// hold the key as an unknown outcome ([`Resolution::Unknown`]) unless the
+/// policy's `release_statuses` name them (an upstream that is the app
+/// itself, whose own `502` means it did nothing).
+pub const UNKNOWN_OUTCOME_STATUSES: &[u16] = &[502, 504];
 
 /// Per-operation idempotency policy. Defaults: retention 24 h, lease 30 s,
 /// [`LeaseExpiry::Hold`], [`FailMode::Closed`], [`InFlight::Reject`].
@@ -164,11 +177,13 @@ impl Policy {
     }
 
     /// How an answer with this status is recorded: release statuses free the
-    /// key, other statuses from 400 up are deterministic failures, the rest
-    /// complete.
+    /// key, [`UNKNOWN_OUTCOME_STATUSES`] hold it, other statuses from 400 up
+    /// are deterministic failures, the rest complete.
     pub fn resolution_for(&self, status: u16) -> Resolution {
         if self.release_statuses.contains(&status) {
             Resolution::Release
+        } else if UNKNOWN_OUTCOME_STATUSES.contains(&status) {
+            Resolution::Unknown
         } else if status >= 400 {
             Resolution::Fail
         } else {
@@ -200,11 +215,16 @@ mod tests {
         for s in [400, 402, 404, 422, 500] {
             assert_eq!(p.resolution_for(s), Resolution::Fail, "{s}");
         }
-        for s in [408, 409, 425, 429, 502, 503, 504] {
+        for s in [401, 403, 407, 408, 409, 425, 429, 503] {
             assert_eq!(p.resolution_for(s), Resolution::Release, "{s}");
         }
-        let p = p.with_release_statuses(vec![500]);
+        for s in [502, 504] {
+            assert_eq!(p.resolution_for(s), Resolution::Unknown, "{s}");
+        }
+        let p = p.with_release_statuses(vec![500, 502]);
         assert_eq!(p.resolution_for(500), Resolution::Release);
+        assert_eq!(p.resolution_for(502), Resolution::Release);
+        assert_eq!(p.resolution_for(504), Resolution::Unknown);
         assert_eq!(p.resolution_for(503), Resolution::Fail);
         assert_eq!(Policy::default().with_record_attempts(0).record_attempts, 1);
     }

@@ -28,7 +28,8 @@ use std::time::Duration;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri};
 use http_body::Body;
-use idem_http::{PeerAddr, Problem, ProblemKind, UpstreamOutcome, hop_by_hop_names};
+use idem_http::{PeerAddr, Problem, ProblemKind, UpstreamOutcome, hop_by_hop_names, is_trusted};
+use ipnet::IpNet;
 use tokio::time::error::Elapsed;
 use tower::Service;
 
@@ -41,6 +42,10 @@ use crate::telemetry;
 pub struct Proxy {
     upstream: Arc<Upstream>,
     timeout: Duration,
+    /// The peers whose `X-Forwarded-For` and `Forwarded` are passed on
+    /// (the tenant's trusted proxies); anyone else's are removed, since a
+    /// client can write any address there.
+    trusted: Arc<[IpNet]>,
 }
 
 impl Proxy {
@@ -56,7 +61,15 @@ impl Proxy {
                 tls,
             ),
             timeout,
+            trusted: Arc::new([]),
         }
+    }
+
+    /// Passes on the `X-Forwarded-For` and `Forwarded` headers of requests
+    /// from these peers (compared by canonical address).
+    pub fn with_trusted_proxies(mut self, proxies: &[IpNet]) -> Self {
+        self.trusted = proxies.into();
+        self
     }
 }
 
@@ -86,8 +99,13 @@ impl Service<Request<ProxyBody>> for Proxy {
                 HeaderValue::from_static("chunked"),
             );
         }
-        if let Some(PeerAddr(peer)) = parts.extensions.get::<PeerAddr>().copied()
-            && let Some(v) = forwarded_for(peer.ip())
+        let peer = parts.extensions.get::<PeerAddr>().copied();
+        if !is_trusted(&self.trusted, peer.as_ref()) {
+            parts.headers.remove(X_FORWARDED_FOR);
+            parts.headers.remove(http::header::FORWARDED);
+        }
+        if let Some(PeerAddr(peer)) = peer
+            && let Some(v) = forwarded_for(peer.ip().to_canonical())
         {
             parts.headers.append(X_FORWARDED_FOR, v);
         }
@@ -156,6 +174,22 @@ fn answer(
         span.record("otel.status_code", "ERROR");
     }
     let mut resp = match sent {
+        // The gateway never asks for a protocol switch (`Upgrade` is not
+        // forwarded), so a `101` is a broken answer: the request was sent,
+        // and what became of it is unknown.
+        Ok(Ok(resp)) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+            tracing::warn!(
+                reason = "upstream_broken",
+                "the upstream switched protocols unasked"
+            );
+            failure(
+                Problem::new(
+                    ProblemKind::UpstreamBroken,
+                    "the upstream answered 101 Switching Protocols to a request that asked for no upgrade; its outcome is unknown",
+                ),
+                UpstreamOutcome::MaybeSent,
+            )
+        }
         Ok(Ok(resp)) => {
             if !span.is_disabled() {
                 span.record("http.response.status_code", resp.status().as_u16());

@@ -110,7 +110,8 @@ pub async fn bind(settings: &Settings) -> Result<Server, GatewayError> {
         &settings.upstream,
         settings.upstream_tls.clone(),
         settings.upstream_timeout,
-    );
+    )
+    .with_trusted_proxies(settings.tenant.trusted_proxies());
     // Held records left by a gateway that died are found by listing the
     // store, where the monitor may list it (not on plain Redis); elsewhere
     // a client's retry brings them to the reconciliation.
