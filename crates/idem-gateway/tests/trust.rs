@@ -252,5 +252,5 @@ async fn the_embedded_store_keeps_its_own_secret_beside_its_database() {
     let listed = String::from_utf8_lossy(&listed.stdout);
     assert!(listed.contains("\"tenant\""), "{listed}");
     assert!(!listed.contains(&unkeyed), "{listed}");
-    assert!(listed.contains("v2:"), "{listed}");
+    assert!(listed.contains("v3:"), "{listed}");
 }
