@@ -266,7 +266,7 @@ async fn the_embedded_store_keeps_its_own_secret_beside_its_database() {
     let listed = String::from_utf8_lossy(&listed.stdout);
     assert!(listed.contains("\"tenant\""), "{listed}");
     assert!(!listed.contains(&unkeyed), "{listed}");
-    assert!(listed.contains("v2:"), "{listed}");
+    assert!(listed.contains("v3:"), "{listed}");
 }
 
 /// A `502` or `504` from the upstream proves nothing about the request:

@@ -691,6 +691,27 @@ where
         Some(earlier) => engine.begin_with_earlier(&scope, &key, fp, earlier).await,
         None => engine.begin(&scope, &key, fp).await,
     };
+    // A record the fingerprint does not match may have been written by
+    // the version before for this very request: its fingerprint is
+    // computed only then.
+    let begin = match begin {
+        Ok(Begin::Mismatch { state }) => {
+            let path = normalized.as_deref().unwrap_or(parts.uri.path());
+            match crate::previous_fingerprint(
+                &shared.hashing,
+                &parts,
+                path,
+                scope.operation(),
+                &policy.fingerprint_headers,
+                &policy.fingerprint_body,
+                &bytes,
+            ) {
+                Some(previous) => engine.recheck_mismatch(&scope, &key, state, previous).await,
+                None => Ok(Begin::Mismatch { state }),
+            }
+        }
+        other => other,
+    };
     match begin {
         Ok(Begin::Execute(guard)) => {
             if let Some(rerun) = guard.rerun() {

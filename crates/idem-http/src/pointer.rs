@@ -7,20 +7,20 @@
 //! use idem_http::{BodyFields, JsonPointer};
 //!
 //! let id: JsonPointer = "/order/id".parse()?;
-//! let doc = serde_json::json!({"order": {"id": "ord_7"}, "sent_at": "12:00"});
-//! assert_eq!(id.get(&doc), Some(&serde_json::json!("ord_7")));
+//! let doc = idem::json_strict(br#"{"order": {"id": "ord_7"}, "sent_at": "12:00"}"#)?;
+//! assert_eq!(id.get(&doc), Some(&idem::json::Value::String("ord_7".into())));
 //!
 //! // An honest retry that stamps a new `sent_at` keeps its fingerprint.
 //! let fields = BodyFields::Exclude(vec!["/sent_at".parse()?]);
-//! let retry = serde_json::json!({"order": {"id": "ord_7"}, "sent_at": "12:01"});
+//! let retry = idem::json_strict(br#"{"order": {"id": "ord_7"}, "sent_at": "12:01"}"#)?;
 //! assert_eq!(fields.select(doc), fields.select(retry));
-//! # Ok::<(), idem_http::PointerError>(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 use std::fmt;
 use std::str::FromStr;
 
-use serde_json::Value;
+use idem::json::Value;
 
 /// An RFC 6901 JSON Pointer naming one field below a document's root.
 ///
@@ -216,9 +216,15 @@ impl BodyFields {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
+
+    /// A document written as `serde_json::json!` writes it, read as the
+    /// fingerprint reads it.
+    macro_rules! json {
+        ($($doc:tt)+) => {
+            idem::json_strict(serde_json::json!($($doc)+).to_string().as_bytes()).expect("JSON")
+        };
+    }
 
     fn p(text: &str) -> JsonPointer {
         text.parse().expect("a pointer")

@@ -23,6 +23,7 @@ use std::time::SystemTime;
 
 use http::header::{self, HeaderMap, HeaderName};
 use http::request::Parts;
+use idem::json::Value;
 use idem::{Fingerprint, HashSecret, IdempotencyKey};
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
@@ -90,13 +91,13 @@ pub fn key_from_body(
     }
     let doc = match idem::json_strict(body) {
         Ok(doc) => doc,
-        Err(idem::JsonRefusal::NotJson) => return Ok(None),
+        Err(idem::JsonRefusal::NotJson | idem::JsonRefusal::OutOfRange(_)) => return Ok(None),
         Err(why) => return Err(ambiguous(&why)),
     };
     let text = match pointer.get(&doc) {
         None => return Ok(None),
-        Some(serde_json::Value::String(s)) => Cow::Borrowed(s.as_str()),
-        Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => Cow::Owned(n.to_string()),
+        Some(Value::String(s)) => s.as_str(),
+        Some(Value::Number(n)) if n.is_integer_literal() => n.as_str(),
         Some(_) => {
             return Err(Problem::new(
                 ProblemKind::KeyInvalid,
@@ -468,7 +469,7 @@ pub fn is_json(headers: &HeaderMap) -> bool {
 }
 
 /// How tenants and fingerprints are hashed: under the deployment's
-/// [`HashSecret`] (`v2:` fingerprints, keyed credential tenants), and for
+/// [`HashSecret`] (`v3:` fingerprints, keyed credential tenants), and for
 /// how long records written before it are still looked for.
 ///
 /// Without a secret ([`Hashing::unkeyed`], the library's default) tenants
@@ -552,22 +553,24 @@ impl Hashing {
 }
 
 /// A request's fingerprint, and (while [`Hashing::finds_earlier`]) the
-/// one earlier versions gave it.
+/// one versions before keyed hashing gave it.
 ///
 /// Over method, operation, the concrete [normalised](crate::normalize_path)
 /// `path` (so one key on another resource is a different request), the
 /// query with repeated parameters in the order sent, the chosen headers
 /// (all values, in order), and the body: canonical JSON when the content
-/// type is JSON (only the `fields` chosen), bytes otherwise; keyed (`v2:`)
-/// with a secret, SHA-256 (`v1:`) without. The earlier form: the same
-/// without the path, the query's parameters sorted, the whole body,
+/// type is JSON (only the `fields` chosen; numbers by exact decimal
+/// value), bytes otherwise; keyed (`v3:`) with a secret, SHA-256 (`v1:`)
+/// without. The earlier form: the same without the path, the query's
+/// parameters sorted, the whole body, its numbers read as doubles,
 /// unkeyed.
 ///
 /// A JSON body that is not UTF-8 is refused (JSON text is UTF-8 by
 /// definition), and so is one two readers could read as different
-/// documents (`400 request-body-ambiguous-json`); one that does not parse
-/// is hashed as bytes and left for the upstream to judge. The body is
-/// canonicalised once for both fingerprints.
+/// documents (`400 request-body-ambiguous-json`); one that does not parse,
+/// or whose numbers have no canonical form, is hashed as bytes and left
+/// for the upstream to judge. The body is parsed once for both
+/// fingerprints.
 pub fn fingerprints(
     hashing: &Hashing,
     parts: &Parts,
@@ -577,48 +580,79 @@ pub fn fingerprints(
     fields: &BodyFields,
     body: &[u8],
 ) -> Result<(Fingerprint, Option<Fingerprint>), Problem> {
-    let raw = body;
-    let body = body_digest(parts, body, fields)?;
-    let query = parts.uri.query().unwrap_or("");
-    let params = || query.split('&').filter(|p| !p.is_empty());
-    let rest = |mut fp: idem::FingerprintBuilder, body: (idem::BodyKind, [u8; 32])| {
-        for name in headers {
-            for value in parts.headers.get_all(name) {
-                fp = fp.part(name.as_str(), value.as_bytes());
-            }
-        }
-        fp.body_digest(body.0, body.1).finish()
-    };
-    // The form of versions before this one.
-    let earlier = || {
-        let mut sorted: Vec<&str> = params().collect();
-        sorted.sort_unstable();
-        // Earlier versions covered the whole body.
-        let whole = match fields {
-            BodyFields::All => Ok(body),
-            _ => body_digest(parts, raw, &BodyFields::All),
-        };
-        whole.map(|whole| {
-            rest(
-                Fingerprint::builder()
-                    .part("method", parts.method.as_str().as_bytes())
-                    .part("operation", operation.as_bytes())
-                    .part("query", sorted.join("&").as_bytes()),
-                whole,
-            )
-        })
-    };
-    let fp = match &hashing.secret {
+    let finds_earlier = hashing.finds_earlier();
+    let (body, whole_doubles) = body_digests(parts, body, fields, finds_earlier)?;
+    let builder = match &hashing.secret {
         Some(secret) => idem::FingerprintBuilder::keyed(secret),
         None => Fingerprint::builder(),
     };
+    let current = current_form(builder, parts, path, operation, headers, fields, body);
+    // The form of versions before keyed hashing. A body they refused (an
+    // integer a double rounds) has no record to find.
+    let earlier = whole_doubles.flatten().map(|whole| {
+        let mut sorted: Vec<&str> = query_params(parts).collect();
+        sorted.sort_unstable();
+        let fp = Fingerprint::builder()
+            .part("method", parts.method.as_str().as_bytes())
+            .part("operation", operation.as_bytes())
+            .part("query", sorted.join("&").as_bytes());
+        with_headers_and_body(fp, parts, headers, whole)
+    });
+    Ok((current, earlier))
+}
+
+/// The fingerprint the version before `v3` gave a request: the form of
+/// [`fingerprints`] with its JSON numbers read as binary doubles
+/// ([`idem::canonical_json_doubles`]): `v2:` with a secret, `v1:` without.
+/// `None` when that version refused the request (it gave it none).
+///
+/// Only for a request whose fingerprint a record does not carry
+/// ([`idem::Engine::recheck_mismatch`]): it parses the body again.
+pub fn previous_fingerprint(
+    hashing: &Hashing,
+    parts: &Parts,
+    path: &str,
+    operation: &str,
+    headers: &[HeaderName],
+    fields: &BodyFields,
+    body: &[u8],
+) -> Option<Fingerprint> {
+    let body = doubles_digest(parts, body, fields)?;
+    let builder = match &hashing.secret {
+        Some(secret) => idem::FingerprintBuilder::keyed_v2(secret),
+        None => Fingerprint::builder(),
+    };
+    Some(current_form(
+        builder, parts, path, operation, headers, fields, body,
+    ))
+}
+
+fn query_params(parts: &Parts) -> impl Iterator<Item = &str> {
+    parts
+        .uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+}
+
+/// The request's parts in the order of the `v2`/`v3` form, into `fp`.
+fn current_form(
+    fp: idem::FingerprintBuilder,
+    parts: &Parts,
+    path: &str,
+    operation: &str,
+    headers: &[HeaderName],
+    fields: &BodyFields,
+    body: BodyDigest,
+) -> Fingerprint {
     let mut fp = fp
         .part("method", parts.method.as_str().as_bytes())
         .part("operation", operation.as_bytes())
         .part("path", path.as_bytes());
     // Each parameter its own part, in order: `a=1&a=2` is not `a=2&a=1`,
     // and no parameter can run into the next.
-    for param in params() {
+    for param in query_params(parts) {
         fp = fp.part("query", param.as_bytes());
     }
     // Only when the body is covered in part (and JSON): the default keeps
@@ -628,20 +662,47 @@ pub fn fingerprints(
     {
         fp = fp.part("body:fields", label.as_bytes());
     }
-    let current = rest(fp, body);
-    let earlier = hashing.finds_earlier().then(earlier).transpose()?;
-    Ok((current, earlier))
+    with_headers_and_body(fp, parts, headers, body)
 }
 
-/// The body's kind and digest, as the fingerprint takes it: of the
-/// `fields` chosen when the body is JSON.
-fn body_digest(
+fn with_headers_and_body(
+    mut fp: idem::FingerprintBuilder,
+    parts: &Parts,
+    headers: &[HeaderName],
+    body: BodyDigest,
+) -> Fingerprint {
+    for name in headers {
+        for value in parts.headers.get_all(name) {
+            fp = fp.part(name.as_str(), value.as_bytes());
+        }
+    }
+    fp.body_digest(body.0, body.1).finish()
+}
+
+/// A body's kind and SHA-256, as a fingerprint takes it.
+type BodyDigest = (idem::BodyKind, [u8; 32]);
+
+fn bytes_digest(body: &[u8]) -> BodyDigest {
+    (idem::BodyKind::Bytes, Sha256::digest(body).into())
+}
+
+fn json_digest(canonical: &[u8]) -> BodyDigest {
+    (idem::BodyKind::Json, Sha256::digest(canonical).into())
+}
+
+/// The body's digest as the fingerprint takes it (of the `fields` chosen
+/// when the body is JSON) and, when `whole_doubles`, the digest versions
+/// before `v3` gave the whole body (`Some(None)` where they refused it),
+/// from one parse.
+fn body_digests(
     parts: &Parts,
     body: &[u8],
     fields: &BodyFields,
-) -> Result<(idem::BodyKind, [u8; 32]), Problem> {
+    whole_doubles: bool,
+) -> Result<(BodyDigest, Option<Option<BodyDigest>>), Problem> {
     if !is_json(&parts.headers) {
-        return Ok((idem::BodyKind::Bytes, Sha256::digest(body).into()));
+        let digest = bytes_digest(body);
+        return Ok((digest, whole_doubles.then_some(Some(digest))));
     }
     if std::str::from_utf8(body).is_err() {
         return Err(Problem::new(
@@ -654,11 +715,39 @@ fn body_digest(
     // fingerprint did not).
     match idem::json_strict(body) {
         Ok(doc) => {
+            let doubles = whole_doubles.then(|| doubles_of(&doc, body));
             let canonical = idem::canonical_json_value(&fields.select(doc), body.len());
-            Ok((idem::BodyKind::Json, Sha256::digest(&canonical).into()))
+            Ok((json_digest(&canonical), doubles))
         }
-        Err(idem::JsonRefusal::NotJson) => Ok((idem::BodyKind::Bytes, Sha256::digest(body).into())),
+        Err(idem::JsonRefusal::NotJson | idem::JsonRefusal::OutOfRange(_)) => {
+            let digest = bytes_digest(body);
+            Ok((digest, whole_doubles.then_some(Some(digest))))
+        }
         Err(why) => Err(ambiguous(&why)),
+    }
+}
+
+/// The digest versions before `v3` gave the `fields` of a body: `None`
+/// where they refused it.
+fn doubles_digest(parts: &Parts, body: &[u8], fields: &BodyFields) -> Option<BodyDigest> {
+    if !is_json(&parts.headers) {
+        return Some(bytes_digest(body));
+    }
+    match idem::json_strict(body) {
+        Ok(doc) => doubles_of(&fields.select(doc), body),
+        Err(idem::JsonRefusal::NotJson) => Some(bytes_digest(body)),
+        Err(_) => None,
+    }
+}
+
+/// A parsed document's digest in the doubles form: as bytes where that
+/// form has no number for it (beyond the doubles' range, as those
+/// versions hashed it), `None` where those versions refused it.
+fn doubles_of(doc: &Value, body: &[u8]) -> Option<BodyDigest> {
+    match idem::canonical_json_doubles_value(doc, body.len()) {
+        Ok(canonical) => Some(json_digest(&canonical)),
+        Err(idem::JsonRefusal::NotJson) => Some(bytes_digest(body)),
+        Err(_) => None,
     }
 }
 
@@ -690,13 +779,18 @@ mod tests {
         for (body, why) in [
             (r#"{"a":1,"a":2}"#, "appears twice"),
             (r#"{"x":{"to":"alice","to":"mallory"}}"#, "appears twice"),
-            (r#"[{"n":9007199254740993}]"#, "beyond"),
-            (r#"{"n":-9007199254740993}"#, "beyond"),
         ] {
             let p = json(body).expect_err(body);
             assert_eq!(p.kind(), Some(ProblemKind::BodyAmbiguous), "{body}");
             assert!(p.detail().contains(why), "{body}: {}", p.detail());
         }
+        // Integers of any size are requests of their own.
+        let big = json(r#"[{"n":9007199254740993}]"#).expect("accepted");
+        assert_ne!(big, json(r#"[{"n":9007199254740992}]"#).expect("accepted"));
+        assert_ne!(
+            json(r#"{"n":-18446744073709551617}"#).expect("accepted"),
+            json(r#"{"n":-18446744073709551616}"#).expect("accepted")
+        );
         // Safe integers, floats and the same document reordered are fine
         // and fingerprint as before (the canonical JSON's digest).
         let a = json(r#"{"n":9007199254740992,"f":1.5,"s":"x"}"#).expect("safe");
@@ -725,6 +819,65 @@ mod tests {
         assert_eq!(earlier, Some(via_builder));
         // Not JSON at all: its bytes, as before.
         assert!(json("{not json").is_ok());
+        // A body versions before refused has no earlier fingerprint.
+        let (_, earlier) = fingerprints(
+            &upgrading,
+            &p,
+            "/v1/payments",
+            "POST /v1/payments",
+            &[],
+            &BodyFields::All,
+            br#"{"n":9007199254740993}"#,
+        )
+        .expect("fp");
+        assert_eq!(earlier, None);
+    }
+
+    /// The previous fingerprint is the `v2` one: the current form with
+    /// numbers read as doubles, so two bodies one double cannot tell apart
+    /// share it, and one that version refused has none.
+    #[test]
+    fn the_previous_fingerprint_reads_numbers_as_doubles() {
+        let p = parts(|b| b.header("content-type", "application/json"));
+        let fields = BodyFields::Exclude(vec!["/sent_at".parse().expect("pointer")]);
+        let previous = |hashing: &Hashing, body: &str| {
+            previous_fingerprint(
+                hashing,
+                &p,
+                "/v1/payments",
+                "POST /v1/payments",
+                &[header::CONTENT_TYPE],
+                &fields,
+                body.as_bytes(),
+            )
+        };
+        let a = previous(&secret(1), r#"{"amount":0.1,"sent_at":1}"#).expect("v2");
+        assert!(a.to_string().starts_with("v2:"), "{a}");
+        assert_eq!(
+            Some(a),
+            previous(&secret(1), r#"{"amount":0.10000000000000001,"sent_at":2}"#)
+        );
+        assert_eq!(previous(&secret(1), r#"{"id":9007199254740993}"#), None);
+        let unkeyed = previous(&Hashing::unkeyed(), r#"{"amount":0.1}"#).expect("v1");
+        assert!(unkeyed.to_string().starts_with("v1:"), "{unkeyed}");
+        // The current fingerprint tells the two amounts apart.
+        let current = |body: &str| {
+            fingerprints(
+                &secret(1),
+                &p,
+                "/v1/payments",
+                "POST /v1/payments",
+                &[header::CONTENT_TYPE],
+                &fields,
+                body.as_bytes(),
+            )
+            .expect("fp")
+            .0
+        };
+        assert_ne!(
+            current(r#"{"amount":0.1}"#),
+            current(r#"{"amount":0.10000000000000001}"#)
+        );
     }
 
     fn parts(build: impl FnOnce(http::request::Builder) -> http::request::Builder) -> Parts {
@@ -970,7 +1123,7 @@ mod tests {
             "POST /v1/payments",
             br#"{"a":1,"b":[1,2]}"#,
         );
-        assert!(a.to_string().starts_with("v2:"), "{a}");
+        assert!(a.to_string().starts_with("v3:"), "{a}");
         let b = fp(
             &parts(json),
             "/v1/payments",

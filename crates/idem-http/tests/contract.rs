@@ -1295,3 +1295,109 @@ async fn keys_and_fingerprints_come_from_where_the_route_says() {
     }
     assert_eq!(counter.get(), 8);
 }
+
+/// Amounts differing in the 17th significant digit are one double but two
+/// amounts to a Decimal upstream: the second is a key reused for another
+/// request. A 64-bit id sent as a JSON number is an ordinary request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn numbers_are_compared_as_the_decimals_a_payment_service_reads() {
+    let counter = Counter::default();
+    let addr = serve(app_with(
+        Arc::new(MemoryStore::new()),
+        routes(),
+        counter.clone(),
+        keyed(9),
+    ))
+    .await;
+    let h = [JSON, AUTH, ("idempotency-key", "amount-1")];
+    let first = send(addr, Method::POST, "/v1/payments", &h, r#"{"amount":0.1}"#).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let other = send(
+        addr,
+        Method::POST,
+        "/v1/payments",
+        &h,
+        r#"{"amount":0.10000000000000001}"#,
+    )
+    .await;
+    assert_eq!(
+        other.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{:?}",
+        other.body
+    );
+    // The same amount spelled another way is the same request.
+    let same = send(addr, Method::POST, "/v1/payments", &h, r#"{"amount":1e-1}"#).await;
+    assert_eq!(same.status, StatusCode::CREATED);
+    assert_eq!(same.headers["idempotent-replayed"], "true");
+    let id = [JSON, AUTH, ("idempotency-key", "id-64")];
+    let body = r#"{"account":18446744073709551617,"amount":100}"#;
+    let created = send(addr, Method::POST, "/v1/payments", &id, body).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{:?}", created.body);
+    let retry = send(addr, Method::POST, "/v1/payments", &id, body).await;
+    assert_eq!(retry.body, created.body);
+    let neighbour = r#"{"account":18446744073709551616,"amount":100}"#;
+    let reused = send(addr, Method::POST, "/v1/payments", &id, neighbour).await;
+    assert_eq!(reused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(counter.get(), 2, "one charge per request");
+}
+
+/// Records written before numbers were read exactly (their `v2:`
+/// fingerprints, taken from the version before) answer their retries:
+/// replayed, never run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_across_the_exact_numbers_upgrade_gets_its_original_answer() {
+    let counter = Counter::default();
+    let store = Arc::new(MemoryStore::new());
+    let secret = idem::HashSecret::from_bytes(&[9; 32]).expect("32 bytes");
+    let scope =
+        idem::Scope::new(&secret.tenant(AUTH.1.as_bytes()), "POST /v1/payments").expect("scope");
+    let engine = idem::Engine::from_arc(Arc::clone(&store));
+    // What the version before wrote for these requests under keyed(9).
+    let before = [
+        (
+            "v2-plain",
+            r#"{"amount":100,"currency":"EUR"}"#,
+            "22ed78f022f8018f6d92b020d31d6c49379e178423aa90c03c818c1e4deca833",
+        ),
+        (
+            "v2-long",
+            r#"{"amount":0.10000000000000001}"#,
+            "4ad24c301c339f3335b918ca98c2ca490327b9dde14ddbc90ad883a06917ceef",
+        ),
+    ];
+    for (key, _, digest) in before {
+        let digest = idem::fingerprint::from_hex(digest)
+            .and_then(|d| <[u8; 32]>::try_from(d).ok())
+            .expect("32 bytes");
+        let key: idem::IdempotencyKey = key.parse().expect("key");
+        let idem::Begin::Execute(guard) = engine
+            .begin(&scope, &key, idem::Fingerprint::from_digest(digest))
+            .await
+            .expect("begin")
+        else {
+            panic!("executes");
+        };
+        guard
+            .complete(idem::StoredResponse::new(201, r#"{"charge":"before"}"#))
+            .await
+            .expect("recorded");
+    }
+    let after = serve(app_with(
+        Arc::clone(&store),
+        routes(),
+        counter.clone(),
+        keyed(9),
+    ))
+    .await;
+    for (key, body, _) in before {
+        let h = [JSON, AUTH, ("idempotency-key", key)];
+        let retry = send(after, Method::POST, "/v1/payments", &h, body).await;
+        assert_eq!(retry.status, StatusCode::CREATED, "{key}: {:?}", retry.body);
+        assert_eq!(&retry.body[..], br#"{"charge":"before"}"#, "{key}");
+        assert_eq!(retry.headers["idempotent-replayed"], "true", "{key}");
+        let other = send(after, Method::POST, "/v1/payments", &h, r#"{"amount":7}"#).await;
+        assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY, "{key}");
+    }
+    assert_eq!(counter.get(), 0, "nothing ran again");
+}

@@ -396,6 +396,31 @@ impl<S: Store> Engine<S> {
         }
     }
 
+    /// A [`Begin::Mismatch`] (whose record was in `state`) judged again
+    /// against `previous`, the fingerprint the version before gave the
+    /// request (`v2:`, its JSON numbers read as doubles): a record that
+    /// carries it was written by that version for this request, and
+    /// answers it as it would have. Anything else stays a mismatch.
+    ///
+    /// A retry that crosses the upgrade then gets its original answer.
+    /// It costs one read, and only on a mismatch, so the caller computes
+    /// `previous` only then.
+    pub async fn recheck_mismatch(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        state: RecordState,
+        previous: Fingerprint,
+    ) -> Result<Begin<S>, EngineError> {
+        match self.store.get(scope, key).await {
+            Ok(Some(record)) if record.fingerprint == previous => {
+                tracing::debug!(reason = "idempotency_previous_record", tenant = scope.tenant(), operation = scope.operation(), %key, state = %record.state);
+                Ok(self.earlier_answer(record, previous))
+            }
+            _ => Ok(Begin::Mismatch { state }),
+        }
+    }
+
     /// What a record written before keyed hashing answers a request whose
     /// earlier fingerprint is `fingerprint`.
     fn earlier_answer(&self, record: Record, fingerprint: Fingerprint) -> Begin<S> {

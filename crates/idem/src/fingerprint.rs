@@ -4,9 +4,12 @@
 //! refused, not replayed. The fingerprint is a digest over a canonical,
 //! versioned form of the request:
 //!
-//! * `v2:<64 hex digits>`, an HMAC-SHA-256 under the deployment's
+//! * `v3:<64 hex digits>`, an HMAC-SHA-256 under the deployment's
 //!   [`HashSecret`] ([`FingerprintBuilder::keyed`]): someone who reads a
 //!   record cannot test guesses of a small body against it;
+//! * `v2:<64 hex digits>`, the same with JSON numbers read as binary
+//!   doubles ([`FingerprintBuilder::keyed_v2`]), only to find records
+//!   written before `v3`;
 //! * `v1:<64 hex digits>`, the unkeyed SHA-256 of earlier versions
 //!   ([`Fingerprint::builder`]), for a deployment without a secret and for
 //!   matching records written before one was set.
@@ -21,9 +24,11 @@
 //! other (`("ab","c")` never equals `("a","bc")`). The body enters as its own
 //! SHA-256, tagged `json` or `bytes`:
 //!
-//! * a JSON body is canonicalised per RFC 8785 (JCS) first, so key order,
-//!   white space and number spelling (`1.0`, `1`, `1e0`) do not change the
-//!   fingerprint, while any different value does;
+//! * a JSON body is canonicalised first ([`canonical_json`]: RFC 8785,
+//!   with numbers compared by exact decimal value), so key order, white
+//!   space and number spelling (`1.0`, `1`, `1e0`) do not change the
+//!   fingerprint, while any different value does, `0.1` and
+//!   `0.10000000000000001` included;
 //! * a body declared as JSON that does not parse is hashed as bytes: the
 //!   result is still deterministic and the upstream will judge the body;
 //! * any other body is hashed as bytes.
@@ -51,8 +56,11 @@ use std::str::FromStr;
 use ring::hmac;
 use sha2::{Digest, Sha256};
 
+use crate::json::Value;
+
 const DOMAIN_V1: &[u8] = b"idem.fingerprint.v1\0";
 const DOMAIN_V2: &[u8] = b"idem.fingerprint.v2\0";
+const DOMAIN_V3: &[u8] = b"idem.fingerprint.v3\0";
 const DOMAIN_TENANT: &[u8] = b"idem.tenant.v2\0";
 
 /// A versioned digest of a request's canonical form.
@@ -60,7 +68,7 @@ const DOMAIN_TENANT: &[u8] = b"idem.tenant.v2\0";
 /// Two fingerprints are equal when their digests are: a digest read back
 /// from a store carries no version of its own (stores keep the 32 bytes),
 /// so [`from_digest`](Self::from_digest) gives it the version this build
-/// writes, `v2`. The version is what the text form shows.
+/// writes, `v3`. The version is what the text form shows.
 #[derive(Clone, Copy)]
 pub struct Fingerprint {
     digest: [u8; 32],
@@ -74,8 +82,13 @@ pub enum Version {
     V1,
     /// HMAC-SHA-256 under a [`HashSecret`], over the form of [`V1`](Self::V1)
     /// plus whatever its caller adds (the gateway adds the normalised path
-    /// and keeps the query in order).
+    /// and keeps the query in order), JSON numbers read as binary doubles
+    /// ([`canonical_json_doubles`]). Made only to find records written
+    /// before [`V3`](Self::V3) ([`FingerprintBuilder::keyed_v2`]).
     V2,
+    /// As [`V2`](Self::V2), JSON numbers compared by exact decimal value
+    /// ([`canonical_json`]).
+    V3,
 }
 
 impl Version {
@@ -83,6 +96,7 @@ impl Version {
         match self {
             Self::V1 => "v1:",
             Self::V2 => "v2:",
+            Self::V3 => "v3:",
         }
     }
 }
@@ -104,8 +118,8 @@ impl std::hash::Hash for Fingerprint {
 /// Why a string is not a fingerprint.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FingerprintParseError {
-    /// The `v1:`/`v2:` prefix is missing (or names a version this build does not know).
-    #[error("fingerprint must start with \"v2:\" or \"v1:\"")]
+    /// The `v1:`/`v2:`/`v3:` prefix is missing (or names a version this build does not know).
+    #[error("fingerprint must start with \"v3:\", \"v2:\" or \"v1:\"")]
     UnknownVersion,
     /// The digest is not 64 lowercase or uppercase hex digits.
     #[error("fingerprint digest must be 64 hex digits")]
@@ -123,7 +137,7 @@ impl Fingerprint {
     pub const fn from_digest(digest: [u8; 32]) -> Self {
         Self {
             digest,
-            version: Version::V2,
+            version: Version::V3,
         }
     }
 
@@ -132,7 +146,7 @@ impl Fingerprint {
         &self.digest
     }
 
-    /// The version it was made with (for one read from a store: `V2`).
+    /// The version it was made with (for one read from a store: `V3`).
     pub const fn version(&self) -> Version {
         self.version
     }
@@ -155,7 +169,9 @@ impl FromStr for Fingerprint {
     type Err = FingerprintParseError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (version, hex) = if let Some(hex) = s.strip_prefix("v2:") {
+        let (version, hex) = if let Some(hex) = s.strip_prefix("v3:") {
+            (Version::V3, hex)
+        } else if let Some(hex) = s.strip_prefix("v2:") {
             (Version::V2, hex)
         } else if let Some(hex) = s.strip_prefix("v1:") {
             (Version::V1, hex)
@@ -167,7 +183,7 @@ impl FromStr for Fingerprint {
     }
 }
 
-/// The deployment's secret for keyed hashes: fingerprints (`v2:`) and
+/// The deployment's secret for keyed hashes: fingerprints (`v3:`) and
 /// credential tenants. Every process that shares a store must use the same
 /// one, or none of them finds the others' records.
 ///
@@ -283,6 +299,7 @@ pub(crate) fn hex32(text: &str) -> Option<[u8; 32]> {
 #[derive(Clone)]
 pub struct FingerprintBuilder {
     hasher: Hasher,
+    version: Version,
 }
 
 #[derive(Clone)]
@@ -320,15 +337,27 @@ impl FingerprintBuilder {
         hasher.update(DOMAIN_V1);
         Self {
             hasher: Hasher::Plain(hasher),
+            version: Version::V1,
         }
     }
 
-    /// An empty `v2` builder: HMAC-SHA-256 under `secret`.
+    /// An empty `v3` builder: HMAC-SHA-256 under `secret`.
     pub fn keyed(secret: &HashSecret) -> Self {
+        Self::keyed_as(secret, DOMAIN_V3, Version::V3)
+    }
+
+    /// An empty `v2` builder, the keyed form of the version before `v3`
+    /// (JSON numbers read as doubles): to find the records it wrote.
+    pub fn keyed_v2(secret: &HashSecret) -> Self {
+        Self::keyed_as(secret, DOMAIN_V2, Version::V2)
+    }
+
+    fn keyed_as(secret: &HashSecret, domain: &[u8], version: Version) -> Self {
         let mut ctx = hmac::Context::with_key(&secret.key);
-        ctx.update(DOMAIN_V2);
+        ctx.update(domain);
         Self {
             hasher: Hasher::Keyed(ctx),
+            version,
         }
     }
 
@@ -346,10 +375,16 @@ impl FingerprintBuilder {
         self.hasher.update(value);
     }
 
-    /// Adds a body whose media type is JSON: canonicalised per RFC 8785 when
-    /// it parses, hashed as bytes when it does not.
+    /// Adds a body whose media type is JSON: in its [canonical
+    /// form](canonical_json) when it has one (for a `v2` builder, the
+    /// [doubles form](canonical_json_doubles) of that version), hashed as
+    /// bytes when it has none.
     pub fn json_body(self, body: &[u8]) -> Self {
-        match canonical_json(body) {
+        let canonical = match self.version {
+            Version::V2 => canonical_json_doubles(body).ok(),
+            Version::V1 | Version::V3 => canonical_json(body),
+        };
+        match canonical {
             Some(canonical) => self.body_digest(BodyKind::Json, Sha256::digest(&canonical).into()),
             None => self.bytes_body(body),
         }
@@ -386,7 +421,7 @@ impl FingerprintBuilder {
                     .as_ref()
                     .try_into()
                     .expect("HMAC-SHA-256 is 32 bytes"),
-                version: Version::V2,
+                version: self.version,
             },
         }
     }
@@ -395,23 +430,27 @@ impl FingerprintBuilder {
 /// Which canonical form of a body was hashed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyKind {
-    /// RFC 8785 canonical JSON.
+    /// Canonical JSON.
     Json,
     /// The bytes as sent.
     Bytes,
 }
 
-/// RFC 8785 canonical form of a JSON document, or `None` if it does not parse.
+/// The canonical form of a JSON document, or `None` if it has none (see
+/// [`canonical_json_strict`]).
 ///
-/// Written here rather than through a general serializer because it runs
-/// on every protected request: one parse into a [`serde_json::Value`], then
-/// one pass writing into a buffer of the body's size — no per-member
-/// allocations. The property tests check it byte for byte against
-/// `serde_json_canonicalizer` on random documents.
+/// RFC 8785 (JCS), except for numbers: each is written from its exact
+/// decimal value ([`crate::json`]), as ECMAScript would write a number
+/// with exactly those digits. A number whose digits are the shortest of
+/// its double (`100`, `1.5`, `0.1`) is written as RFC 8785 writes it; one
+/// that a double would round (`0.10000000000000001`, a 64-bit id) keeps
+/// every digit. Written here rather than through a general serializer
+/// because it runs on every protected request: one parse, then one pass
+/// writing into a buffer of the body's size.
 ///
-/// A document that [`canonical_json_strict`] refuses as ambiguous gives
-/// `None` too, so its fingerprint is taken over its bytes: two such bodies
-/// never fingerprint alike unless they are the same bytes.
+/// A document that [`canonical_json_strict`] refuses gives `None` too, so
+/// its fingerprint is taken over its bytes: two such bodies never
+/// fingerprint alike unless they are the same bytes.
 pub fn canonical_json(body: &[u8]) -> Option<Vec<u8>> {
     canonical_json_strict(body).ok()
 }
@@ -426,151 +465,127 @@ pub enum JsonRefusal {
     /// It parses, but two JSON readers may read it as different documents,
     /// so its canonical form cannot stand for what the receiver reads: a
     /// member name twice in one object (RFC 8259 leaves which wins open),
-    /// or an integer beyond ±2^53, where distinct integers share one
-    /// double.
+    /// or, in the [doubles form](canonical_json_doubles) of earlier
+    /// versions, an integer beyond ±2^53.
     #[error("{0}")]
     Ambiguous(String),
+    /// It parses, but a number's scale is beyond ±10^18
+    /// ([`crate::json::MAX_EXPONENT`]), which no decimal type reads: it
+    /// has no canonical form, and is fingerprinted by its bytes.
+    #[error("{0}")]
+    OutOfRange(String),
 }
 
 /// Integers beyond this magnitude do not all have a double of their own.
 const SAFE_INTEGER: u64 = 1 << 53;
 
-/// [`canonical_json`], saying why there is none. Parsed once: the check
-/// for duplicate names and unsafe integers is done while the document is
-/// read.
+/// [`canonical_json`], saying why there is none. Parsed once: duplicate
+/// names and numbers out of range are refused while the document is read.
 pub fn canonical_json_strict(body: &[u8]) -> Result<Vec<u8>, JsonRefusal> {
     let value = json_strict(body)?;
     Ok(canonical_json_value(&value, body.len()))
 }
 
-/// Parses `body` as JSON, refusing what [`canonical_json_strict`] refuses:
-/// for callers that look into the document (a key field, the fields a
-/// fingerprint covers) before writing its [canonical form](canonical_json_value).
-pub fn json_strict(body: &[u8]) -> Result<serde_json::Value, JsonRefusal> {
-    match serde_json::from_slice::<Strict>(body) {
-        Ok(Strict(value)) => Ok(value),
-        // Only the visitor below raises data errors: the rest is syntax.
-        Err(err) if err.is_data() => Err(JsonRefusal::Ambiguous(err.to_string())),
-        Err(_) => Err(JsonRefusal::NotJson),
-    }
+/// Parses `body` as JSON ([`crate::json::parse`]), refusing what
+/// [`canonical_json_strict`] refuses: for callers that look into the
+/// document (a key field, the fields a fingerprint covers) before writing
+/// its [canonical form](canonical_json_value).
+pub fn json_strict(body: &[u8]) -> Result<Value, JsonRefusal> {
+    crate::json::parse(body)
 }
 
-/// The RFC 8785 canonical form of a parsed document, into a buffer of
-/// `capacity` bytes to begin with (the body's length is a good guess).
-pub fn canonical_json_value(value: &serde_json::Value, capacity: usize) -> Vec<u8> {
+/// The canonical form of a parsed document, into a buffer of `capacity`
+/// bytes to begin with (the body's length is a good guess).
+pub fn canonical_json_value(value: &Value, capacity: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(capacity);
-    write_canonical(value, &mut out);
+    write_canonical(value, &mut out, Numbers::Exact).expect("the exact form writes every number");
     out
 }
 
-/// A JSON value read by a visitor that refuses what is ambiguous.
-struct Strict(serde_json::Value);
-
-impl<'de> serde::Deserialize<'de> for Strict {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(StrictVisitor).map(Strict)
-    }
+/// The canonical form versions before `v3` gave a document: RFC 8785
+/// exactly, each number read as the nearest binary double. Only for
+/// fingerprints that find records those versions wrote (`v2:` and the
+/// earlier `v1:` forms).
+///
+/// Refused as those versions refused: [`JsonRefusal::Ambiguous`] for an
+/// integer literal beyond ±2^53 that fits 64 bits (they refused such a
+/// body with `400`, so no record holds its fingerprint), and
+/// [`JsonRefusal::NotJson`] for a number beyond the doubles' range (they
+/// hashed such a body as bytes).
+pub fn canonical_json_doubles(body: &[u8]) -> Result<Vec<u8>, JsonRefusal> {
+    canonical_json_doubles_value(&json_strict(body)?, body.len())
 }
 
-struct StrictVisitor;
+/// [`canonical_json_doubles`] of a parsed document.
+pub fn canonical_json_doubles_value(
+    value: &Value,
+    capacity: usize,
+) -> Result<Vec<u8>, JsonRefusal> {
+    let mut out = Vec::with_capacity(capacity);
+    write_canonical(value, &mut out, Numbers::Doubles)?;
+    Ok(out)
+}
 
-impl<'de> serde::de::Visitor<'de> for StrictVisitor {
-    type Value = serde_json::Value;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
-        Ok(serde_json::Value::Bool(v))
-    }
-
-    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
-        if v > SAFE_INTEGER {
-            return Err(E::custom(format!(
-                "the integer {v} is beyond ±2^53, where distinct integers read as one number"
-            )));
-        }
-        Ok(serde_json::Value::from(v))
-    }
-
-    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
-        if v.unsigned_abs() > SAFE_INTEGER {
-            return Err(E::custom(format!(
-                "the integer {v} is beyond ±2^53, where distinct integers read as one number"
-            )));
-        }
-        Ok(serde_json::Value::from(v))
-    }
-
-    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
-        Ok(serde_json::Number::from_f64(v)
-            .map_or(serde_json::Value::Null, serde_json::Value::Number))
-    }
-
-    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(serde_json::Value::String(v.to_owned()))
-    }
-
-    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
-        Ok(serde_json::Value::String(v))
-    }
-
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(serde_json::Value::Null)
-    }
-
-    fn visit_none<E>(self) -> Result<Self::Value, E> {
-        Ok(serde_json::Value::Null)
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-        while let Some(Strict(item)) = seq.next_element()? {
-            items.push(item);
-        }
-        Ok(serde_json::Value::Array(items))
-    }
-
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut members = serde_json::Map::new();
-        while let Some(name) = map.next_key::<String>()? {
-            let Strict(value) = map.next_value()?;
-            if members.contains_key(&name) {
-                return Err(serde::de::Error::custom(format!(
-                    "the member name {name:?} appears twice in one object"
+/// A number as versions before `v3` wrote it: an integer literal as its
+/// integer when a double holds it exactly (serde_json read it as a 64-bit
+/// integer), anything else as ECMAScript writes its double.
+fn write_double(n: &crate::json::Number, out: &mut Vec<u8>) -> Result<(), JsonRefusal> {
+    let text = n.as_str();
+    if n.is_integer_literal() {
+        let (negative, digits) = match text.strip_prefix('-') {
+            Some(digits) => (true, digits),
+            None => (false, text),
+        };
+        // serde_json read integers of 64 bits as integers, the rest as
+        // doubles; earlier versions refused the integers a double rounds.
+        let fits = match digits.parse::<u64>() {
+            Ok(m) if negative => m <= 1 << 63,
+            Ok(_) => true,
+            Err(_) => false,
+        };
+        if fits {
+            let m = digits.parse::<u64>().unwrap_or(u64::MAX);
+            if m > SAFE_INTEGER {
+                return Err(JsonRefusal::Ambiguous(format!(
+                    "the integer {text} is beyond ±2^53, where distinct integers read as one number"
                 )));
             }
-            members.insert(name, value);
+            if negative && m != 0 {
+                out.push(b'-');
+            }
+            out.extend_from_slice(itoa::Buffer::new().format(m).as_bytes());
+            return Ok(());
         }
-        Ok(serde_json::Value::Object(members))
     }
+    let f = n.as_f64();
+    if !f.is_finite() {
+        return Err(JsonRefusal::NotJson);
+    }
+    out.extend_from_slice(ryu_js::Buffer::new().format_finite(f).as_bytes());
+    Ok(())
+}
+
+/// How the canonical form writes numbers.
+#[derive(Clone, Copy)]
+enum Numbers {
+    /// By exact decimal value ([`canonical_json`]).
+    Exact,
+    /// As binary doubles ([`canonical_json_doubles`]).
+    Doubles,
 }
 
 /// JCS (RFC 8785 §3.2): no white space; members sorted by their names'
 /// UTF-16 code units; strings with the minimal escapes of ECMAScript's
-/// `JSON.stringify`; numbers as ECMAScript writes an IEEE double.
-fn write_canonical(value: &serde_json::Value, out: &mut Vec<u8>) {
-    use serde_json::Value;
+/// `JSON.stringify`; numbers as `numbers` says.
+fn write_canonical(value: &Value, out: &mut Vec<u8>, numbers: Numbers) -> Result<(), JsonRefusal> {
     match value {
         Value::Null => out.extend_from_slice(b"null"),
         Value::Bool(true) => out.extend_from_slice(b"true"),
         Value::Bool(false) => out.extend_from_slice(b"false"),
-        Value::Number(n) => {
-            // An integer within ±2^53 (a double holds it exactly) is
-            // written as ECMAScript writes it, plain digits, at a tenth of
-            // the cost of formatting a double. The bound is checked here,
-            // not left to the parser: a caller may hand over a value built
-            // some other way. Otherwise: without serde_json's
-            // arbitrary_precision every number has an f64 view, and parsing
-            // never yields a non-finite one.
-            if let Some(i) = n.as_i64().filter(|i| i.unsigned_abs() <= SAFE_INTEGER) {
-                out.extend_from_slice(itoa::Buffer::new().format(i).as_bytes());
-            } else {
-                let f = n.as_f64().unwrap_or(0.0);
-                out.extend_from_slice(ryu_js::Buffer::new().format_finite(f).as_bytes());
-            }
-        }
+        Value::Number(n) => match numbers {
+            Numbers::Exact => crate::json::write_decimal(&n.decimal(), out),
+            Numbers::Doubles => write_double(n, out)?,
+        },
         Value::String(s) => write_string(s, out),
         Value::Array(items) => {
             out.push(b'[');
@@ -578,7 +593,7 @@ fn write_canonical(value: &serde_json::Value, out: &mut Vec<u8>) {
                 if i > 0 {
                     out.push(b',');
                 }
-                write_canonical(item, out);
+                write_canonical(item, out, numbers)?;
             }
             out.push(b']');
         }
@@ -600,11 +615,12 @@ fn write_canonical(value: &serde_json::Value, out: &mut Vec<u8>) {
                 }
                 write_string(name, out);
                 out.push(b':');
-                write_canonical(item, out);
+                write_canonical(item, out, numbers)?;
             }
             out.push(b'}');
         }
     }
+    Ok(())
 }
 
 fn write_string(s: &str, out: &mut Vec<u8>) {
@@ -670,35 +686,169 @@ mod tests {
         );
     }
 
-    /// An integer beyond ±2^53 in a value built by hand (the parser
-    /// refuses one) is written as its double is, as RFC 8785 says.
+    /// The doubles form reproduces what versions before `v3` wrote: an
+    /// integer a double rounds was refused, a 64-bit one beyond that read
+    /// as its double, numbers as their doubles.
     #[test]
-    fn integers_beyond_the_safe_range_are_written_as_doubles() {
-        for n in [u64::MAX, (1 << 53) + 1] {
-            let value = serde_json::Value::from(n);
-            #[allow(clippy::cast_precision_loss)] // rounded, as the RFC does
-            let double = ryu_js::Buffer::new().format_finite(n as f64).to_owned();
-            assert_eq!(canonical_json_value(&value, 0), double.as_bytes(), "{n}");
+    fn the_doubles_form_is_the_one_earlier_versions_wrote() {
+        let doubles = |text: &str| {
+            canonical_json_doubles(text.as_bytes()).map(|c| String::from_utf8(c).expect("UTF-8"))
+        };
+        for (text, written) in [
+            (
+                "[0.10000000000000001,1e2,-0,100.000000000000000001]",
+                "[0.1,100,0,100]",
+            ),
+            ("18446744073709551617", "18446744073709552000"),
+            ("-9223372036854775809", "-9223372036854776000"),
+            ("9007199254740992", "9007199254740992"),
+            ("79991e14", "7999100000000000000"),
+            ("1e21", "1e+21"),
+        ] {
+            assert_eq!(doubles(text).as_deref(), Ok(written), "{text}");
         }
-        let value = serde_json::Value::from(i64::MIN);
-        assert_eq!(canonical_json_value(&value, 0), b"-9223372036854776000");
+        for text in [
+            "9007199254740993",
+            "-9223372036854775808",
+            "18446744073709551615",
+        ] {
+            assert!(
+                matches!(doubles(text), Err(JsonRefusal::Ambiguous(_))),
+                "{text}"
+            );
+        }
+        assert_eq!(doubles("1e400"), Err(JsonRefusal::NotJson));
     }
 
-    /// Found by the fuzzer: a double of 2^53 or more is written in integer
-    /// notation (RFC 8785), which reads back as an unsafe integer literal.
+    /// Found by the fuzzer in the doubles form: a double of 2^53 or more
+    /// is written in integer notation, which read back was an unsafe
+    /// integer literal. In the exact form it reads back as itself.
     #[test]
-    fn a_large_double_canonicalises_to_an_integer_literal_that_is_refused_back() {
-        let canonical = canonical_json_strict(b"79991e14").expect("a double");
+    fn a_large_number_canonicalises_to_an_integer_literal_that_reads_back() {
+        let canonical = canonical_json_strict(b"79991e14").expect("a number");
         assert_eq!(canonical, b"7999100000000000000");
-        assert!(matches!(
-            canonical_json_strict(&canonical),
-            Err(JsonRefusal::Ambiguous(_))
-        ));
+        assert_eq!(canonical_json_strict(&canonical), Ok(canonical));
         assert_eq!(canonical_json(b"1e21").as_deref(), Some(&b"1e+21"[..]));
         assert_eq!(
             canonical_json(b"9007199254740992").as_deref(),
             Some(&b"9007199254740992"[..])
         );
+    }
+
+    fn canonical(text: &str) -> String {
+        let out = canonical_json_strict(text.as_bytes()).unwrap_or_else(|e| panic!("{text}: {e}"));
+        String::from_utf8(out).expect("canonical JSON is UTF-8")
+    }
+
+    /// Numbers are compared by exact decimal value: every spelling of one
+    /// value is one canonical form.
+    #[test]
+    fn every_spelling_of_one_decimal_value_is_one_number() {
+        for spellings in [
+            &["1", "1.0", "1e0", "10e-1", "0.1e1", "1.000E+0", "100e-2"][..],
+            &["100", "1e2", "1.00e2", "100.000", "0.0001e6"],
+            &["-12.5", "-125e-1", "-0.125E2", "-12.50"],
+            &["0.1", "1e-1", "0.10", "10e-2"],
+        ] {
+            let first = canonical(spellings[0]);
+            for text in spellings {
+                assert_eq!(canonical(text), first, "{text} vs {}", spellings[0]);
+            }
+        }
+    }
+
+    /// Two numbers one double cannot tell apart are two numbers to a
+    /// Decimal or BigDecimal reader, and so two requests.
+    #[test]
+    fn numbers_that_share_a_double_are_different_numbers() {
+        for (a, b) in [
+            ("0.1", "0.10000000000000001"),
+            ("100", "100.000000000000000001"),
+            ("9007199254740992", "9007199254740993"),
+            ("1e400", "1.0000000000000000000001e400"),
+        ] {
+            let (x, y) = (canonical_json(a.as_bytes()), canonical_json(b.as_bytes()));
+            assert!(x.is_some() && y.is_some(), "{a}: {x:?}, {b}: {y:?}");
+            assert_ne!(x, y, "{a} vs {b}");
+        }
+    }
+
+    /// An integer of any size is accepted and written by its digits:
+    /// plainly below 10^21, every digit in exponent form above (as RFC
+    /// 8785 writes a double there).
+    #[test]
+    fn integers_of_any_size_are_accepted_and_written_by_their_digits() {
+        for text in [
+            "18446744073709551617", // 2^64 + 1
+            "18446744073709551616",
+            "-9223372036854775809",
+            "9007199254740993",
+            "999999999999999999999",
+        ] {
+            assert_eq!(canonical(text), text);
+        }
+        assert_eq!(
+            canonical("[18446744073709551617]"),
+            "[18446744073709551617]"
+        );
+        assert_eq!(
+            canonical("123456789012345678901234567890"),
+            "1.2345678901234567890123456789e+29"
+        );
+        let huge = "9".repeat(400);
+        assert_eq!(canonical(&huge), format!("9.{}e+399", "9".repeat(399)));
+        assert_ne!(
+            canonical(&huge),
+            canonical(&format!("{}8", "9".repeat(399)))
+        );
+    }
+
+    /// Negative zero is zero, as a Decimal or BigDecimal reader compares
+    /// it (and as RFC 8785 writes it).
+    #[test]
+    fn negative_zero_is_zero() {
+        for text in [
+            "-0",
+            "-0.0",
+            "0e5",
+            "-0E-7",
+            "0.000",
+            "-0e99999999999999999999999",
+        ] {
+            assert_eq!(canonical(text), "0", "{text}");
+        }
+    }
+
+    /// A hostile exponent costs its length, not its value.
+    #[test]
+    fn an_exponent_costs_its_length_not_its_value() {
+        let started = std::time::Instant::now();
+        assert_eq!(canonical("1e999999999999"), "1e+999999999999");
+        assert_eq!(canonical("-25e-999999999999"), "-2.5e-999999999998");
+        assert_eq!(canonical("1e00000000000000000000000000007"), "10000000");
+        assert_ne!(canonical("1e999999999999"), canonical("1e999999999998"));
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    }
+
+    #[test]
+    fn duplicate_member_names_are_still_refused() {
+        for text in [r#"{"a":1,"a":1}"#, r#"[{"x":{"to":1,"to":2}}]"#] {
+            assert!(
+                matches!(
+                    canonical_json_strict(text.as_bytes()),
+                    Err(JsonRefusal::Ambiguous(_))
+                ),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn keyed_fingerprints_are_version_3() {
+        let secret = HashSecret::from_bytes(&[1; 32]).expect("32 bytes");
+        let fp = FingerprintBuilder::keyed(&secret).json_body(b"{}").finish();
+        assert!(fp.to_string().starts_with("v3:"), "{fp}");
+        assert_eq!(fp.to_string().parse::<Fingerprint>(), Ok(fp));
     }
 
     #[test]
@@ -850,14 +1000,20 @@ mod tests {
         assert_eq!(text.parse::<Fingerprint>(), Ok(fp));
         assert_eq!(text.to_uppercase().replacen("V1", "v1", 1).parse(), Ok(fp));
         assert_eq!(
-            "v3:00".parse::<Fingerprint>(),
+            "v4:00".parse::<Fingerprint>(),
             Err(FingerprintParseError::UnknownVersion)
         );
-        // Keyed: v2, another digest than v1's, and another per secret.
+        // Keyed: v3, another digest than v1's, and another per secret.
         let secret = |b: u8| HashSecret::from_bytes(&[b; 32]).expect("32 bytes");
         let keyed = |s: &HashSecret| FingerprintBuilder::keyed(s).json_body(b"{}").finish();
         let v2 = keyed(&secret(1));
-        assert!(v2.to_string().starts_with("v2:"));
+        assert!(v2.to_string().starts_with("v3:"));
+        let previous = FingerprintBuilder::keyed_v2(&secret(1))
+            .json_body(b"{}")
+            .finish();
+        assert!(previous.to_string().starts_with("v2:"));
+        assert_eq!(previous.to_string().parse::<Fingerprint>(), Ok(previous));
+        assert_ne!(previous, v2);
         assert_eq!(v2.to_string().parse::<Fingerprint>(), Ok(v2));
         assert_ne!(v2, fp);
         assert_ne!(v2, keyed(&secret(2)));
@@ -865,7 +1021,7 @@ mod tests {
         // Read back from a store, a digest is shown as the current version.
         assert_eq!(
             Fingerprint::from_digest(*fp.digest()).version(),
-            Version::V2
+            Version::V3
         );
         assert_eq!(Fingerprint::from_digest(*fp.digest()), fp);
         assert_eq!(
@@ -897,17 +1053,34 @@ mod tests {
         // Computed independently: Python's hmac and hashlib over the same
         // canonical form, under the secret 00 01 … 1f.
         let secret = HashSecret::from_hex(&to_hex(&(0u8..32).collect::<Vec<_>>())).expect("secret");
-        let fp = FingerprintBuilder::keyed(&secret)
-            .part("method", b"POST")
-            .json_body(br#"{"b":2,"a":1}"#)
-            .finish();
+        let v2 = |body: &[u8]| {
+            FingerprintBuilder::keyed_v2(&secret)
+                .part("method", b"POST")
+                .json_body(body)
+                .finish()
+                .to_string()
+        };
+        let v3 = |body: &[u8]| {
+            FingerprintBuilder::keyed(&secret)
+                .part("method", b"POST")
+                .json_body(body)
+                .finish()
+                .to_string()
+        };
         assert_eq!(
-            fp.to_string(),
+            v2(br#"{"b":2,"a":1}"#),
             "v2:7b1b10476fb7a18ccd73868472a80ecb717d41e34c0a01dfcf78e8e73b22a39e"
+        );
+        assert_eq!(v3(br#"{"b":2,"a":1}"#), KNOWN_V3_PLAIN);
+        // v3 keeps every digit of a number a double would round:
+        // canonical form {"amount":0.10000000000000001,"id":18446744073709551617}.
+        assert_eq!(
+            v3(br#"{"id":18446744073709551617,"amount":10000000000000001e-17}"#),
+            KNOWN_V3_DIGITS
         );
         // Long parts (a hash block and more) among short ones.
         let bytes = |n: u32| (0..n).map(|i| (i * 7 % 256) as u8).collect::<Vec<_>>();
-        let fp = FingerprintBuilder::keyed(&secret)
+        let fp = FingerprintBuilder::keyed_v2(&secret)
             .part("header:x-long", &bytes(300))
             .part("header:x-mid", &bytes(240))
             .part("method", b"POST")
@@ -917,4 +1090,9 @@ mod tests {
             "v2:d790c18846ff89d7ad550ab429c644c2960bb8be0c55538a529442a3d0d10ebe"
         );
     }
+
+    const KNOWN_V3_PLAIN: &str =
+        "v3:360d71c85f2cad591d5361e708e5dc4616370079f6d15f9c9401c88798ae6e55";
+    const KNOWN_V3_DIGITS: &str =
+        "v3:39d1e55d72a5dc598df6e8dc859f6cf98c540acc44ff244905a2d6cdeea2f818";
 }

@@ -39,6 +39,7 @@ pub mod dyn_store;
 pub mod engine;
 pub mod fingerprint;
 pub mod inbox;
+pub mod json;
 pub mod key;
 pub mod memory;
 pub mod metrics;
@@ -57,7 +58,8 @@ pub use engine::{
 };
 pub use fingerprint::{
     BodyKind, Fingerprint, FingerprintBuilder, FingerprintParseError, HashSecret, HashSecretError,
-    JsonRefusal, canonical_json, canonical_json_strict, canonical_json_value, json_strict,
+    JsonRefusal, canonical_json, canonical_json_doubles, canonical_json_doubles_value,
+    canonical_json_strict, canonical_json_value, json_strict,
 };
 pub use inbox::InboxOutcome;
 pub use key::{

@@ -675,3 +675,39 @@ async fn records_written_before_keyed_hashing_still_answer_their_retries() {
         Begin::Execute(_)
     ));
 }
+
+/// A record written by the version before exact JSON numbers (its `v2:`
+/// fingerprint) answers its retry once the `v3:` fingerprint mismatches
+/// it: replayed; another request under that key stays a mismatch.
+#[tokio::test]
+async fn records_written_before_exact_numbers_still_answer_their_retries() {
+    let store = Arc::new(MemoryStore::new());
+    let engine = Engine::from_arc(Arc::clone(&store));
+    let scope = unique_scope("v2-upgrade");
+    let k = key("paid-under-v2");
+    let Begin::Execute(guard) = engine.begin(&scope, &k, fp("v2")).await.expect("begin") else {
+        panic!("executes");
+    };
+    guard
+        .complete(StoredResponse::new(201, "charged once"))
+        .await
+        .expect("recorded");
+    let Begin::Mismatch { state } = engine.begin(&scope, &k, fp("v3")).await.expect("begin") else {
+        panic!("the v3 fingerprint differs");
+    };
+    match engine
+        .recheck_mismatch(&scope, &k, state, fp("v2"))
+        .await
+        .expect("recheck")
+    {
+        Begin::Replay(r) => assert_eq!(r.response.body.as_ref(), b"charged once"),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    assert!(matches!(
+        engine
+            .recheck_mismatch(&scope, &k, state, fp("v2-other"))
+            .await
+            .expect("recheck"),
+        Begin::Mismatch { .. }
+    ));
+}
