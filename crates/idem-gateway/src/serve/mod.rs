@@ -205,6 +205,11 @@ impl Server {
                             continue;
                         }
                     };
+                    // Once, here: every comparison of the address (per-peer
+                    // shares, trusted_proxies, the forwarded address) then
+                    // sees an IPv4 client of a dual-stack listener as
+                    // a.b.c.d, not ::ffff:a.b.c.d.
+                    let peer = canonical(peer);
                     // One address holds at most its share of connections:
                     // past it, a new one is closed at once.
                     let Some(mine) = peer_connections.take(peer.ip()) else {
@@ -269,6 +274,13 @@ impl Server {
         // Only then may another gateway serve the file.
         drop(lock);
     }
+}
+
+/// A client's address as the gateway compares it: an IPv4-mapped IPv6
+/// address (`::ffff:a.b.c.d`, how a dual-stack listener sees IPv4
+/// clients) is the IPv4 address.
+fn canonical(peer: SocketAddr) -> SocketAddr {
+    SocketAddr::new(peer.ip().to_canonical(), peer.port())
 }
 
 /// How each worker serves a client connection: admission, the body
