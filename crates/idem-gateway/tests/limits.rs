@@ -625,3 +625,83 @@ async fn idle_http2_connections_are_closed_busy_ones_are_not() {
     let ended = tokio::time::timeout(Duration::from_secs(10), admin_conn).await;
     assert!(ended.is_ok(), "the idle admin connection was closed too");
 }
+
+/// A connection from `source` (any 127/8 address is this machine).
+async fn connect_from(source: &str, addr: std::net::SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(format!("{source}:0").parse().expect("source"))
+        .expect("bind the source address");
+    socket.connect(addr).await.expect("connect")
+}
+
+/// Clients that dribble a body a byte at a time from two addresses, each
+/// address within its share of `max_in_flight` (four each of eight): the
+/// bodies still arriving hold no in-flight slot, so a client elsewhere is
+/// answered every time, and nothing of a dribbled body is forwarded. A
+/// fifth body in progress from one address is refused at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_dribbled_from_two_addresses_leave_the_in_flight_slots_free() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = start(dir.path(), "max_in_flight = 8\n", &up).await;
+    let (started, mut heads_sent) = tokio::sync::mpsc::channel::<()>(8);
+    let mut dribblers = Vec::new();
+    for i in 0..8 {
+        let source = if i % 2 == 0 { "127.0.0.2" } else { "127.0.0.3" };
+        let mut conn = connect_from(source, gw.addr).await;
+        let started = started.clone();
+        dribblers.push(tokio::spawn(async move {
+            let head = format!(
+                "POST /v1/payments HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk_test_caller\r\nidempotency-key: drip-{i}\r\n\
+                 content-type: application/json\r\ncontent-length: 100\r\n\r\n{{"
+            );
+            conn.write_all(head.as_bytes()).await.expect("head");
+            let _ = started.send(()).await;
+            // A byte every 300 ms: within every per-chunk time-out.
+            for _ in 0..99 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                if conn.write_all(b" ").await.is_err() {
+                    break;
+                }
+            }
+        }));
+    }
+    for _ in 0..8 {
+        heads_sent.recv().await.expect("a dribbler started");
+    }
+    // The dribblers' heads are in; whatever they hold, they hold now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut statuses = Vec::new();
+    for i in 0..8 {
+        let answer = gw
+            .post(
+                "/v1/payments",
+                &[
+                    ("idempotency-key", &format!("legit-{i}")),
+                    ("content-type", "application/json"),
+                ],
+                "{}",
+            )
+            .await;
+        statuses.push(answer.status.as_u16());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(statuses, [201; 8], "the client behind the dribblers");
+    // A fifth body in progress from one address: refused at once.
+    let (_fifth, answer) = raw_from(
+        "127.0.0.2",
+        gw.addr,
+        b"POST /v1/payments HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk_test_caller\r\nidempotency-key: drip-9\r\ncontent-length: 100\r\n\r\n{",
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(status_of(&answer), Some(503), "{answer}");
+    assert!(answer.contains("retry-after: 1"), "{answer}");
+    assert_eq!(metric(gw.admin, "idem_requests_shed_total", "").await, 1.0);
+    for d in dribblers {
+        d.abort();
+    }
+    assert_eq!(up.total(), 8, "only the client's requests were forwarded");
+    gw.terminate().await;
+}

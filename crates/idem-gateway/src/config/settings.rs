@@ -160,6 +160,12 @@ pub struct LimitsSettings {
     pub max_connections_per_peer: usize,
     /// Requests one peer address may have in flight (0: no cap of its own).
     pub max_in_flight_per_peer: usize,
+    /// Request bodies one peer address may have arriving at once, before
+    /// their requests take an in-flight slot (0: no cap of its own). By
+    /// default its share of in-flight slots: a client sends no more bodies
+    /// at once than it has requests in flight, and one that dribbles them
+    /// holds only this share of places, never a slot.
+    pub max_bodies_per_peer: usize,
     /// How long a request over `max_in_flight` waits for a slot before it
     /// is shed (zero: shed at once).
     pub queue_wait: Duration,
