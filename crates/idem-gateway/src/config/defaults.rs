@@ -85,7 +85,11 @@ impl Default for LimitsSettings {
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(10),
             body_total_timeout: Duration::from_secs(60),
-            idle_timeout: Duration::from_secs(60),
+            // A client that takes not one byte of its answer for 30 s is
+            // gone or hostile; a slow one takes some all the time (every
+            // byte its socket accepts counts), and one cut off retries
+            // into the recorded answer.
+            idle_timeout: Duration::from_secs(30),
             max_headers: 100,
             max_header_bytes: 64 << 10,
         }

@@ -1390,7 +1390,7 @@ fingerprint_include = ["/amount", "/currency"]
                 header_read_timeout: Duration::from_secs(2),
                 body_read_timeout: Duration::from_secs(3),
                 body_total_timeout: Duration::ZERO,
-                idle_timeout: Duration::from_secs(60),
+                idle_timeout: Duration::from_secs(30),
                 max_headers: 20,
                 max_header_bytes: 16 << 10,
             }

@@ -181,9 +181,11 @@ pub struct LimitsSettings {
     /// that a client dribbling a byte now and then cannot hold an
     /// in-flight slot for ever; zero: no limit.
     pub body_total_timeout: Duration,
-    /// How long a connection may stay open with no request in flight
-    /// (mostly for HTTP/2, whose pings keep a silent connection alive);
-    /// zero: no limit.
+    /// How long a connection may stay open with no request in flight, or
+    /// with every answer in flight waiting for the client to take it (a
+    /// client that never reads, an HTTP/2 window kept shut, a socket that
+    /// takes no byte of a write); zero: no limit. HTTP/2 pings do not
+    /// count: a silent connection answering them is idle.
     pub idle_timeout: Duration,
     /// Header fields allowed in a request head.
     pub max_headers: usize,

@@ -10,7 +10,8 @@
 //!   (bodies up to the largest `max_request_body`; a longer one after its
 //!   first bytes), so a client dribbling a body holds no slot. Work
 //!   carried on for a client that went away still holds its slot until it
-//!   ends.
+//!   ends, and so does an answer waiting for its client, until
+//!   `idle_timeout` closes the connection.
 //! * One peer (a client address) holds at most `max_connections_per_peer`
 //!   connections (more are closed at once) and `max_in_flight_per_peer`
 //!   requests (more are shed with `503` at once): by default half of each,
@@ -24,6 +25,10 @@
 //!   idle keep-alive one); the body may pause at most `body_read_timeout`
 //!   between chunks, and take at most `body_total_timeout` in all (`408`,
 //!   nothing recorded or forwarded).
+//! * Clients that do not read: a connection whose answers have all waited
+//!   for the client for `idle_timeout` (or whose socket took no byte of a
+//!   write for that long) is closed, counted in
+//!   `idem_connections_stalled_total`.
 
 use std::net::IpAddr;
 use std::sync::Arc;
