@@ -625,3 +625,291 @@ async fn idle_http2_connections_are_closed_busy_ones_are_not() {
     let ended = tokio::time::timeout(Duration::from_secs(10), admin_conn).await;
     assert!(ended.is_ok(), "the idle admin connection was closed too");
 }
+
+/// A connection from `source` (any 127/8 address is this machine).
+async fn connect_from(source: &str, addr: std::net::SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(format!("{source}:0").parse().expect("source"))
+        .expect("bind the source address");
+    socket.connect(addr).await.expect("connect")
+}
+
+/// Clients that dribble a body a byte at a time from two addresses, each
+/// address within its share of `max_in_flight` (four each of eight): the
+/// bodies still arriving hold no in-flight slot, so a client elsewhere is
+/// answered every time, and nothing of a dribbled body is forwarded. A
+/// fifth body in progress from one address is refused at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_dribbled_from_two_addresses_leave_the_in_flight_slots_free() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = start(dir.path(), "max_in_flight = 8\n", &up).await;
+    let (started, mut heads_sent) = tokio::sync::mpsc::channel::<()>(8);
+    let mut dribblers = Vec::new();
+    for i in 0..8 {
+        let source = if i % 2 == 0 { "127.0.0.2" } else { "127.0.0.3" };
+        let mut conn = connect_from(source, gw.addr).await;
+        let started = started.clone();
+        dribblers.push(tokio::spawn(async move {
+            let head = format!(
+                "POST /v1/payments HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk_test_caller\r\nidempotency-key: drip-{i}\r\n\
+                 content-type: application/json\r\ncontent-length: 100\r\n\r\n{{"
+            );
+            conn.write_all(head.as_bytes()).await.expect("head");
+            let _ = started.send(()).await;
+            // A byte every 300 ms: within every per-chunk time-out.
+            for _ in 0..99 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                if conn.write_all(b" ").await.is_err() {
+                    break;
+                }
+            }
+        }));
+    }
+    for _ in 0..8 {
+        heads_sent.recv().await.expect("a dribbler started");
+    }
+    // The dribblers' heads are in; whatever they hold, they hold now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut statuses = Vec::new();
+    for i in 0..8 {
+        let answer = gw
+            .post(
+                "/v1/payments",
+                &[
+                    ("idempotency-key", &format!("legit-{i}")),
+                    ("content-type", "application/json"),
+                ],
+                "{}",
+            )
+            .await;
+        statuses.push(answer.status.as_u16());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(statuses, [201; 8], "the client behind the dribblers");
+    // A fifth body in progress from one address: refused at once.
+    let (_fifth, answer) = raw_from(
+        "127.0.0.2",
+        gw.addr,
+        b"POST /v1/payments HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk_test_caller\r\nidempotency-key: drip-9\r\ncontent-length: 100\r\n\r\n{",
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(status_of(&answer), Some(503), "{answer}");
+    assert!(answer.contains("retry-after: 1"), "{answer}");
+    assert_eq!(metric(gw.admin, "idem_requests_shed_total", "").await, 1.0);
+    for d in dribblers {
+        d.abort();
+    }
+    assert_eq!(up.total(), 8, "only the client's requests were forwarded");
+    gw.terminate().await;
+}
+
+/// HTTP/1.1 clients that ask for an answer larger than the socket buffers
+/// and never read it, as many as `max_connections`: each connection is
+/// closed once its answer has made no progress for `idle_timeout`, so a
+/// client behind them is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http1_clients_that_never_read_are_closed_and_cannot_crowd_out_a_client() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = start(
+        dir.path(),
+        "max_connections = 4\nidle_timeout = \"2s\"\n",
+        &up,
+    )
+    .await;
+    let mut stalled = Vec::new();
+    for i in 0..4 {
+        let source = if i % 2 == 0 { "127.0.0.2" } else { "127.0.0.3" };
+        let mut conn = connect_from(source, gw.addr).await;
+        // 32 MiB: more than the kernel buffers on both sides hold.
+        conn.write_all(
+            format!(
+                "GET /big HTTP/1.1\r\nhost: x\r\nidempotency-key: big-{i}\r\nx-size: 33554432\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .expect("write");
+        up.until_received(&format!("big-{i}")).await;
+        stalled.push(conn);
+    }
+    let answer = tokio::time::timeout(
+        Duration::from_secs(30),
+        send(gw.addr, Method::GET, "/v1/things", &[], ""),
+    )
+    .await
+    .expect("a client behind four that never read is answered");
+    assert_eq!(answer.status, StatusCode::CREATED);
+    // Each stalled one is closed by the gateway...
+    idem_testkit::wait::eventually("four stalled connections closed", async || {
+        metric(gw.admin, "idem_connections_stalled_total", "").await >= 4.0
+    })
+    .await;
+    // ...before its answer's end.
+    for conn in &mut stalled {
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(30), conn.read_to_end(&mut got))
+            .await
+            .expect("closed by the gateway");
+        assert!(got.len() < 32 << 20, "got the whole answer: {}", got.len());
+    }
+    gw.terminate().await;
+}
+
+/// An HTTP/2 connection from `source` that advertises a zero receive
+/// window: it asks for `path`, gets the answer's head and never lets a
+/// byte of its body come. The connection lives while the answer is held.
+async fn never_reading_h2(
+    source: &str,
+    addr: std::net::SocketAddr,
+    path: &str,
+) -> http::Response<hyper::body::Incoming> {
+    let stream = connect_from(source, addr).await;
+    let (mut h2, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .timer(hyper_util::rt::TokioTimer::new())
+            .initial_stream_window_size(0)
+            .handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("HTTP/2 handshake");
+    tokio::spawn(conn);
+    let req = http::Request::get(format!("http://{addr}{path}"))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    h2.send_request(req).await.expect("the answer's head")
+}
+
+/// Waits for each held answer's body to end, and asserts that it broke
+/// off (its connection closed) rather than arrive.
+async fn broke_off(answers: Vec<http::Response<hyper::body::Incoming>>) {
+    use http_body_util::BodyExt;
+    for answer in answers {
+        let frame = tokio::time::timeout(Duration::from_secs(30), answer.into_body().frame())
+            .await
+            .expect("the answer ended");
+        assert!(
+            matches!(frame, Some(Err(_))),
+            "the answer broke off: {frame:?}"
+        );
+    }
+}
+
+/// HTTP/2 clients with a zero receive window hold a request in flight on
+/// every connection place (sixteen, from two addresses): each connection
+/// is closed once its answers have waited on the client for
+/// `idle_timeout`, so a client behind them is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_with_a_zero_window_are_closed_and_cannot_crowd_out_a_client() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = start(
+        dir.path(),
+        "max_connections = 16\nidle_timeout = \"2s\"\n",
+        &up,
+    )
+    .await;
+    let mut stalled = Vec::new();
+    for i in 0..16 {
+        let source = if i % 2 == 0 { "127.0.0.2" } else { "127.0.0.3" };
+        stalled.push(never_reading_h2(source, gw.addr, "/v1/things").await);
+    }
+    let answer = tokio::time::timeout(
+        Duration::from_secs(30),
+        send(gw.addr, Method::GET, "/v1/things", &[], ""),
+    )
+    .await
+    .expect("a client behind sixteen zero windows is answered");
+    assert_eq!(answer.status, StatusCode::CREATED);
+    idem_testkit::wait::eventually("sixteen stalled connections closed", async || {
+        metric(gw.admin, "idem_connections_stalled_total", "").await >= 16.0
+    })
+    .await;
+    broke_off(stalled).await;
+    gw.terminate().await;
+}
+
+/// On the admin listener, tokenless HTTP/2 clients with a zero receive
+/// window on a dashboard file, as many as it serves at once, are closed
+/// once `idle_timeout` passes, so an operator's readiness check with the
+/// token is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_clients_with_a_zero_window_cannot_keep_an_operator_out() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = Gateway::builder(IDEM, dir.path())
+        .config(&format!("{ROUTES}\n[limits]\nidle_timeout = \"2s\"\n"))
+        .upstream(&up.url())
+        .store(&sqlite_store(dir.path()))
+        .args(&["--admin-token", "s3cret-admin-0123456789abcdef0123"])
+        .start()
+        .await;
+    let mut stalled = Vec::new();
+    for _ in 0..64 {
+        stalled.push(never_reading_h2("127.0.0.2", gw.admin, "/dashboard/app.js").await);
+    }
+    let ready = tokio::time::timeout(
+        Duration::from_secs(30),
+        send(
+            gw.admin,
+            Method::GET,
+            "/readyz",
+            &[("authorization", "Bearer s3cret-admin-0123456789abcdef0123")],
+            "",
+        ),
+    )
+    .await
+    .expect("the admin listener answers behind 64 zero windows");
+    assert_eq!(ready.status, StatusCode::OK);
+    let token = ("authorization", "Bearer s3cret-admin-0123456789abcdef0123");
+    idem_testkit::wait::eventually("64 stalled admin connections closed", async || {
+        let page = send(gw.admin, Method::GET, "/metrics", &[token], "").await;
+        String::from_utf8_lossy(&page.body)
+            .lines()
+            .find_map(|l| l.strip_prefix("idem_connections_stalled_total "))
+            .and_then(|v| v.parse::<f64>().ok())
+            .is_some_and(|n| n >= 64.0)
+    })
+    .await;
+    broke_off(stalled).await;
+    gw.terminate().await;
+}
+
+/// A slow HTTP/2 client (a 16 KiB window, a frame taken every 200 ms)
+/// takes far longer than `idle_timeout` over an answer much larger than
+/// its window, and is not cut: each piece it takes counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_http2_client_gets_its_whole_answer() {
+    use http_body_util::BodyExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = start(dir.path(), "idle_timeout = \"1s\"\n", &up).await;
+    let stream = TcpStream::connect(gw.addr).await.expect("connect");
+    let (mut h2, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .timer(hyper_util::rt::TokioTimer::new())
+            .initial_stream_window_size(16 << 10)
+            .handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("HTTP/2 handshake");
+    tokio::spawn(conn);
+    let req = http::Request::get(format!("http://{}/v1/things", gw.addr))
+        .header("x-size", "262144")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    let mut body = h2.send_request(req).await.expect("head").into_body();
+    let mut got = 0;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.expect("the answer is not cut");
+        got += frame.data_ref().map_or(0, |d| d.len());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(got, 262_144);
+    assert_eq!(
+        metric(gw.admin, "idem_connections_stalled_total", "").await,
+        0.0
+    );
+    gw.terminate().await;
+}

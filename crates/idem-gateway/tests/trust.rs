@@ -414,3 +414,65 @@ async fn an_untrusted_peer_s_identity_and_forwarded_headers_never_reach_the_upst
         assert_eq!(up.executions(&key), 0, "{named}: nothing forwarded");
     }
 }
+
+/// A request from `source` (any 127/8 address is this machine) to the
+/// gateway's port on IPv4 loopback, and the first bytes of its answer.
+async fn from_ipv4(source: &str, port: u16, request: &str) -> (tokio::net::TcpStream, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(format!("{source}:0").parse().expect("source"))
+        .expect("bind the source address");
+    let mut conn = socket
+        .connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+        .await
+        .expect("connect over IPv4");
+    conn.write_all(request.as_bytes()).await.expect("write");
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(30), conn.read(&mut buf))
+        .await
+        .expect("an answer")
+        .expect("read");
+    (conn, String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// On a dual-stack listener (`[::]`) every IPv4 client arrives as
+/// `::ffff:a.b.c.d`: the gateway still counts each by its own address
+/// (one client's share does not shut out another) and matches it against
+/// IPv4 `trusted_proxies`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv4_clients_of_a_dual_stack_listener_keep_their_own_address() {
+    let up = CountingUpstream::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = format!(
+        "[tenant]\nfrom = \"trusted_header\"\nname = \"X-User\"\ntrusted_proxies = [\"127.0.0.2/32\"]\n{CONFIG}\n[limits]\nmax_in_flight = 8\nmax_in_flight_per_peer = 1\n"
+    );
+    let gw = Gateway::builder(IDEM, dir.path())
+        .config(&config)
+        .upstream(&up.url())
+        .store(&sqlite_store(dir.path()))
+        .listen("[::]:0")
+        .log("error")
+        .start()
+        .await;
+    assert!(gw.addr.ip().is_unspecified(), "{}", gw.addr);
+    let port = gw.addr.port();
+    // One client's request holds its one slot upstream...
+    let slow =
+        "GET /v1/things HTTP/1.1\r\nhost: x\r\nidempotency-key: held\r\nx-delay-ms: 5000\r\n\r\n";
+    let held = tokio::spawn(from_ipv4("127.0.0.3", port, slow));
+    up.until_received("held").await;
+    // ...and another IPv4 client still gets its own.
+    let other =
+        "GET /v1/things HTTP/1.1\r\nhost: x\r\nidempotency-key: other\r\nconnection: close\r\n\r\n";
+    let (_conn, answer) = from_ipv4("127.0.0.4", port, other).await;
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    // The proxy at 127.0.0.2 is trusted with its identity header.
+    let proxied = "POST /v1/payments HTTP/1.1\r\nhost: x\r\nx-user: alice\r\nidempotency-key: via-proxy\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}";
+    let (_conn, answer) = from_ipv4("127.0.0.2", port, proxied).await;
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    assert_eq!(up.executions("via-proxy"), 1);
+    let (_conn, answer) = held.await.expect("join");
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    gw.terminate().await;
+}

@@ -75,6 +75,7 @@ pub struct GatewayBuilder {
     args: Vec<String>,
     env: Vec<(String, String)>,
     log_to_file: bool,
+    listen: String,
 }
 
 impl GatewayBuilder {
@@ -93,6 +94,13 @@ impl GatewayBuilder {
     /// `--store` (default: [`sqlite_store`] in `dir`).
     pub fn store(mut self, store: &str) -> Self {
         self.store = Some(store.to_owned());
+        self
+    }
+
+    /// `--listen` (default: `127.0.0.1:0`); `[::]:0` is a dual-stack
+    /// listener, where IPv4 clients arrive as `::ffff:a.b.c.d`.
+    pub fn listen(mut self, listen: &str) -> Self {
+        self.listen = listen.to_owned();
         self
     }
 
@@ -141,7 +149,7 @@ impl GatewayBuilder {
             command.env(HASH_SECRET_ENV, TEST_HASH_SECRET);
         }
         let mut child = command
-            .args(["--log", &self.log, "serve", "--listen", "127.0.0.1:0"])
+            .args(["--log", &self.log, "serve", "--listen", &self.listen])
             .args(["--admin-listen", "127.0.0.1:0"])
             .arg("--config")
             .arg(&path)
@@ -202,6 +210,7 @@ impl GatewayProcess {
             args: Vec::new(),
             env: Vec::new(),
             log_to_file: false,
+            listen: "127.0.0.1:0".to_owned(),
         }
     }
 

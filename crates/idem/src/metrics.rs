@@ -166,6 +166,15 @@ pub const CONNECTIONS_REFUSED_TOTAL: Metric = metric(
     false,
     "Connections closed at once because their peer held max_connections_per_peer already.",
 );
+/// Connections closed because their client took nothing of the answers
+/// in flight within `idle_timeout`.
+pub const CONNECTIONS_STALLED_TOTAL: Metric = metric(
+    "idem_connections_stalled_total",
+    Counter,
+    &[],
+    false,
+    "Connections closed because their client took nothing of the answers in flight within idle_timeout.",
+);
 /// PostgreSQL statements that carried a group of operations.
 pub const GROUPED_STATEMENTS_TOTAL: Metric = metric(
     "idem_store_grouped_statements_total",
@@ -254,6 +263,7 @@ pub const ALL: &[Metric] = &[
     BUILD_INFO,
     REQUESTS_SHED_TOTAL,
     CONNECTIONS_REFUSED_TOTAL,
+    CONNECTIONS_STALLED_TOTAL,
     GROUPED_STATEMENTS_TOTAL,
     GROUPED_OPERATIONS_TOTAL,
     ALONE_OPERATIONS_TOTAL,

@@ -80,11 +80,16 @@ impl Default for LimitsSettings {
             max_in_flight: 1024,
             max_connections_per_peer: 2048,
             max_in_flight_per_peer: 512,
+            max_bodies_per_peer: 512,
             queue_wait: Duration::from_millis(100),
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(10),
             body_total_timeout: Duration::from_secs(60),
-            idle_timeout: Duration::from_secs(60),
+            // A client that takes not one byte of its answer for 30 s is
+            // gone or hostile; a slow one takes some all the time (every
+            // byte its socket accepts counts), and one cut off retries
+            // into the recorded answer.
+            idle_timeout: Duration::from_secs(30),
             max_headers: 100,
             max_header_bytes: 64 << 10,
         }

@@ -421,6 +421,11 @@ fn limits(src: &Source<'_>, cfg: Option<&LimitsConfig>) -> Result<LimitsSettings
         Some(v) => whole(src, "limits.max_in_flight_per_peer", v, out.max_in_flight)?,
         None => (out.max_in_flight / 2).max(1),
     };
+    out.max_bodies_per_peer = match &cfg.max_bodies_per_peer {
+        Some(v) if *v.get_ref() == 0 => 0,
+        Some(v) => whole(src, "limits.max_bodies_per_peer", v, 1_000_000)?,
+        None => out.max_in_flight_per_peer,
+    };
     if let Some(v) = &cfg.max_headers {
         out.max_headers = whole(src, "limits.max_headers", v, 10_000)?;
     }
@@ -1380,11 +1385,12 @@ fingerprint_include = ["/amount", "/currency"]
                 max_in_flight: 8,
                 max_connections_per_peer: 50,
                 max_in_flight_per_peer: 4,
+                max_bodies_per_peer: 4,
                 queue_wait: Duration::ZERO,
                 header_read_timeout: Duration::from_secs(2),
                 body_read_timeout: Duration::from_secs(3),
                 body_total_timeout: Duration::ZERO,
-                idle_timeout: Duration::from_secs(60),
+                idle_timeout: Duration::from_secs(30),
                 max_headers: 20,
                 max_header_bytes: 16 << 10,
             }

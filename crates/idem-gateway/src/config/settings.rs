@@ -160,6 +160,12 @@ pub struct LimitsSettings {
     pub max_connections_per_peer: usize,
     /// Requests one peer address may have in flight (0: no cap of its own).
     pub max_in_flight_per_peer: usize,
+    /// Request bodies one peer address may have arriving at once, before
+    /// their requests take an in-flight slot (0: no cap of its own). By
+    /// default its share of in-flight slots: a client sends no more bodies
+    /// at once than it has requests in flight, and one that dribbles them
+    /// holds only this share of places, never a slot.
+    pub max_bodies_per_peer: usize,
     /// How long a request over `max_in_flight` waits for a slot before it
     /// is shed (zero: shed at once).
     pub queue_wait: Duration,
@@ -175,9 +181,11 @@ pub struct LimitsSettings {
     /// that a client dribbling a byte now and then cannot hold an
     /// in-flight slot for ever; zero: no limit.
     pub body_total_timeout: Duration,
-    /// How long a connection may stay open with no request in flight
-    /// (mostly for HTTP/2, whose pings keep a silent connection alive);
-    /// zero: no limit.
+    /// How long a connection may stay open with no request in flight, or
+    /// with every answer in flight waiting for the client to take it (a
+    /// client that never reads, an HTTP/2 window kept shut, a socket that
+    /// takes no byte of a write); zero: no limit. HTTP/2 pings do not
+    /// count: a silent connection answering them is idle.
     pub idle_timeout: Duration,
     /// Header fields allowed in a request head.
     pub max_headers: usize,

@@ -1,6 +1,8 @@
 //! [`ClientBody`]: a request body read from a client under the
-//! `[limits]` body time-outs.
+//! `[limits]` body time-outs, and read ahead before its request takes an
+//! in-flight slot.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -17,8 +19,15 @@ use tokio::time::Sleep;
 /// than the allowed time between chunks, or takes longer than the allowed
 /// time in all. The timers exist only while the body is waiting: a body
 /// that arrives with its head costs nothing.
+///
+/// What [`read_ahead`](Self::read_ahead) took from the client is given
+/// out first, as it came (trailers included), then the error that ended
+/// it, if one did: whoever reads the body answers it as any other.
 #[derive(Debug)]
 pub struct ClientBody {
+    /// What was read ahead and not yet given out (boxed: most bodies are
+    /// never read ahead, and the body moves with its request).
+    ahead: Option<Box<Ahead>>,
     body: Incoming,
     idle: Option<Duration>,
     timer: Option<Pin<Box<Sleep>>>,
@@ -27,11 +36,22 @@ pub struct ClientBody {
     total: Option<Pin<Box<Sleep>>>,
 }
 
+/// Frames read ahead of a request's admission.
+#[derive(Debug, Default)]
+struct Ahead {
+    frames: VecDeque<Frame<Bytes>>,
+    /// Data bytes in `frames`.
+    len: u64,
+    /// What ended the reading (a time-out), given out after `frames`.
+    broken: Option<BoxError>,
+}
+
 impl ClientBody {
     /// Wraps `body`, allowing pauses of at most `idle` and `total` in all
     /// from now (`None`: no such limit).
     pub fn new(body: Incoming, idle: Option<Duration>, total: Option<Duration>) -> Self {
         Self {
+            ahead: None,
             body,
             idle,
             timer: None,
@@ -39,17 +59,51 @@ impl ClientBody {
             total: None,
         }
     }
-}
 
-impl Body for ClientBody {
-    type Data = Bytes;
-    type Error = BoxError;
+    /// Reads from the client until the body's end, or until more than
+    /// `up_to` bytes are in (the rest then streams as it comes), under the
+    /// time-outs; an error ends it, to be given out in its turn.
+    pub async fn read_ahead(&mut self, up_to: usize) {
+        let up_to = u64::try_from(up_to).unwrap_or(u64::MAX);
+        let mut ahead = Ahead::default();
+        while ahead.len <= up_to {
+            match std::future::poll_fn(|cx| self.poll_client(cx)).await {
+                None => break,
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        ahead.len += data.len() as u64;
+                    }
+                    ahead.frames.push_back(frame);
+                }
+                Some(Err(err)) => {
+                    ahead.broken = Some(err);
+                    break;
+                }
+            }
+        }
+        if !ahead.frames.is_empty() || ahead.broken.is_some() {
+            self.ahead = Some(Box::new(ahead));
+        }
+    }
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
+    /// Whether nothing was read ahead: then the body is the client's
+    /// stream as it comes.
+    pub fn nothing_ahead(&self) -> bool {
+        self.ahead.is_none()
+    }
+
+    /// The client's stream, when nothing was read ahead of it.
+    pub fn into_incoming(self) -> Incoming {
+        debug_assert!(self.nothing_ahead(), "what was read ahead is kept");
+        self.body
+    }
+
+    /// The next frame from the client, under the time-outs.
+    fn poll_client(
+        &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
+        let this = self;
         if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
             this.timer = None;
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
@@ -78,12 +132,54 @@ impl Body for ClientBody {
             format!("no request body data from the client for {idle:?}"),
         )))))
     }
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Some(ahead) = &mut this.ahead {
+            let next = match ahead.frames.pop_front() {
+                Some(frame) => {
+                    if let Some(data) = frame.data_ref() {
+                        ahead.len -= data.len() as u64;
+                    }
+                    Some(Ok(frame))
+                }
+                None => ahead.broken.take().map(Err),
+            };
+            if ahead.frames.is_empty() && ahead.broken.is_none() {
+                this.ahead = None;
+            }
+            if let Some(next) = next {
+                return Poll::Ready(Some(next));
+            }
+        }
+        this.poll_client(cx)
+    }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.nothing_ahead() && self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        let Some(ahead) = &self.ahead else {
+            return self.body.size_hint();
+        };
+        if self.body.is_end_stream() && ahead.broken.is_none() {
+            return SizeHint::with_exact(ahead.len);
+        }
+        let rest = self.body.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(ahead.len.saturating_add(rest.lower()));
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(ahead.len.saturating_add(upper));
+        }
+        hint
     }
 }

@@ -1,15 +1,24 @@
 //! A connection's deadlines: its first bytes and its idleness
 //! (`header_read_timeout`, `idle_timeout`), and the activity that tells
 //! an idle connection from a busy one.
+//!
+//! A connection is idle while it has nothing to do but wait for its
+//! client: no request in flight, or every answer in flight waiting for
+//! the client to take it (a client that never reads, an HTTP/2 client
+//! whose window stays shut, a socket that takes no byte). Either way its
+//! place under `max_connections`, and the in-flight slots its answers
+//! hold, come free once `idle_timeout` passes.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use idem::metrics::CONNECTIONS_STALLED_TOTAL;
 use tokio::time::Sleep;
 
 /// A client connection's read deadlines.
@@ -18,16 +27,30 @@ use tokio::time::Sleep;
 ///   HTTP/2 preface) no header time-out of its own runs, so a socket that
 ///   sends nothing would hold its place under `max_connections` for ever.
 /// * Idleness ([`with_idle`](Self::with_idle)): a connection with no
-///   request in flight for `idle_timeout` is closed. HTTP/1 keep-alive
-///   connections are closed sooner by `header_read_timeout`; an HTTP/2
-///   connection answering the gateway's pings, but sending nothing else,
-///   would otherwise stay open for ever.
+///   request in flight, or whose answers all wait for the client, for
+///   `idle_timeout` is closed. HTTP/1 keep-alive connections are closed
+///   sooner by `header_read_timeout`; an HTTP/2 connection answering the
+///   gateway's pings, but sending nothing else (or taking nothing of its
+///   answers), would otherwise stay open for ever.
+/// * Writing: a write the socket takes no byte of for `idle_timeout` (the
+///   client reads nothing, and both sides' buffers are full) closes the
+///   connection, whatever hyper is waiting for meanwhile.
 #[derive(Debug)]
 pub struct Deadlines<S> {
     inner: S,
     /// Until the first bytes arrive.
     deadline: Option<Pin<Box<Sleep>>>,
     idle: Option<Idle>,
+    write: Option<WriteStall>,
+}
+
+/// Since when the socket has taken no byte of what the connection writes.
+#[derive(Debug)]
+struct WriteStall {
+    after: Duration,
+    timer: Pin<Box<Sleep>>,
+    /// Whether a write is waiting (then the timer runs from its start).
+    waiting: bool,
 }
 
 #[derive(Debug)]
@@ -43,12 +66,17 @@ struct Idle {
 }
 
 /// What a connection is doing: requests in flight (until their answer's
-/// body is done), and when the last one ended.
+/// body is done), those of them whose answer waits for the client, and
+/// when that last changed.
 #[derive(Debug)]
 pub struct Activity {
     in_flight: AtomicUsize,
-    /// When the last request ended, in milliseconds since `opened`.
-    last_end: AtomicU64,
+    /// Answers in flight handed to the connection (their head, or a
+    /// frame of their body) that it has not asked for more of yet.
+    waiting: AtomicUsize,
+    /// When a request last ended or an answer last began to wait, in
+    /// milliseconds since `opened`.
+    last_change: AtomicU64,
     opened: tokio::time::Instant,
 }
 
@@ -57,7 +85,8 @@ impl Activity {
     pub fn new() -> Arc<Self> {
         Arc::new(Self {
             in_flight: AtomicUsize::new(0),
-            last_end: AtomicU64::new(0),
+            waiting: AtomicUsize::new(0),
+            last_change: AtomicU64::new(0),
             opened: tokio::time::Instant::now(),
         })
     }
@@ -66,61 +95,157 @@ impl Activity {
     /// it in the answer's body).
     pub fn start(self: &Arc<Self>) -> Busy {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
-        Busy(Arc::clone(self))
+        Busy {
+            activity: Arc::clone(self),
+            waiting: false,
+        }
     }
 
-    /// When the connection counts as idle from, or `None` while busy.
+    /// When the connection counts as idle from (nothing in flight, or
+    /// every answer in flight waiting for the client), or `None` while
+    /// busy.
     fn idle_since(&self) -> Option<tokio::time::Instant> {
-        let last = self.opened + Duration::from_millis(self.last_end.load(Ordering::Acquire));
-        (self.in_flight.load(Ordering::Acquire) == 0).then_some(last)
+        let in_flight = self.in_flight.load(Ordering::Acquire);
+        let waiting = self.waiting.load(Ordering::Acquire);
+        let last = self.opened + Duration::from_millis(self.last_change.load(Ordering::Acquire));
+        (waiting >= in_flight).then_some(last)
+    }
+
+    /// Whether requests are in flight (then an idle connection is one
+    /// stalled on its client).
+    fn busy(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) > 0
+    }
+
+    fn mark_change(&self) {
+        let since = self.opened.elapsed().as_millis();
+        self.last_change
+            .store(u64::try_from(since).unwrap_or(u64::MAX), Ordering::Release);
     }
 }
 
 /// One request in flight on a connection (see [`Activity::start`]).
 #[derive(Debug)]
-pub struct Busy(Arc<Activity>);
+pub struct Busy {
+    activity: Arc<Activity>,
+    waiting: bool,
+}
+
+impl Busy {
+    /// The answer waits for the client: the connection holds its head or
+    /// a frame of its body and has not asked for more.
+    fn wait_for_client(&mut self) {
+        if !self.waiting {
+            self.waiting = true;
+            // Marked first: a connection seen idle sees when it became so.
+            self.activity.mark_change();
+            self.activity.waiting.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// The connection asks for more of the answer.
+    fn resume(&mut self) {
+        if self.waiting {
+            self.waiting = false;
+            self.activity.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        let since = self.0.opened.elapsed().as_millis();
-        self.0
-            .last_end
-            .store(u64::try_from(since).unwrap_or(u64::MAX), Ordering::Release);
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.activity.mark_change();
+        if self.waiting {
+            self.activity.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.activity.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
-/// An answer's body that keeps its request [`Busy`] until it is done.
+/// An answer's body that keeps its request [`Busy`] until it is done, and
+/// tells its connection whether it waits for the client: from the moment
+/// the answer is handed over, and after each frame, until the connection
+/// asks for the next one (which hyper does only once the client has room
+/// for it).
+///
+/// While tracked, its data goes out in pieces of at most [`PIECE`] bytes:
+/// hyper asks for the next piece once the client has taken the last (on
+/// HTTP/2, once its window let the piece through), so a client taking at
+/// least a piece per `idle_timeout` is never idle, however large the
+/// chunks the upstream sends.
 #[derive(Debug)]
 pub struct Tracked<B> {
     inner: B,
-    _busy: Option<Busy>,
+    busy: Option<Busy>,
+    /// What is left of a chunk given out piece by piece.
+    rest: Bytes,
 }
+
+/// The most an answer gives out at once while tracked: one HTTP/2 DATA
+/// frame at the default `SETTINGS_MAX_FRAME_SIZE`. With the default
+/// `idle_timeout` of 30 s, a client is cut only below about 0.5 KiB/s.
+pub const PIECE: usize = 16 << 10;
 
 impl<B> Tracked<B> {
     /// `inner`, busy until dropped.
-    pub fn new(inner: B, busy: Option<Busy>) -> Self {
-        Self { inner, _busy: busy }
+    pub fn new(inner: B, mut busy: Option<Busy>) -> Self {
+        if let Some(busy) = &mut busy {
+            busy.wait_for_client();
+        }
+        Self {
+            inner,
+            busy,
+            rest: Bytes::new(),
+        }
     }
 }
 
-impl<B: Body + Unpin> Body for Tracked<B> {
-    type Data = B::Data;
+impl<B: Body<Data = Bytes> + Unpin> Body for Tracked<B> {
+    type Data = Bytes;
     type Error = B::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        let Some(busy) = &mut this.busy else {
+            return Pin::new(&mut this.inner).poll_frame(cx);
+        };
+        busy.resume();
+        if !this.rest.is_empty() {
+            let piece = this.rest.split_to(this.rest.len().min(PIECE));
+            busy.wait_for_client();
+            return Poll::Ready(Some(Ok(Frame::data(piece))));
+        }
+        let frame = match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(mut data) if data.len() > PIECE => {
+                    this.rest = data.split_off(PIECE);
+                    Frame::data(data)
+                }
+                Ok(data) => Frame::data(data),
+                Err(other) => other,
+            },
+            end => return Poll::Ready(end),
+        };
+        busy.wait_for_client();
+        Poll::Ready(Some(Ok(frame)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.rest.is_empty() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let inner = self.inner.size_hint();
+        let rest = self.rest.len() as u64;
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower().saturating_add(rest));
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper.saturating_add(rest));
+        }
+        hint
     }
 }
 
@@ -132,6 +257,7 @@ impl<S> Deadlines<S> {
             inner,
             deadline: within.map(|d| Box::pin(tokio::time::sleep(d))),
             idle: None,
+            write: None,
         }
     }
 
@@ -156,7 +282,9 @@ impl<S> Deadlines<S> {
         }
     }
 
-    /// Also closed once `activity` has had nothing in flight for `after`.
+    /// Also closed once `activity` has had nothing in flight, or only
+    /// answers waiting for the client, for `after`, or once a write has
+    /// waited that long for the socket to take a byte.
     pub fn with_idle(mut self, activity: Arc<Activity>, after: Duration) -> Self {
         self.idle = Some(Idle {
             activity,
@@ -164,8 +292,51 @@ impl<S> Deadlines<S> {
             timer: Box::pin(tokio::time::sleep(after)),
             armed: false,
         });
+        self.write = Some(WriteStall {
+            after,
+            timer: Box::pin(tokio::time::sleep(after)),
+            waiting: false,
+        });
         self
     }
+
+    /// `written`, or the stall's error once a write has waited too long.
+    fn written<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        written: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        let Some(stall) = &mut self.write else {
+            return written;
+        };
+        match written {
+            Poll::Pending => {
+                if !stall.waiting {
+                    stall.waiting = true;
+                    let until = tokio::time::Instant::now() + stall.after;
+                    stall.timer.as_mut().reset(until);
+                }
+                if stall.timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Err(stalled(
+                        "the client took no byte of its answer within idle_timeout",
+                    )));
+                }
+                Poll::Pending
+            }
+            done => {
+                stall.waiting = false;
+                done
+            }
+        }
+    }
+}
+
+/// A connection closed because its client takes nothing of its answers:
+/// counted, logged, and the error that ends it.
+fn stalled(why: &'static str) -> std::io::Error {
+    metrics::counter!(CONNECTIONS_STALLED_TOTAL.name).increment(1);
+    tracing::debug!(reason = "client_stalled", "connection closed: {why}");
+    std::io::Error::new(std::io::ErrorKind::TimedOut, why)
 }
 
 impl Idle {
@@ -214,7 +385,14 @@ impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Deadlines<S> {
                         "the client sent nothing within header_read_timeout",
                     )));
                 }
-                if this.idle.as_mut().is_some_and(|idle| idle.expired(cx)) {
+                if let Some(idle) = this.idle.as_mut()
+                    && idle.expired(cx)
+                {
+                    if idle.activity.busy() {
+                        return Poll::Ready(Err(stalled(
+                            "the client took nothing of the answers in flight within idle_timeout",
+                        )));
+                    }
                     return Poll::Ready(Err(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
                         "no request on the connection within idle_timeout",
@@ -233,7 +411,8 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Deadlines<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let written = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.written(cx, written)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -249,10 +428,83 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Deadlines<S> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let written = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.written(cx, written)
     }
 
     fn is_write_vectored(&self) -> bool {
         self.inner.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Full};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn answers_waiting_for_the_client_leave_a_connection_idle() {
+        let activity = Activity::new();
+        assert!(activity.idle_since().is_some(), "nothing in flight");
+        let busy = activity.start();
+        assert!(activity.idle_since().is_none(), "a request runs");
+        // Handed over: it waits for the connection to ask for its body.
+        let mut answer = Tracked::new(Full::new(Bytes::from_static(b"x")), Some(busy));
+        assert!(activity.idle_since().is_some(), "its answer waits");
+        let other = activity.start();
+        assert!(activity.idle_since().is_none(), "another request runs");
+        drop(other);
+        // Its frame taken: it waits again, until asked for the next.
+        let frame = answer.frame().await.expect("a frame").expect("data");
+        assert_eq!(frame.into_data().expect("data"), "x");
+        assert!(activity.idle_since().is_some());
+        assert!(answer.frame().await.is_none(), "the end");
+        assert!(activity.busy(), "in flight until dropped");
+        drop(answer);
+        assert!(!activity.busy());
+        assert!(activity.idle_since().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_tracked_answer_goes_out_in_pieces_untracked_as_it_came() {
+        let big = Bytes::from(vec![7u8; 2 * PIECE + 10]);
+        let activity = Activity::new();
+        let mut tracked = Tracked::new(Full::new(big.clone()), Some(activity.start()));
+        assert_eq!(tracked.size_hint().exact(), Some(big.len() as u64));
+        let mut sizes = Vec::new();
+        while let Some(frame) = tracked.frame().await {
+            sizes.push(frame.expect("data").into_data().expect("data").len());
+        }
+        assert_eq!(sizes, [PIECE, PIECE, 10]);
+        assert!(tracked.is_end_stream());
+        let mut untracked = Tracked::new(Full::new(big.clone()), None);
+        let whole = untracked.frame().await.expect("frame").expect("data");
+        assert_eq!(whole.into_data().expect("data").len(), big.len());
+    }
+
+    #[tokio::test]
+    async fn a_write_the_client_takes_nothing_of_times_out_a_slow_one_does_not() {
+        let (near, _far) = tokio::io::duplex(64);
+        let (mut conn, _) = Deadlines::for_connection(near, None, Some(Duration::from_millis(200)));
+        let err = conn
+            .write_all(&[0; 1024])
+            .await
+            .expect_err("the client reads nothing");
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+
+        let (near, mut far) = tokio::io::duplex(64);
+        let (mut conn, _) = Deadlines::for_connection(near, None, Some(Duration::from_secs(5)));
+        let reader = tokio::spawn(async move {
+            let mut got = 0;
+            let mut buf = [0; 16];
+            while got < 1024 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                got += far.read(&mut buf).await.expect("read");
+            }
+            got
+        });
+        conn.write_all(&[0; 1024]).await.expect("taken bit by bit");
+        assert_eq!(reader.await.expect("reader"), 1024);
     }
 }

@@ -6,16 +6,29 @@
 //! * Requests: past `max_in_flight` a request waits up to `queue_wait` for a
 //!   slot, then is answered `503` + `Retry-After` (problem type
 //!   `server-overloaded`) before anything is recorded or forwarded, so its
-//!   retry starts clean. Work carried on for a client that went away still
-//!   holds its slot until it ends.
+//!   retry starts clean. A request takes its slot once its body is in
+//!   (bodies up to the largest `max_request_body`; a longer one after its
+//!   first bytes), so a client dribbling a body holds no slot. Work
+//!   carried on for a client that went away still holds its slot until it
+//!   ends, and so does an answer waiting for its client, until
+//!   `idle_timeout` closes the connection.
 //! * One peer (a client address) holds at most `max_connections_per_peer`
 //!   connections (more are closed at once) and `max_in_flight_per_peer`
 //!   requests (more are shed with `503` at once): by default half of each,
-//!   so one address can never take every place from the others.
+//!   so one address can never take every place from the others; and
+//!   `max_bodies_per_peer` bodies arriving at once (by default its share
+//!   of requests; more are shed with `503` at once). An address is compared
+//!   in its canonical form: an IPv4 client of a dual-stack listener is
+//!   `a.b.c.d`, not `::ffff:a.b.c.d`; an IPv6 client by its /64.
 //! * Slow clients: the request head must arrive within
 //!   `header_read_timeout` (hyper closes the connection otherwise, also an
 //!   idle keep-alive one); the body may pause at most `body_read_timeout`
-//!   between chunks (`408`, nothing recorded or forwarded).
+//!   between chunks, and take at most `body_total_timeout` in all (`408`,
+//!   nothing recorded or forwarded).
+//! * Clients that do not read: a connection whose answers have all waited
+//!   for the client for `idle_timeout` (or whose socket took no byte of a
+//!   write for that long) is closed, counted in
+//!   `idem_connections_stalled_total`.
 
 use std::net::IpAddr;
 use std::sync::Arc;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
+use http_body::Body as _;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -176,8 +177,26 @@ impl Server {
         let peer_connections = PerPeer::new(limits.max_connections_per_peer);
         let connections = Arc::new(Semaphore::new(limits.max_connections));
         let traces = telemetry::RequestTracing::new(settings.telemetry.as_ref());
-        let serve =
-            client_connections(gateway.clone(), admission, builder.clone(), &limits, traces);
+        // Bodies a protected route reads whole anyway are read before
+        // their request takes an in-flight slot.
+        let read_ahead = settings
+            .routes
+            .policies()
+            .map(|p| p.max_request_body)
+            .max()
+            .unwrap_or(0);
+        let receiving = Receiving {
+            up_to: read_ahead,
+            per_peer: PerPeer::new(limits.max_bodies_per_peer),
+        };
+        let serve = client_connections(
+            gateway.clone(),
+            admission,
+            receiving,
+            builder.clone(),
+            &limits,
+            traces,
+        );
         let workers = match Workers::start(settings.workers, serve, grace) {
             Ok(workers) => workers,
             Err(err) => {
@@ -206,6 +225,11 @@ impl Server {
                             continue;
                         }
                     };
+                    // Once, here: every comparison of the address (per-peer
+                    // shares, trusted_proxies, the forwarded address) then
+                    // sees an IPv4 client of a dual-stack listener as
+                    // a.b.c.d, not ::ffff:a.b.c.d.
+                    let peer = canonical(peer);
                     // One address holds at most its share of connections:
                     // past it, a new one is closed at once.
                     let Some(mine) = peer_connections.take(peer.ip()) else {
@@ -272,11 +296,51 @@ impl Server {
     }
 }
 
-/// How each worker serves a client connection: admission, the body
-/// time-out, then the gateway.
+/// A client's address as the gateway compares it: an IPv4-mapped IPv6
+/// address (`::ffff:a.b.c.d`, how a dual-stack listener sees IPv4
+/// clients) is the IPv4 address.
+fn canonical(peer: SocketAddr) -> SocketAddr {
+    SocketAddr::new(peer.ip().to_canonical(), peer.port())
+}
+
+/// How request bodies are received before their request takes an
+/// in-flight slot.
+#[derive(Clone)]
+struct Receiving {
+    /// Bodies up to this many bytes (the largest `max_request_body`) are
+    /// read whole first; a longer one streams after its first bytes.
+    up_to: usize,
+    /// Bodies one address has arriving at once (`max_bodies_per_peer`).
+    per_peer: Arc<PerPeer>,
+}
+
+impl Receiving {
+    /// Whether a body is read ahead: one is still to come, and its
+    /// announced length (if any) is within `up_to`.
+    fn reads_ahead(&self, headers: &http::HeaderMap, body: &ClientBody) -> bool {
+        if body.is_end_stream() || self.up_to == 0 {
+            return false;
+        }
+        let announced = headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        announced.is_none_or(|n| n <= self.up_to as u64)
+    }
+}
+
+/// How each worker serves a client connection: the request's body read
+/// ahead (under the body time-outs and its peer's share), admission, then
+/// the gateway.
+///
+/// A request takes its in-flight slot once its body is in: a client
+/// dribbling its body holds a place among its address's bodies in
+/// progress and its connections, never a slot, so the slots bound the
+/// work the gateway and the upstream do.
 fn client_connections(
     gateway: Gateway,
     admission: Admission,
+    receiving: Receiving,
     builder: auto::Builder<TokioExecutor>,
     limits: &LimitsSettings,
     traces: telemetry::RequestTracing,
@@ -288,10 +352,12 @@ fn client_connections(
     Arc::new(move |stream, peer, graceful| {
         let gateway = gateway.clone();
         let admission = admission.clone();
+        let receiving = receiving.clone();
         let (stream, activity) = Deadlines::for_connection(stream, first_bytes, idle);
         let svc = service_fn(move |req: Request<Incoming>| {
             let gateway = gateway.clone();
             let admission = admission.clone();
+            let receiving = receiving.clone();
             // In flight until the answer's body is done.
             let busy = activity.as_ref().map(Activity::start);
             async move {
@@ -300,6 +366,18 @@ fn client_connections(
                     tracing::debug!(reason = "host_invalid", %peer, detail = problem.detail());
                     return Ok(track(ResponseBody::problem(&problem)));
                 }
+                let (parts, body) = req.into_parts();
+                let mut body = ClientBody::new(body, body_timeout, body_total);
+                if receiving.reads_ahead(&parts.headers, &body) {
+                    let Some(place) = receiving.per_peer.take(peer.ip()) else {
+                        tracing::debug!(reason = "peer_bodies", %peer, "request shed: its peer has max_bodies_per_peer bodies arriving");
+                        return Ok(track(limits::overloaded()));
+                    };
+                    // A body that stalls is answered by whoever reads it
+                    // (408 before anything is recorded or forwarded).
+                    body.read_ahead(receiving.up_to).await;
+                    drop(place);
+                }
                 let Some(slot) = admission.admit(peer.ip()).await else {
                     // Counted in idem_requests_shed_total; a warning per
                     // shed request would add work exactly when there is
@@ -307,10 +385,13 @@ fn client_connections(
                     tracing::debug!(reason = "overloaded", %peer, "request shed: every in-flight slot is taken");
                     return Ok(track(limits::overloaded()));
                 };
-                let mut req = req.map(|b| match (body_timeout, body_total) {
-                    (None, None) => ProxyBody::Incoming(b),
-                    (idle, total) => ProxyBody::Client(ClientBody::new(b, idle, total)),
-                });
+                let body = if body_timeout.is_none() && body_total.is_none() && body.nothing_ahead()
+                {
+                    ProxyBody::Incoming(body.into_incoming())
+                } else {
+                    ProxyBody::Client(body)
+                };
+                let mut req = Request::from_parts(parts, body);
                 req.extensions_mut().insert(PeerAddr(peer));
                 req.extensions_mut().insert(slot.clone());
                 let span = telemetry::request_span(req.method(), req.headers(), traces);
