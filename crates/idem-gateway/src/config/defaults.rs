@@ -80,6 +80,7 @@ impl Default for LimitsSettings {
             max_in_flight: 1024,
             max_connections_per_peer: 2048,
             max_in_flight_per_peer: 512,
+            max_bodies: 2048,
             max_bodies_per_peer: 512,
             queue_wait: Duration::from_millis(100),
             header_read_timeout: Duration::from_secs(10),

@@ -59,6 +59,7 @@ pub(super) struct LimitsConfig {
     pub(super) max_in_flight: Option<Spanned<i64>>,
     pub(super) max_connections_per_peer: Option<Spanned<i64>>,
     pub(super) max_in_flight_per_peer: Option<Spanned<i64>>,
+    pub(super) max_bodies: Option<Spanned<i64>>,
     pub(super) max_bodies_per_peer: Option<Spanned<i64>>,
     pub(super) queue_wait: Option<Spanned<String>>,
     pub(super) header_read_timeout: Option<Spanned<String>>,

@@ -421,6 +421,13 @@ fn limits(src: &Source<'_>, cfg: Option<&LimitsConfig>) -> Result<LimitsSettings
         Some(v) => whole(src, "limits.max_in_flight_per_peer", v, out.max_in_flight)?,
         None => (out.max_in_flight / 2).max(1),
     };
+    // Twice the slots: dribblers from two addresses, each within its
+    // share, never fill it, and the bytes read ahead stay bounded by
+    // max_bodies × the largest max_request_body.
+    out.max_bodies = match &cfg.max_bodies {
+        Some(v) => whole(src, "limits.max_bodies", v, 1_000_000)?,
+        None => out.max_in_flight.saturating_mul(2),
+    };
     out.max_bodies_per_peer = match &cfg.max_bodies_per_peer {
         Some(v) if *v.get_ref() == 0 => 0,
         Some(v) => whole(src, "limits.max_bodies_per_peer", v, 1_000_000)?,
@@ -1385,6 +1392,7 @@ fingerprint_include = ["/amount", "/currency"]
                 max_in_flight: 8,
                 max_connections_per_peer: 50,
                 max_in_flight_per_peer: 4,
+                max_bodies: 16,
                 max_bodies_per_peer: 4,
                 queue_wait: Duration::ZERO,
                 header_read_timeout: Duration::from_secs(2),

@@ -160,6 +160,11 @@ pub struct LimitsSettings {
     pub max_connections_per_peer: usize,
     /// Requests one peer address may have in flight (0: no cap of its own).
     pub max_in_flight_per_peer: usize,
+    /// Request bodies the gateway reads ahead at once, before their
+    /// requests take an in-flight slot: with the largest
+    /// `max_request_body`, the bound on the memory they hold. Twice
+    /// `max_in_flight` by default.
+    pub max_bodies: usize,
     /// Request bodies one peer address may have arriving at once, before
     /// their requests take an in-flight slot (0: no cap of its own). By
     /// default its share of in-flight slots: a client sends no more bodies

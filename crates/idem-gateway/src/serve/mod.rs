@@ -187,6 +187,7 @@ impl Server {
             .unwrap_or(0);
         let receiving = Receiving {
             up_to: read_ahead,
+            all: Arc::new(Semaphore::new(limits.max_bodies.max(1))),
             per_peer: PerPeer::new(limits.max_bodies_per_peer),
         };
         let serve = client_connections(
@@ -310,6 +311,8 @@ struct Receiving {
     /// Bodies up to this many bytes (the largest `max_request_body`) are
     /// read whole first; a longer one streams after its first bytes.
     up_to: usize,
+    /// Bodies arriving at once (`max_bodies`).
+    all: Arc<Semaphore>,
     /// Bodies one address has arriving at once (`max_bodies_per_peer`).
     per_peer: Arc<PerPeer>,
 }
@@ -373,10 +376,14 @@ fn client_connections(
                         tracing::debug!(reason = "peer_bodies", %peer, "request shed: its peer has max_bodies_per_peer bodies arriving");
                         return Ok(track(limits::overloaded()));
                     };
+                    let Ok(all) = Arc::clone(&receiving.all).try_acquire_owned() else {
+                        tracing::debug!(reason = "bodies", %peer, "request shed: max_bodies bodies are arriving");
+                        return Ok(track(limits::overloaded()));
+                    };
                     // A body that stalls is answered by whoever reads it
                     // (408 before anything is recorded or forwarded).
                     body.read_ahead(receiving.up_to).await;
-                    drop(place);
+                    drop((place, all));
                 }
                 let Some(slot) = admission.admit(peer.ip()).await else {
                     // Counted in idem_requests_shed_total; a warning per
