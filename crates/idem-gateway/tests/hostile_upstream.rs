@@ -66,6 +66,17 @@ async fn raw_upstream(answer: &'static [u8]) -> String {
     format!("http://{addr}")
 }
 
+/// `idem serve` with [`CONFIG`] in front of `upstream`, its embedded
+/// store in `dir`.
+async fn in_front_of(upstream: &str, dir: &std::path::Path) -> GatewayProcess {
+    GatewayProcess::builder(IDEM, dir)
+        .config(CONFIG)
+        .upstream(upstream)
+        .store(&sqlite_store(dir))
+        .start()
+        .await
+}
+
 async fn post(gw: &GatewayProcess, key: &str) -> idem_testkit::client::Answer {
     tokio::time::timeout(
         Duration::from_secs(10),
@@ -93,13 +104,7 @@ async fn content_length_beside_chunked_is_dropped_not_forwarded() {
     )
     .await;
     let dir = tempfile::tempdir().expect("dir");
-    let store = sqlite_store(dir.path());
-    let gw = GatewayProcess::builder(IDEM, dir.path())
-        .config(CONFIG)
-        .upstream(&upstream)
-        .store(&store)
-        .start()
-        .await;
+    let gw = in_front_of(&upstream, dir.path()).await;
     for attempt in ["first", "replay"] {
         let answer = post(&gw, "framed").await;
         assert_eq!(answer.status, StatusCode::CREATED, "{attempt}");
@@ -141,13 +146,7 @@ async fn a_forged_marker_and_cookies_are_not_stored() {
     )
     .await;
     let dir = tempfile::tempdir().expect("dir");
-    let store = sqlite_store(dir.path());
-    let gw = GatewayProcess::builder(IDEM, dir.path())
-        .config(CONFIG)
-        .upstream(&upstream)
-        .store(&store)
-        .start()
-        .await;
+    let gw = in_front_of(&upstream, dir.path()).await;
     let first = post(&gw, "forged").await;
     assert_eq!(&first.body[..], b"charged");
     assert!(
@@ -244,12 +243,7 @@ async fn authentication_results_and_marks_are_not_stored() {
     )
     .await;
     let dir = tempfile::tempdir().expect("dir");
-    let gw = GatewayProcess::builder(IDEM, dir.path())
-        .config(CONFIG)
-        .upstream(&upstream)
-        .store(&sqlite_store(dir.path()))
-        .start()
-        .await;
+    let gw = in_front_of(&upstream, dir.path()).await;
     let first = post(&gw, "auth-info").await;
     assert_eq!(first.status, StatusCode::CREATED);
     assert_eq!(
@@ -279,12 +273,7 @@ async fn an_unrequested_101_is_a_broken_answer_and_is_held() {
     )
     .await;
     let dir = tempfile::tempdir().expect("dir");
-    let gw = GatewayProcess::builder(IDEM, dir.path())
-        .config(CONFIG)
-        .upstream(&upstream)
-        .store(&sqlite_store(dir.path()))
-        .start()
-        .await;
+    let gw = in_front_of(&upstream, dir.path()).await;
     let first = post(&gw, "switched").await;
     assert_eq!(first.status, StatusCode::BAD_GATEWAY, "{first:?}");
     assert_eq!(first.problem_type(), "upstream-response-broken");

@@ -821,6 +821,25 @@ async fn held_records_are_reconciled_through_the_route_s_lookup() {
             .body(Full::new(Bytes::from_static(b"{}")))
             .expect("request")
     };
+    // Retries `key` until it is answered 201, each answer before that 409.
+    let until_created = |key: &'static str, tries: usize| {
+        let svc = svc.clone();
+        async move {
+            for _ in 0..tries {
+                let r = svc
+                    .clone()
+                    .oneshot(request("/v1/payments", key))
+                    .await
+                    .expect("answer");
+                if r.status() == StatusCode::CREATED {
+                    return r;
+                }
+                assert_eq!(r.status(), StatusCode::CONFLICT, "{key}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            panic!("{key}: no 201 after {tries} tries");
+        }
+    };
     // Lost after charging: the client is told the outcome is unknown and
     // when to come back; meanwhile it is being reconciled.
     let first = svc
@@ -840,21 +859,8 @@ async fn held_records_are_reconciled_through_the_route_s_lookup() {
         assert!(String::from_utf8_lossy(&problem).contains("idempotency-outcome-reconciling"));
         assert!(parts.headers.contains_key("retry-after"));
     }
-    let mut replay = None;
-    for _ in 0..100 {
-        let r = svc
-            .clone()
-            .oneshot(request("/v1/payments", "lost-1"))
-            .await
-            .expect("answer");
-        if r.status() == StatusCode::CREATED {
-            replay = Some(r);
-            break;
-        }
-        assert_eq!(r.status(), StatusCode::CONFLICT);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let (parts, bytes) = read(replay.expect("reconciled")).await;
+    let replay = until_created("lost-1", 100).await;
+    let (parts, bytes) = read(replay).await;
     assert_eq!(parts.headers["idempotent-replayed"], "true");
     assert_eq!(parts.headers["x-from"], "inner");
     assert_eq!(
@@ -873,21 +879,8 @@ async fn held_records_are_reconciled_through_the_route_s_lookup() {
         .expect("answer");
     assert_eq!(first.status(), StatusCode::BAD_GATEWAY);
     assert_eq!(first.headers()["retry-after"], "1");
-    let mut settled = None;
-    for _ in 0..100 {
-        let r = svc
-            .clone()
-            .oneshot(request("/v1/payments", "lb-1"))
-            .await
-            .expect("answer");
-        if r.status() == StatusCode::CREATED {
-            settled = Some(r);
-            break;
-        }
-        assert_eq!(r.status(), StatusCode::CONFLICT);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let (parts, bytes) = read(settled.expect("reconciled")).await;
+    let settled = until_created("lb-1", 100).await;
+    let (parts, bytes) = read(settled).await;
     assert_eq!(parts.headers["idempotent-replayed"], "true");
     assert_eq!(&bytes[..], b"charge 1");
     assert_eq!(ledger.lock().expect("ledger")["lb-1"], 1, "charged once");
@@ -901,21 +894,7 @@ async fn held_records_are_reconciled_through_the_route_s_lookup() {
         .expect("answer");
     assert_eq!(first.status(), StatusCode::BAD_GATEWAY);
     let started = std::time::Instant::now();
-    let mut ran = None;
-    for _ in 0..200 {
-        let r = svc
-            .clone()
-            .oneshot(request("/v1/payments", "void-1"))
-            .await
-            .expect("answer");
-        if r.status() == StatusCode::CREATED {
-            ran = Some(r);
-            break;
-        }
-        assert_eq!(r.status(), StatusCode::CONFLICT);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let ran = ran.expect("released, then run");
+    let ran = until_created("void-1", 200).await;
     assert!(
         started.elapsed() >= Duration::from_millis(500),
         "not before the settle time"
