@@ -31,7 +31,26 @@
 
 use std::collections::BTreeMap;
 
-use crate::fingerprint::JsonRefusal;
+/// Why a body is not given a canonical JSON form.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum JsonRefusal {
+    /// It does not parse as JSON.
+    #[error("not JSON")]
+    NotJson,
+    /// It parses, but two JSON readers may read it as different documents,
+    /// so its canonical form cannot stand for what the receiver reads: a
+    /// member name twice in one object (RFC 8259 leaves which wins open),
+    /// or, in the doubles form of earlier versions, an integer beyond
+    /// ±2^53.
+    #[error("{0}")]
+    Ambiguous(String),
+    /// It parses, but a number's scale is beyond ±10^18
+    /// ([`MAX_EXPONENT`]), which no decimal type reads: it
+    /// has no canonical form, and is fingerprinted by its bytes.
+    #[error("{0}")]
+    OutOfRange(String),
+}
 
 /// The largest scale a number may have: `|e| <= 10^18` in its scientific
 /// form `d.ddd × 10^e`.
