@@ -46,12 +46,13 @@ pub const NEVER_STORED: [HeaderName; 7] = [
 /// without case). `false` for the [`HOP_BY_HOP`] and [`NEVER_STORED`]
 /// sets, `Proxy-Connection`, and anything that is not a header name.
 pub fn replayable(name: &str) -> bool {
-    match HeaderName::from_bytes(name.as_bytes()) {
-        Ok(name) => {
-            !HOP_BY_HOP.contains(&name) && !NEVER_STORED.contains(&name) && name != PROXY_CONNECTION
-        }
-        Err(_) => false,
-    }
+    HeaderName::from_bytes(name.as_bytes()).is_ok_and(|name| replayable_name(&name))
+}
+
+/// [`replayable`], for a name already parsed (no second parse on the
+/// recording and replay paths).
+pub(crate) fn replayable_name(name: &HeaderName) -> bool {
+    !HOP_BY_HOP.contains(name) && !NEVER_STORED.contains(name) && *name != PROXY_CONNECTION
 }
 
 /// The pre-standard `Connection` of old clients and proxies, which some
@@ -114,7 +115,7 @@ pub(crate) fn storable_headers(
         .iter()
         .filter(|(name, _)| {
             !hop_by_hop.contains(name)
-                && replayable(name.as_str())
+                && replayable_name(name)
                 && **name != NOT_RETAINED
                 && !unstored.contains(name)
         })

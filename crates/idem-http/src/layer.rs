@@ -40,7 +40,7 @@ use tower_service::Service;
 use crate::body::{BoxError, Kept, RequestBodyError, ResponseBody, keep_response, read_request};
 use crate::decision::Decision;
 use crate::headers::{
-    IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED, NOT_RETAINED, replayable, storable_headers,
+    IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED, NOT_RETAINED, replayable_name, storable_headers,
 };
 use crate::metrics::RequestMetrics;
 use crate::pattern::normalize_path;
@@ -1028,30 +1028,17 @@ where
         let (mut parts, body) = resp.into_parts();
         // The layer's own marker, never the upstream's to set.
         parts.headers.remove(NOT_RETAINED);
-        match parts.extensions.get::<UpstreamOutcome>() {
-            Some(UpstreamOutcome::NotSent) => {
-                trace::record(trace::RECORD_STATE, "released");
-                log_recording(
-                    &scope,
-                    &key,
-                    "upstream not reached; key released",
-                    guard.release().await,
-                );
-                return Ok(with_decision(
-                    Response::from_parts(parts, ResponseBody::inner(body)),
-                    Decision::Executed,
-                ));
-            }
-            Some(UpstreamOutcome::MaybeSent) => {
-                return Ok(held_as_unknown(
-                    parts,
-                    body,
-                    guard,
-                    handoff,
-                    "upstream failed after the request was sent",
-                )
-                .await);
-            }
+        // What the inner service knows of the side effect decides first;
+        // otherwise the answer's status does, by the route's policy.
+        let (resolution, cause) = match parts.extensions.get::<UpstreamOutcome>() {
+            Some(UpstreamOutcome::NotSent) => (
+                idem::Resolution::Release,
+                "upstream not reached; key released",
+            ),
+            Some(UpstreamOutcome::MaybeSent) => (
+                idem::Resolution::Unknown,
+                "upstream failed after the request was sent",
+            ),
             Some(UpstreamOutcome::Recorded) => {
                 guard.recorded_elsewhere();
                 return Ok(with_decision(
@@ -1059,31 +1046,28 @@ where
                     Decision::Executed,
                 ));
             }
-            None => {}
-        }
-        match policy.engine.resolution_for(parts.status.as_u16()) {
+            None => match policy.engine.resolution_for(parts.status.as_u16()) {
+                idem::Resolution::Release => {
+                    (idem::Resolution::Release, "transient status; key released")
+                }
+                idem::Resolution::Unknown => (
+                    idem::Resolution::Unknown,
+                    "the upstream's status does not prove the request was not executed",
+                ),
+                recorded => (recorded, ""),
+            },
+        };
+        match resolution {
             idem::Resolution::Release => {
                 trace::record(trace::RECORD_STATE, "released");
-                log_recording(
-                    &scope,
-                    &key,
-                    "transient status; key released",
-                    guard.release().await,
-                );
+                log_recording(&scope, &key, cause, guard.release().await);
                 return Ok(with_decision(
                     Response::from_parts(parts, ResponseBody::inner(body)),
                     Decision::Executed,
                 ));
             }
             idem::Resolution::Unknown => {
-                return Ok(held_as_unknown(
-                    parts,
-                    body,
-                    guard,
-                    handoff,
-                    "the upstream's status does not prove the request was not executed",
-                )
-                .await);
+                return Ok(held_as_unknown(parts, body, guard, handoff, cause).await);
             }
             idem::Resolution::Complete | idem::Resolution::Fail => {}
         }
@@ -1360,13 +1344,11 @@ fn replayed<B>(replay: Replay) -> Response<ResponseBody<B>> {
 /// replayable: a record written by hand, or by an older gateway, cannot
 /// frame the replay nor hand out a session.
 fn append(headers: &mut HeaderMap, name: &str, value: &Bytes) {
-    if !replayable(name) {
-        return;
-    }
     if let (Ok(name), Ok(value)) = (
         HeaderName::from_bytes(name.as_bytes()),
         HeaderValue::from_bytes(value),
-    ) {
+    ) && replayable_name(&name)
+    {
         headers.append(name, value);
     }
 }

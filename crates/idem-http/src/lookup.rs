@@ -43,6 +43,9 @@ pub struct Lookup {
     method: Method,
     path: String,
     parts: Vec<Part>,
+    /// Whether `{key}` fills a path segment of its own (see
+    /// [`Lookup::accepts`]).
+    key_is_a_segment: bool,
     status: Option<StatusCode>,
     schedule: Schedule,
 }
@@ -100,6 +103,7 @@ impl Lookup {
         Ok(Self {
             method,
             path: path.to_owned(),
+            key_is_a_segment: key_is_a_segment(&parts),
             parts,
             status: None,
             schedule: Schedule::default(),
@@ -154,36 +158,7 @@ impl Lookup {
     /// is the parent resource), and a record would be settled with
     /// another resource's answer.
     pub fn accepts(&self, key: &IdempotencyKey) -> bool {
-        !matches!(key.as_str(), "." | "..") || !self.key_is_a_segment()
-    }
-
-    /// Whether `{key}` fills a whole path segment (`/by-key/{key}`, not
-    /// `/by-key/k-{key}` nor the query).
-    fn key_is_a_segment(&self) -> bool {
-        let mut in_query = false;
-        let mut segment_start = true;
-        let mut parts = self.parts.iter().peekable();
-        while let Some(part) = parts.next() {
-            match part {
-                Part::Text(text) => {
-                    in_query |= text.contains('?');
-                    segment_start = text.ends_with('/');
-                }
-                Part::Key if !in_query && segment_start => {
-                    let segment_end = match parts.peek() {
-                        None => true,
-                        Some(Part::Text(next)) => next.starts_with(['/', '?', '#']),
-                        Some(_) => false,
-                    };
-                    if segment_end {
-                        return true;
-                    }
-                    segment_start = false;
-                }
-                Part::Key | Part::Param(_) => segment_start = false,
-            }
-        }
-        false
+        !self.key_is_a_segment || !matches!(key.as_str(), "." | "..")
     }
 
     /// The lookup's URI for `key`, taking route parameters from `param`;
@@ -207,6 +182,35 @@ impl Lookup {
         }
         out.parse().ok()
     }
+}
+
+/// Whether `{key}` fills a whole path segment (`/by-key/{key}`, not
+/// `/by-key/k-{key}` nor the query).
+fn key_is_a_segment(parts: &[Part]) -> bool {
+    let mut in_query = false;
+    let mut segment_start = true;
+    let mut parts = parts.iter().peekable();
+    while let Some(part) = parts.next() {
+        match part {
+            Part::Text(text) => {
+                in_query |= text.contains('?');
+                segment_start = text.ends_with('/');
+            }
+            Part::Key if !in_query && segment_start => {
+                let segment_end = match parts.peek() {
+                    None => true,
+                    Some(Part::Text(next)) => next.starts_with(['/', '?', '#']),
+                    Some(_) => false,
+                };
+                if segment_end {
+                    return true;
+                }
+                segment_start = false;
+            }
+            Part::Key | Part::Param(_) => segment_start = false,
+        }
+    }
+    false
 }
 
 /// Percent-encodes all but the unreserved characters (RFC 3986 §2.3).

@@ -43,7 +43,18 @@ struct Fields<'w> {
 }
 
 impl Fields<'_> {
-    fn write(&mut self, field: &Field, value: fmt::Arguments<'_>, quote_always: bool) {
+    /// The space before every field but the first.
+    fn separator(&mut self) -> &'static str {
+        if std::mem::replace(&mut self.first, false) {
+            ""
+        } else {
+            " "
+        }
+    }
+
+    /// Writes a value that must be looked at first: bare when [`bare`],
+    /// quoted otherwise; the message with its control characters escaped.
+    fn write(&mut self, field: &Field, value: fmt::Arguments<'_>) {
         if self.result.is_err() {
             return;
         }
@@ -52,14 +63,13 @@ impl Fields<'_> {
             self.result = Err(e);
             return;
         }
-        let separator = if self.first { "" } else { " " };
-        self.first = false;
+        let separator = self.separator();
         self.result = if field.name() == "message" {
             write!(self.writer, "{separator}{}", escape_lines(&text))
-        } else if quote_always || !bare(&text) {
-            write!(self.writer, "{separator}{}={text:?}", field.name())
-        } else {
+        } else if bare(&text) {
             write!(self.writer, "{separator}{}={text}", field.name())
+        } else {
+            write!(self.writer, "{separator}{}={text:?}", field.name())
         };
     }
 }
@@ -94,15 +104,21 @@ fn escape_lines(text: &str) -> std::borrow::Cow<'_, str> {
 
 impl Visit for Fields<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.write(field, format_args!("{value}"), true);
+        if field.name() == "message" {
+            self.write(field, format_args!("{value}"));
+        } else if self.result.is_ok() {
+            // Always quoted: written as it is, with no copy to look at.
+            let separator = self.separator();
+            self.result = write!(self.writer, "{separator}{}={value:?}", field.name());
+        }
     }
 
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        self.write(field, format_args!("{value}"), false);
+        self.write(field, format_args!("{value}"));
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.write(field, format_args!("{value:?}"), false);
+        self.write(field, format_args!("{value:?}"));
     }
 }
 

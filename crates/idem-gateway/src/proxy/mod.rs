@@ -104,8 +104,9 @@ impl Service<Request<ProxyBody>> for Proxy {
             parts.headers.remove(X_FORWARDED_FOR);
             parts.headers.remove(http::header::FORWARDED);
         }
+        // The serving loop puts the canonical address in `PeerAddr`.
         if let Some(PeerAddr(peer)) = peer
-            && let Some(v) = forwarded_for(peer.ip().to_canonical())
+            && let Some(v) = forwarded_for(peer.ip())
         {
             parts.headers.append(X_FORWARDED_FOR, v);
         }
