@@ -831,6 +831,85 @@ async fn http2_clients_with_a_zero_window_are_closed_and_cannot_crowd_out_a_clie
     gw.terminate().await;
 }
 
+/// HTTP/2 clients that hold an answer behind a zero window and, on the
+/// same connection, keep a request body coming a byte a second (within
+/// every body time-out) are closed all the same: each answer has its own
+/// deadline, and another stream's activity does not extend it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dribbled_body_does_not_keep_a_stalled_http2_answer_alive() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = start(
+        dir.path(),
+        "max_connections = 8\nidle_timeout = \"2s\"\n",
+        &up,
+    )
+    .await;
+    let mut stalled = Vec::new();
+    let mut dribblers = Vec::new();
+    for i in 0..8 {
+        let source = if i % 2 == 0 { "127.0.0.2" } else { "127.0.0.3" };
+        let (answer, dribbler) = never_reading_h2_while_dribbling(source, gw.addr).await;
+        stalled.push(answer);
+        dribblers.push(dribbler);
+    }
+    let answer = tokio::time::timeout(
+        Duration::from_secs(30),
+        send(gw.addr, Method::GET, "/v1/things", &[], ""),
+    )
+    .await
+    .expect("a client behind eight stalled answers is answered");
+    assert_eq!(answer.status, StatusCode::CREATED);
+    broke_off(stalled).await;
+    for d in dribblers {
+        d.abort();
+    }
+    gw.terminate().await;
+}
+
+/// As [`never_reading_h2`], and on the same connection a POST whose body
+/// comes a byte a second for a minute (the task sending it is returned).
+async fn never_reading_h2_while_dribbling(
+    source: &str,
+    addr: std::net::SocketAddr,
+) -> (
+    http::Response<hyper::body::Incoming>,
+    tokio::task::JoinHandle<()>,
+) {
+    let stream = connect_from(source, addr).await;
+    let (mut h2, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .timer(hyper_util::rt::TokioTimer::new())
+            .initial_stream_window_size(0)
+            .handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("HTTP/2 handshake");
+    tokio::spawn(conn);
+    let get = http::Request::get(format!("http://{addr}/v1/things"))
+        .body(http_body_util::Either::Left(http_body_util::Empty::<
+            bytes::Bytes,
+        >::new()))
+        .expect("request");
+    let answer = h2.send_request(get).await.expect("the answer's head");
+    let drip = futures_util::stream::unfold(0, async |sent| {
+        if sent > 0 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let byte = http_body::Frame::data(bytes::Bytes::from_static(b" "));
+        (sent < 60).then_some((Ok::<_, std::convert::Infallible>(byte), sent + 1))
+    });
+    let post = http::Request::post(format!("http://{addr}/v1/things"))
+        .header("content-length", "60")
+        .body(http_body_util::Either::Right(
+            http_body_util::StreamBody::new(Box::pin(drip)),
+        ))
+        .expect("request");
+    let dribbler = tokio::spawn(async move {
+        let _ = h2.send_request(post).await;
+    });
+    (answer, dribbler)
+}
+
 /// On the admin listener, tokenless HTTP/2 clients with a zero receive
 /// window on a dashboard file, as many as it serves at once, are closed
 /// once `idle_timeout` passes, so an operator's readiness check with the

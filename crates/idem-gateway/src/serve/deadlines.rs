@@ -2,17 +2,19 @@
 //! (`header_read_timeout`, `idle_timeout`), and the activity that tells
 //! an idle connection from a busy one.
 //!
-//! A connection is idle while it has nothing to do but wait for its
-//! client: no request in flight, or every answer in flight waiting for
-//! the client to take it (a client that never reads, an HTTP/2 client
-//! whose window stays shut, a socket that takes no byte). Either way its
-//! place under `max_connections`, and the in-flight slots its answers
-//! hold, come free once `idle_timeout` passes.
+//! A connection is idle while it has no request in flight, and stalled
+//! while one of its answers waits for the client to take it (a client
+//! that never reads, an HTTP/2 client whose window stays shut for that
+//! stream, a socket that takes no byte). Each answer has its own
+//! deadline: what else the connection does meanwhile (another stream's
+//! body arriving, other answers going out) does not extend it. Either
+//! way the connection's place under `max_connections`, and the in-flight
+//! slots its answers hold, come free once `idle_timeout` passes.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -27,8 +29,8 @@ use tokio::time::Sleep;
 ///   HTTP/2 preface) no header time-out of its own runs, so a socket that
 ///   sends nothing would hold its place under `max_connections` for ever.
 /// * Idleness ([`with_idle`](Self::with_idle)): a connection with no
-///   request in flight, or whose answers all wait for the client, for
-///   `idle_timeout` is closed. HTTP/1 keep-alive connections are closed
+///   request in flight for `idle_timeout`, or with an answer that has
+///   waited that long for the client, is closed. HTTP/1 keep-alive connections are closed
 ///   sooner by `header_read_timeout`; an HTTP/2 connection answering the
 ///   gateway's pings, but sending nothing else (or taking nothing of its
 ///   answers), would otherwise stay open for ever.
@@ -66,16 +68,18 @@ struct Idle {
 }
 
 /// What a connection is doing: requests in flight (until their answer's
-/// body is done), those of them whose answer waits for the client, and
-/// when that last changed.
+/// body is done), since when each answer waiting for the client has
+/// waited, and when a request last ended.
 #[derive(Debug)]
 pub struct Activity {
     in_flight: AtomicUsize,
-    /// Answers in flight handed to the connection (their head, or a
-    /// frame of their body) that it has not asked for more of yet.
-    waiting: AtomicUsize,
-    /// When a request last ended or an answer last began to wait, in
-    /// milliseconds since `opened`.
+    /// For each answer in flight handed to the connection (its head, or a
+    /// frame of its body) that it has not asked for more of yet: since
+    /// when, in milliseconds since `opened`. A multiset: an answer that
+    /// resumes takes out one entry of its own value, which leaves the
+    /// oldest the same whichever equal entry goes.
+    waiting: Mutex<Vec<u64>>,
+    /// When a request last ended, in milliseconds since `opened`.
     last_change: AtomicU64,
     opened: tokio::time::Instant,
 }
@@ -85,7 +89,7 @@ impl Activity {
     pub fn new() -> Arc<Self> {
         Arc::new(Self {
             in_flight: AtomicUsize::new(0),
-            waiting: AtomicUsize::new(0),
+            waiting: Mutex::new(Vec::new()),
             last_change: AtomicU64::new(0),
             opened: tokio::time::Instant::now(),
         })
@@ -97,18 +101,26 @@ impl Activity {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         Busy {
             activity: Arc::clone(self),
-            waiting: false,
+            waiting: None,
         }
     }
 
-    /// When the connection counts as idle from (nothing in flight, or
-    /// every answer in flight waiting for the client), or `None` while
-    /// busy.
+    /// When the connection counts as idle from: when its last request
+    /// ended if none is in flight, else since its oldest answer has waited
+    /// for the client; `None` while no answer waits.
     fn idle_since(&self) -> Option<tokio::time::Instant> {
-        let in_flight = self.in_flight.load(Ordering::Acquire);
-        let waiting = self.waiting.load(Ordering::Acquire);
-        let last = self.opened + Duration::from_millis(self.last_change.load(Ordering::Acquire));
-        (waiting >= in_flight).then_some(last)
+        let since = if self.in_flight.load(Ordering::Acquire) == 0 {
+            self.last_change.load(Ordering::Acquire)
+        } else {
+            self.waiting().iter().min().copied()?
+        };
+        Some(self.opened + Duration::from_millis(since))
+    }
+
+    fn waiting(&self) -> std::sync::MutexGuard<'_, Vec<u64>> {
+        // The list stays whole whatever panicked while it was held: every
+        // change to it is one push or one swap_remove.
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Whether requests are in flight (then an idle connection is one
@@ -117,10 +129,9 @@ impl Activity {
         self.in_flight.load(Ordering::Acquire) > 0
     }
 
-    fn mark_change(&self) {
-        let since = self.opened.elapsed().as_millis();
-        self.last_change
-            .store(u64::try_from(since).unwrap_or(u64::MAX), Ordering::Release);
+    /// Milliseconds since the connection opened.
+    fn now(&self) -> u64 {
+        u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 }
 
@@ -128,36 +139,39 @@ impl Activity {
 #[derive(Debug)]
 pub struct Busy {
     activity: Arc<Activity>,
-    waiting: bool,
+    /// Since when its answer waits for the client, while it does.
+    waiting: Option<u64>,
 }
 
 impl Busy {
     /// The answer waits for the client: the connection holds its head or
     /// a frame of its body and has not asked for more.
     fn wait_for_client(&mut self) {
-        if !self.waiting {
-            self.waiting = true;
-            // Marked first: a connection seen idle sees when it became so.
-            self.activity.mark_change();
-            self.activity.waiting.fetch_add(1, Ordering::AcqRel);
+        if self.waiting.is_none() {
+            let now = self.activity.now();
+            self.waiting = Some(now);
+            self.activity.waiting().push(now);
         }
     }
 
     /// The connection asks for more of the answer.
     fn resume(&mut self) {
-        if self.waiting {
-            self.waiting = false;
-            self.activity.waiting.fetch_sub(1, Ordering::AcqRel);
+        if let Some(since) = self.waiting.take() {
+            let mut waiting = self.activity.waiting();
+            if let Some(at) = waiting.iter().position(|&s| s == since) {
+                waiting.swap_remove(at);
+            }
         }
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        self.activity.mark_change();
-        if self.waiting {
-            self.activity.waiting.fetch_sub(1, Ordering::AcqRel);
-        }
+        self.resume();
+        // Marked before the count falls: a connection seen with nothing
+        // in flight sees when that began.
+        let now = self.activity.now();
+        self.activity.last_change.store(now, Ordering::Release);
         self.activity.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -282,9 +296,9 @@ impl<S> Deadlines<S> {
         }
     }
 
-    /// Also closed once `activity` has had nothing in flight, or only
-    /// answers waiting for the client, for `after`, or once a write has
-    /// waited that long for the socket to take a byte.
+    /// Also closed once `activity` has had nothing in flight for `after`,
+    /// or an answer that has waited that long for the client, or once a
+    /// write has waited that long for the socket to take a byte.
     pub fn with_idle(mut self, activity: Arc<Activity>, after: Duration) -> Self {
         self.idle = Some(Idle {
             activity,
@@ -443,27 +457,33 @@ mod tests {
     use http_body_util::{BodyExt, Full};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    #[tokio::test]
-    async fn answers_waiting_for_the_client_leave_a_connection_idle() {
+    #[tokio::test(start_paused = true)]
+    async fn each_answer_waiting_for_the_client_has_its_own_deadline() {
         let activity = Activity::new();
         assert!(activity.idle_since().is_some(), "nothing in flight");
         let busy = activity.start();
         assert!(activity.idle_since().is_none(), "a request runs");
         // Handed over: it waits for the connection to ask for its body.
         let mut answer = Tracked::new(Full::new(Bytes::from_static(b"x")), Some(busy));
-        assert!(activity.idle_since().is_some(), "its answer waits");
+        let since = activity.idle_since().expect("its answer waits");
+        // Another request running meanwhile does not move its deadline.
+        tokio::time::advance(Duration::from_secs(5)).await;
         let other = activity.start();
-        assert!(activity.idle_since().is_none(), "another request runs");
-        drop(other);
-        // Its frame taken: it waits again, until asked for the next.
+        assert_eq!(activity.idle_since(), Some(since), "another request runs");
+        let mut other = Tracked::new(Full::new(Bytes::from_static(b"y")), Some(other));
+        assert_eq!(activity.idle_since(), Some(since), "the oldest counts");
+        // Its frame taken: it waits again, from now, until asked for the next.
         let frame = answer.frame().await.expect("a frame").expect("data");
         assert_eq!(frame.into_data().expect("data"), "x");
-        assert!(activity.idle_since().is_some());
+        assert_eq!(activity.idle_since(), Some(since + Duration::from_secs(5)));
         assert!(answer.frame().await.is_none(), "the end");
         assert!(activity.busy(), "in flight until dropped");
         drop(answer);
+        assert_eq!(activity.idle_since(), Some(since + Duration::from_secs(5)));
+        while other.frame().await.is_some() {}
+        drop(other);
         assert!(!activity.busy());
-        assert!(activity.idle_since().is_some());
+        assert!(activity.idle_since().is_some(), "nothing in flight");
     }
 
     #[tokio::test]
