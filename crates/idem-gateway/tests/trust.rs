@@ -8,6 +8,7 @@
 use std::path::Path;
 
 use http::StatusCode;
+use idem_testkit::client::metric;
 use idem_testkit::gateway::{GatewayProcess as Gateway, TEST_CREDENTIAL, sqlite_store};
 use idem_testkit::upstream::CountingUpstream;
 
@@ -150,6 +151,56 @@ async fn a_key_cannot_move_to_another_resource_nor_a_path_skip_its_policy() {
     assert_eq!(
         ci.post("/V1/Payments", &[], "{}").await.status,
         StatusCode::BAD_REQUEST
+    );
+}
+
+/// Spellings that lenient upstreams route to the same handler (servlet
+/// containers drop `;` parameters and resolve `..;`, Rails drops a format
+/// suffix) take the route's policy; a route that says so refuses every
+/// spelling but its own, keyed or not, and forwards nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parameters_and_suffixes_do_not_skip_a_route_and_a_strict_route_refuses_them() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = start(dir.path(), CONFIG, &up).await;
+    for path in [
+        "/v1/payments;jsessionid=1",
+        "/v1/payments.json",
+        "/v1/x/..;/payments",
+        "/v1/orders/ord_A/capture.json",
+    ] {
+        let keyless = gw.post(path, &[], "{}").await;
+        assert_eq!(keyless.status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(keyless.problem_type(), "idempotency-key-missing", "{path}");
+    }
+    assert_eq!(up.total(), 0, "nothing forwarded");
+    let strict = CONFIG.replace(
+        "path = \"/v1/payments\"\n",
+        "path = \"/v1/payments\"\npath_spelling = \"refuse\"\n",
+    );
+    let dir2 = tempfile::tempdir().expect("temp dir");
+    let gw = start(dir2.path(), &strict, &up).await;
+    for path in [
+        "/v1/payments.json",
+        "/v1/payments;v=1",
+        "/v1//payments",
+        "/v1/%70ayments",
+    ] {
+        let keyed = gw
+            .post(path, &[("idempotency-key", "strict-1")], "{}")
+            .await;
+        assert_eq!(keyed.status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(keyed.problem_type(), "request-path-not-canonical", "{path}");
+    }
+    assert_eq!(up.total(), 0, "nothing forwarded");
+    for path in ["/v1/payments", "/v1/payments/"] {
+        let key = [("idempotency-key", path)];
+        let ok = gw.post(path, &key, "{}").await;
+        assert_eq!(ok.status, StatusCode::CREATED, "{path}");
+    }
+    assert_eq!(
+        metric(gw.admin, "idem_requests_total", "outcome=\"bad_request\"").await,
+        4.0
     );
 }
 

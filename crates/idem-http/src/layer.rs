@@ -50,7 +50,7 @@ use crate::request::{
     Hashing, PeerAddr, TenantExtractor, TenantSource, fingerprints, header_label, is_json,
     key_from_body, key_from_headers,
 };
-use crate::routes::{MissingTenant, RoutePolicy, Routes};
+use crate::routes::{MissingTenant, PathSpelling, RoutePolicy, Routes};
 use crate::trace;
 use tracing::Instrument;
 
@@ -440,6 +440,17 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         // A refusal, or `None` to forward the request as it is.
         let refused = match route {
             None => None,
+            Some(route)
+                if route.policy.path_spelling == PathSpelling::Refuse
+                    && !spelled_as_judged(req.uri().path(), normalized.as_deref(), route.exact) =>
+            {
+                tracing::info!(reason = "path_not_canonical", operation = %route.operation);
+                let detail = "this route takes its path only as spelled in its normal form";
+                Some(problem(
+                    Problem::new(ProblemKind::PathNotCanonical, detail),
+                    Decision::BadRequest,
+                ))
+            }
             Some(route) => match key_from_headers(req.headers(), &route.policy.key_headers) {
                 Err(p) => {
                     tracing::info!(reason = "idempotency_invalid_key", operation = %route.operation, detail = p.detail());
@@ -933,6 +944,13 @@ fn connection_names_what_was_read<T: TenantExtractor>(
             "the Connection header names {name}, which would be removed before the upstream; nothing was forwarded"
         ),
     ))
+}
+
+/// Whether a request path `sent` is the spelling its route judged:
+/// normalisation left it as it is (`normalized` is `None`) or took off
+/// only a trailing slash, and it matched its route `exact`ly.
+fn spelled_as_judged(sent: &str, normalized: Option<&str>, exact: bool) -> bool {
+    exact && normalized.is_none_or(|n| sent.strip_suffix('/') == Some(n))
 }
 
 /// Puts the path a protected request was matched and fingerprinted on in

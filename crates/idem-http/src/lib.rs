@@ -67,4 +67,6 @@ pub use request::{
     Hashing, IDEMPOTENCY_KEY, PeerAddr, Tenant, TenantExtractor, TenantSource, fingerprints,
     idempotency_key, is_json, is_trusted, previous_fingerprint,
 };
-pub use routes::{MissingTenant, NO_ROUTE, RouteMatch, RoutePolicy, Routes, UNMATCHED_ROUTE};
+pub use routes::{
+    MissingTenant, NO_ROUTE, PathSpelling, RouteMatch, RoutePolicy, Routes, UNMATCHED_ROUTE,
+};

@@ -227,6 +227,50 @@ pub fn normalize_path(path: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// The spelling of a [normalised](normalize_path) `path` that an upstream
+/// routing leniently handles it as, when that differs from `path`:
+///
+/// * with `parameters`, each segment's `;` parameters dropped, and the
+///   result normalised again: servlet containers route
+///   `/v1/payments;jsessionid=1`, and resolve `/x/..;/v1/payments`, as
+///   `/v1/payments`;
+/// * with `suffixes`, a format suffix of the last segment dropped (a dot,
+///   then 1 to 16 ASCII letters or digits, after a name):
+///   `/v1/payments.json` is `/v1/payments` to Rails and to
+///   suffix-matching frameworks.
+///
+/// A cheap look on every request that matched no route; it allocates only
+/// for a path with something to drop.
+pub(crate) fn lenient_form(path: &str, parameters: bool, suffixes: bool) -> Option<String> {
+    let mut form = Cow::Borrowed(path);
+    if parameters && path.contains(';') {
+        let mut stripped = String::with_capacity(path.len());
+        for (i, segment) in path.split('/').enumerate() {
+            if i > 0 {
+                stripped.push('/');
+            }
+            stripped.push_str(segment.split(';').next().unwrap_or_default());
+        }
+        form = Cow::Owned(normalize_path(&stripped).into_owned());
+    }
+    if suffixes {
+        let name_at = form.rfind('/').map_or(0, |slash| slash + 1);
+        let last = &form[name_at..];
+        if let Some(dot) = last.rfind('.')
+            && dot > 0
+            && (1..=16).contains(&(last.len() - dot - 1))
+            && last[dot + 1..].bytes().all(|b| b.is_ascii_alphanumeric())
+        {
+            let without = &form[..name_at + dot];
+            form = Cow::Owned(normalize_path(without).into_owned());
+        }
+    }
+    match form {
+        Cow::Owned(form) if form != path => Some(form),
+        _ => None,
+    }
+}
+
 /// Whether [`normalize_path`] may return `path` as it is: `/` alone, or
 /// `/`-led segments none of which is empty, `.` or `..`, and no `%`
 /// anywhere (an escape is decoded or spelled again by the slow path). One

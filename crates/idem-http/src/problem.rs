@@ -62,6 +62,9 @@ pub enum ProblemKind {
     TenantMissing,
     /// The request's `Host` is sent twice, or is not a host (400).
     HostInvalid,
+    /// The request's path is not spelled as its route judges it, on a
+    /// route that refuses other spellings (400).
+    PathNotCanonical,
     /// A tenant identity header from a peer that is not a trusted proxy (403).
     TenantUntrusted,
     /// The idempotency store is unreachable and the route fails closed (503).
@@ -99,6 +102,7 @@ impl ProblemKind {
             Self::TenantInvalid => "tenant-invalid",
             Self::TenantMissing => "tenant-missing",
             Self::HostInvalid => "request-host-invalid",
+            Self::PathNotCanonical => "request-path-not-canonical",
             Self::TenantUntrusted => "tenant-untrusted",
             Self::StoreUnavailable => "idempotency-store-unavailable",
             Self::UpstreamUnreachable => "upstream-unreachable",
@@ -137,6 +141,7 @@ impl ProblemKind {
             Self::TenantInvalid => "Tenant could not be determined",
             Self::TenantMissing => "Credentials required",
             Self::HostInvalid => "Invalid Host header",
+            Self::PathNotCanonical => "Request path not in canonical form",
             Self::TenantUntrusted => "Tenant identity from an untrusted peer",
             Self::StoreUnavailable => "Idempotency store unavailable",
             Self::UpstreamUnreachable => "Upstream unreachable",
@@ -157,7 +162,8 @@ impl ProblemKind {
             | Self::BodyEncoding
             | Self::BodyAmbiguous
             | Self::TenantInvalid
-            | Self::HostInvalid => StatusCode::BAD_REQUEST,
+            | Self::HostInvalid
+            | Self::PathNotCanonical => StatusCode::BAD_REQUEST,
             Self::TenantMissing => StatusCode::UNAUTHORIZED,
             Self::TenantUntrusted => StatusCode::FORBIDDEN,
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,

@@ -27,7 +27,7 @@ use http::{HeaderName, Method, StatusCode, header};
 use idem::Policy;
 
 use crate::lookup::Lookup;
-use crate::pattern::{PathPattern, PatternError, normalize_path};
+use crate::pattern::{PathPattern, PatternError, lenient_form, normalize_path};
 use crate::{BodyFields, IDEMPOTENCY_KEY, JsonPointer};
 
 /// HTTP-level policy of one route, around the engine's [`Policy`].
@@ -67,6 +67,27 @@ pub struct RoutePolicy {
     /// What a request without the credential its tenant comes from gets
     /// (default: refused, `401 tenant-missing`).
     pub on_missing_tenant: MissingTenant,
+    /// What a request whose path is not spelled as the route judges it
+    /// gets (default: forwarded in the judged spelling).
+    pub path_spelling: PathSpelling,
+}
+
+/// What a request on a route gets when its path is not spelled as the
+/// route judges it: normalisation changes it (dot segments, repeated
+/// slashes, escaped unreserved characters; a trailing slash aside), or it
+/// matches the route only with its `;` parameters or format suffix
+/// ignored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PathSpelling {
+    /// Matched and fingerprinted in its normal form, and forwarded in that
+    /// form (a trailing slash as sent), so that the upstream runs the
+    /// request that was judged.
+    #[default]
+    Normalise,
+    /// `400 request-path-not-canonical`, whether a key is sent or not:
+    /// nothing forwarded, nothing recorded. For an upstream that would
+    /// read another spelling differently.
+    Refuse,
 }
 
 /// What a protected request gets when it lacks the credential its tenant
@@ -97,6 +118,7 @@ impl Default for RoutePolicy {
             unstored_headers: Vec::new(),
             lookup: None,
             on_missing_tenant: MissingTenant::Refuse,
+            path_spelling: PathSpelling::Normalise,
         }
     }
 }
@@ -135,6 +157,13 @@ impl RoutePolicy {
     /// Sets what a request without its tenant's credential gets.
     pub fn with_on_missing_tenant(mut self, on_missing: MissingTenant) -> Self {
         self.on_missing_tenant = on_missing;
+        self
+    }
+
+    /// Sets what a request whose path is not spelled as the route judges
+    /// it gets.
+    pub fn with_path_spelling(mut self, spelling: PathSpelling) -> Self {
+        self.path_spelling = spelling;
         self
     }
 
@@ -185,6 +214,8 @@ pub struct Routes {
     routes: Vec<Route>,
     defaults: Arc<RoutePolicy>,
     ignore_case: bool,
+    ignore_parameters: bool,
+    ignore_suffixes: bool,
 }
 
 /// A protected request's route.
@@ -202,6 +233,9 @@ pub struct RouteMatch<'a> {
     pub label: &'a str,
     /// The route's path pattern (`None` for the defaults).
     pub pattern: Option<&'a PathPattern>,
+    /// Whether the path matched as it is (normalised), not only with its
+    /// `;` parameters or format suffix ignored.
+    pub exact: bool,
 }
 
 impl Default for Routes {
@@ -217,6 +251,8 @@ impl Routes {
             routes: Vec::new(),
             defaults: Arc::new(defaults),
             ignore_case: false,
+            ignore_parameters: true,
+            ignore_suffixes: true,
         }
     }
 
@@ -227,6 +263,28 @@ impl Routes {
     /// refuses a shadowed route by the table's rule at the time.
     pub fn with_ignore_case(mut self, ignore_case: bool) -> Self {
         self.ignore_case = ignore_case;
+        self
+    }
+
+    /// Matches a path whose segments carry `;` parameters to the route of
+    /// the path without them (`/v1/payments;jsessionid=1` and
+    /// `/x/..;/v1/payments` take `/v1/payments`'s policy), as servlet
+    /// containers route them. On by default: a route that matches more
+    /// spellings only protects more, and the fingerprint keeps the path
+    /// sent. A spelling that matches a route as it is takes that route.
+    pub fn with_ignore_path_parameters(mut self, ignore: bool) -> Self {
+        self.ignore_parameters = ignore;
+        self
+    }
+
+    /// Matches a path whose last segment ends in a format suffix (a dot,
+    /// then up to 16 ASCII letters or digits) to the route of the path
+    /// without it (`/v1/payments.json` takes `/v1/payments`'s policy), as
+    /// Rails and suffix-matching frameworks route them. On by default,
+    /// for the reasons of
+    /// [`with_ignore_path_parameters`](Self::with_ignore_path_parameters).
+    pub fn with_ignore_path_suffixes(mut self, ignore: bool) -> Self {
+        self.ignore_suffixes = ignore;
         self
     }
 
@@ -321,7 +379,9 @@ impl Routes {
     }
 
     /// The route protecting this request, if any, matched on the
-    /// [normalised](normalize_path) `path`.
+    /// [normalised](normalize_path) `path`, or else on that path with what
+    /// the table ignores ([parameters](Self::with_ignore_path_parameters),
+    /// [suffixes](Self::with_ignore_path_suffixes)) dropped.
     pub fn matching(&self, method: &Method, path: &str) -> Option<RouteMatch<'_>> {
         self.matching_normalized(method, &normalize_path(path))
     }
@@ -333,18 +393,27 @@ impl Routes {
         method: &Method,
         path: &str,
     ) -> Option<RouteMatch<'_>> {
-        if let Some((index, route)) = self
-            .routes
-            .iter()
-            .enumerate()
-            .find(|(_, r)| r.method == method && r.pattern.matches_with(path, self.ignore_case))
-        {
+        let find = |path: &str| {
+            self.routes
+                .iter()
+                .enumerate()
+                .find(|(_, r)| r.method == method && r.pattern.matches_with(path, self.ignore_case))
+        };
+        let found = match find(path) {
+            Some(found) => Some((found, true)),
+            None if self.routes.is_empty() => None,
+            None => lenient_form(path, self.ignore_parameters, self.ignore_suffixes)
+                .and_then(|lenient| find(&lenient))
+                .map(|found| (found, false)),
+        };
+        if let Some(((index, route), exact)) = found {
             return Some(RouteMatch {
                 index,
                 operation: Cow::Borrowed(&route.operation),
                 policy: &route.policy,
                 label: &route.operation,
                 pattern: Some(&route.pattern),
+                exact,
             });
         }
         (method == Method::POST || method == Method::PATCH).then(|| RouteMatch {
@@ -355,6 +424,7 @@ impl Routes {
             policy: &self.defaults,
             label: UNMATCHED_ROUTE,
             pattern: None,
+            exact: true,
         })
     }
 }
@@ -451,6 +521,65 @@ mod tests {
             ci.matching(&Method::PUT, "/V1/Payments").map(|m| m.index),
             Some(0)
         );
+    }
+
+    /// Spellings that servlet containers (`;jsessionid=1`) and Rails or
+    /// suffix-matching frameworks (`.json`) route to the same handler take
+    /// the route's policy; a route spelled with the suffix still wins its
+    /// own requests, and both leniencies can be turned off.
+    #[test]
+    fn parameters_and_suffixes_an_upstream_ignores_do_not_skip_a_route() {
+        let p = RoutePolicy::default;
+        let routes = Routes::default()
+            .route(
+                Method::POST,
+                "/v1/payments",
+                RoutePolicy::default().with_require_key(true),
+            )
+            .and_then(|r| r.route(Method::POST, "/v1/orders/{id}/capture", p()))
+            .and_then(|r| r.route(Method::POST, "/v1/export.csv", p()))
+            .and_then(|r| r.route(Method::POST, "/v1/export", p()))
+            .expect("valid");
+        let index = |routes: &Routes, path: &str| {
+            routes
+                .matching(&Method::POST, path)
+                .filter(|m| m.pattern.is_some())
+                .map(|m| (m.index, m.exact))
+        };
+        for path in [
+            "/v1/payments;jsessionid=1",
+            "/v1/payments.json",
+            "/v1/payments.json;jsessionid=1",
+            "/v1;v=2/payments",
+            "/v1/payments/;x",
+            "/x/..;/v1/payments",
+        ] {
+            assert_eq!(index(&routes, path), Some((0, false)), "{path}");
+        }
+        assert_eq!(index(&routes, "/v1/payments"), Some((0, true)));
+        assert_eq!(
+            index(&routes, "/v1/orders/o.1/capture.json"),
+            Some((1, false))
+        );
+        assert_eq!(index(&routes, "/v1/orders/o.1/capture"), Some((1, true)));
+        // What matches as sent wins over what matches leniently.
+        assert_eq!(index(&routes, "/v1/export.csv"), Some((2, true)));
+        assert_eq!(index(&routes, "/v1/export.json"), Some((3, false)));
+        // Not suffixes: a dot-led segment, nor what is not a short word.
+        for path in [
+            "/v1/.json",
+            "/v1/payments.",
+            "/v1/payments.j-s",
+            "/v1/payments%3Bx",
+        ] {
+            assert_eq!(index(&routes, path), None, "{path}");
+        }
+        let exact = routes
+            .with_ignore_path_parameters(false)
+            .with_ignore_path_suffixes(false);
+        assert_eq!(index(&exact, "/v1/payments;jsessionid=1"), None);
+        assert_eq!(index(&exact, "/v1/payments.json"), None);
+        assert_eq!(index(&exact, "/v1/payments"), Some((0, true)));
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub(super) struct FileConfig {
     pub(super) hash_secret_file: Option<Spanned<String>>,
     pub(super) accept_v1_until: Option<Spanned<String>>,
     pub(super) ignore_path_case: Option<bool>,
+    pub(super) ignore_path_parameters: Option<bool>,
+    pub(super) ignore_path_suffixes: Option<bool>,
     pub(super) tenant: Option<TenantConfig>,
     pub(super) defaults: Option<PolicyConfig>,
     #[serde(default)]
@@ -118,6 +120,7 @@ pub(super) struct PolicyConfig {
     pub(super) on_store_error: Option<Spanned<String>>,
     pub(super) on_lease_expiry: Option<Spanned<String>>,
     pub(super) on_missing_tenant: Option<Spanned<String>>,
+    pub(super) path_spelling: Option<Spanned<String>>,
     pub(super) max_request_body: Option<Spanned<String>>,
     pub(super) max_stored_response: Option<Spanned<String>>,
     pub(super) upstream_timeout: Option<Spanned<String>>,

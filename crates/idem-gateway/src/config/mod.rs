@@ -207,8 +207,14 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         _ => None,
     };
     let defaults = apply(src, "defaults", &defaults_cfg, base, credential)?;
-    let mut routes =
-        Routes::new(defaults.clone()).with_ignore_case(file.ignore_path_case == Some(true));
+    // Parameters and suffixes are ignored unless turned off: a route that
+    // matches more spellings only protects more (the fingerprint keeps
+    // the path sent), and the upstreams that route them leniently are
+    // common (servlet containers, Rails).
+    let mut routes = Routes::new(defaults.clone())
+        .with_ignore_case(file.ignore_path_case == Some(true))
+        .with_ignore_path_parameters(file.ignore_path_parameters != Some(false))
+        .with_ignore_path_suffixes(file.ignore_path_suffixes != Some(false));
     for (i, r) in file.route.iter().enumerate() {
         let at = format!("route[{i}]");
         if let Some(v) = &r.upstream_timeout {
@@ -546,7 +552,7 @@ fn jobs(
 mod tests {
     use http::{HeaderName, Method, StatusCode};
     use idem::{FailMode, InFlight, LeaseExpiry};
-    use idem_http::MissingTenant;
+    use idem_http::{MissingTenant, PathSpelling};
 
     use super::*;
 
@@ -628,6 +634,28 @@ mod tests {
         let m = pass.routes.matching(&Method::POST, "/p").expect("route");
         assert_eq!(m.policy.on_missing_tenant, MissingTenant::Pass);
         assert!(route("on_missing_tenant = \"maybe\"").is_err());
+        let strict = route("path_spelling = \"refuse\"").expect("ok");
+        let m = strict.routes.matching(&Method::POST, "/p").expect("route");
+        assert_eq!(m.policy.path_spelling, PathSpelling::Refuse);
+        let m = pass.routes.matching(&Method::POST, "/p").expect("route");
+        assert_eq!(m.policy.path_spelling, PathSpelling::Normalise);
+        assert!(route("path_spelling = \"lenient\"").is_err());
+        let lenient = pass
+            .routes
+            .matching(&Method::POST, "/p.json;x=1")
+            .expect("route");
+        assert!(lenient.pattern.is_some(), "parameters and suffixes ignored");
+        let exact = from_text(
+            "upstream = \"http://127.0.0.1:1\"\nignore_path_parameters = false\nignore_path_suffixes = false\n[[route]]\nmethod = \"POST\"\npath = \"/p\"",
+        )
+        .expect("ok");
+        for path in ["/p.json", "/p;x=1"] {
+            let m = exact
+                .routes
+                .matching(&Method::POST, path)
+                .expect("defaults");
+            assert!(m.pattern.is_none(), "{path} matches no route");
+        }
         let until = from_text(
             "upstream = \"http://127.0.0.1:1\"\naccept_v1_until = \"2030-01-02T03:04:05Z\"",
         )

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode};
 use idem::{FailMode, InFlight, LeaseExpiry, Policy};
-use idem_http::{BodyFields, JsonPointer, Lookup, MissingTenant, RoutePolicy, TenantSource};
+use idem_http::{
+    BodyFields, JsonPointer, Lookup, MissingTenant, PathSpelling, RoutePolicy, TenantSource,
+};
 use toml::Spanned;
 
 use super::error::ConfigError;
@@ -259,6 +261,22 @@ pub(super) fn apply(
                 &key("on_missing_tenant"),
                 v,
                 "expected \"refuse\" or \"pass\"",
+            ));
+        }
+        None => {}
+    }
+    match cfg
+        .path_spelling
+        .as_ref()
+        .map(|v| (v, v.get_ref().as_str()))
+    {
+        Some((_, "normalise")) => p = p.with_path_spelling(PathSpelling::Normalise),
+        Some((_, "refuse")) => p = p.with_path_spelling(PathSpelling::Refuse),
+        Some((v, _)) => {
+            return Err(src.error(
+                &key("path_spelling"),
+                v,
+                "expected \"normalise\" or \"refuse\"",
             ));
         }
         None => {}
