@@ -25,8 +25,9 @@ use tokio::time::Sleep;
 /// it, if one did: whoever reads the body answers it as any other.
 #[derive(Debug)]
 pub struct ClientBody {
-    /// What was read ahead and not yet given out (boxed: most bodies are
-    /// never read ahead, and the body moves with its request).
+    /// What was read ahead and not yet given out (boxed: the body moves
+    /// with its request through every layer; a body of one chunk, most of
+    /// them, costs this one allocation and no queue).
     ahead: Option<Box<Ahead>>,
     body: Incoming,
     idle: Option<Duration>,
@@ -36,14 +37,49 @@ pub struct ClientBody {
     total: Option<Pin<Box<Sleep>>>,
 }
 
-/// Frames read ahead of a request's admission.
+/// Frames read ahead of a request's admission, in the order they came.
 #[derive(Debug, Default)]
 struct Ahead {
-    frames: VecDeque<Frame<Bytes>>,
-    /// Data bytes in `frames`.
+    /// The first, when it is data: the whole of most bodies, held without
+    /// a queue (and so without an allocation).
+    first: Option<Bytes>,
+    /// The frames after it (or all of them, when the first is trailers).
+    more: VecDeque<Frame<Bytes>>,
+    /// Data bytes in `first` and `more`.
     len: u64,
-    /// What ended the reading (a time-out), given out after `frames`.
+    /// What ended the reading (a time-out), given out after the frames.
     broken: Option<BoxError>,
+}
+
+impl Ahead {
+    fn push(&mut self, frame: Frame<Bytes>) {
+        if let Some(data) = frame.data_ref() {
+            self.len += data.len() as u64;
+        }
+        if self.first.is_none() && self.more.is_empty() {
+            match frame.into_data() {
+                Ok(data) => self.first = Some(data),
+                Err(trailers) => self.more.push_back(trailers),
+            }
+        } else {
+            self.more.push_back(frame);
+        }
+    }
+
+    fn pop(&mut self) -> Option<Frame<Bytes>> {
+        let frame = match self.first.take() {
+            Some(data) => Frame::data(data),
+            None => self.more.pop_front()?,
+        };
+        if let Some(data) = frame.data_ref() {
+            self.len -= data.len() as u64;
+        }
+        Some(frame)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none() && self.more.is_empty() && self.broken.is_none()
+    }
 }
 
 impl ClientBody {
@@ -69,19 +105,14 @@ impl ClientBody {
         while ahead.len <= up_to {
             match std::future::poll_fn(|cx| self.poll_client(cx)).await {
                 None => break,
-                Some(Ok(frame)) => {
-                    if let Some(data) = frame.data_ref() {
-                        ahead.len += data.len() as u64;
-                    }
-                    ahead.frames.push_back(frame);
-                }
+                Some(Ok(frame)) => ahead.push(frame),
                 Some(Err(err)) => {
                     ahead.broken = Some(err);
                     break;
                 }
             }
         }
-        if !ahead.frames.is_empty() || ahead.broken.is_some() {
+        if !ahead.is_empty() {
             self.ahead = Some(Box::new(ahead));
         }
     }
@@ -144,16 +175,11 @@ impl Body for ClientBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         if let Some(ahead) = &mut this.ahead {
-            let next = match ahead.frames.pop_front() {
-                Some(frame) => {
-                    if let Some(data) = frame.data_ref() {
-                        ahead.len -= data.len() as u64;
-                    }
-                    Some(Ok(frame))
-                }
+            let next = match ahead.pop() {
+                Some(frame) => Some(Ok(frame)),
                 None => ahead.broken.take().map(Err),
             };
-            if ahead.frames.is_empty() && ahead.broken.is_none() {
+            if ahead.is_empty() {
                 this.ahead = None;
             }
             if let Some(next) = next {

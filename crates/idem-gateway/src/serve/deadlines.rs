@@ -243,6 +243,8 @@ impl<B: Body<Data = Bytes> + Unpin> Body for Tracked<B> {
             },
             end => return Poll::Ready(end),
         };
+        // The last frame too: an HTTP/2 connection keeps the answer until
+        // the client's window has let it all through.
         busy.wait_for_client();
         Poll::Ready(Some(Ok(frame)))
     }
@@ -464,7 +466,8 @@ mod tests {
         let busy = activity.start();
         assert!(activity.idle_since().is_none(), "a request runs");
         // Handed over: it waits for the connection to ask for its body.
-        let mut answer = Tracked::new(Full::new(Bytes::from_static(b"x")), Some(busy));
+        let two_pieces = Full::new(Bytes::from(vec![0u8; PIECE + 1]));
+        let mut answer = Tracked::new(two_pieces, Some(busy));
         let since = activity.idle_since().expect("its answer waits");
         // Another request running meanwhile does not move its deadline.
         tokio::time::advance(Duration::from_secs(5)).await;
@@ -472,18 +475,30 @@ mod tests {
         assert_eq!(activity.idle_since(), Some(since), "another request runs");
         let mut other = Tracked::new(Full::new(Bytes::from_static(b"y")), Some(other));
         assert_eq!(activity.idle_since(), Some(since), "the oldest counts");
-        // Its frame taken: it waits again, from now, until asked for the next.
-        let frame = answer.frame().await.expect("a frame").expect("data");
-        assert_eq!(frame.into_data().expect("data"), "x");
-        assert_eq!(activity.idle_since(), Some(since + Duration::from_secs(5)));
-        assert!(answer.frame().await.is_none(), "the end");
-        assert!(activity.busy(), "in flight until dropped");
-        drop(answer);
-        assert_eq!(activity.idle_since(), Some(since + Duration::from_secs(5)));
         while other.frame().await.is_some() {}
         drop(other);
+        assert_eq!(activity.idle_since(), Some(since));
+        // A piece taken: it waits again, from now, until asked for more.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let piece = answer.frame().await.expect("a frame").expect("data");
+        assert_eq!(piece.into_data().expect("data").len(), PIECE);
+        let again = since + Duration::from_secs(6);
+        assert_eq!(activity.idle_since(), Some(again));
+        // The last piece waits too, until the connection asks for the end.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let last = answer.frame().await.expect("a frame").expect("data");
+        assert_eq!(last.into_data().expect("data").len(), 1);
+        let last_since = again + Duration::from_secs(1);
+        assert_eq!(activity.idle_since(), Some(last_since));
+        assert!(answer.frame().await.is_none(), "the end");
+        assert!(activity.idle_since().is_none(), "in flight, not waiting");
+        drop(answer);
         assert!(!activity.busy());
-        assert!(activity.idle_since().is_some(), "nothing in flight");
+        assert_eq!(
+            activity.idle_since(),
+            Some(last_since),
+            "idle since it ended"
+        );
     }
 
     #[tokio::test]
