@@ -250,17 +250,20 @@ impl Routes {
         Self {
             routes: Vec::new(),
             defaults: Arc::new(defaults),
-            ignore_case: false,
+            ignore_case: true,
             ignore_parameters: true,
             ignore_suffixes: true,
         }
     }
 
     /// Matches routes' literal segments regardless of ASCII case
-    /// (`/V1/Payments` takes `/v1/payments`'s policy); parameters and the
-    /// fingerprint keep the case sent. Off by default: most servers treat
-    /// paths as case-sensitive. Set it before adding routes: [`route`](Self::route)
-    /// refuses a shadowed route by the table's rule at the time.
+    /// (`/V1/Payments` takes `/v1/payments`'s policy, as ASP.NET and other
+    /// case-insensitive routers run it); parameters and the fingerprint
+    /// keep the case sent. On by default, for the reasons of
+    /// [`with_ignore_path_parameters`](Self::with_ignore_path_parameters);
+    /// off, routes that differ only in case can both be configured. Set it
+    /// before adding routes: [`route`](Self::route) refuses a shadowed
+    /// route by the table's rule at the time.
     pub fn with_ignore_case(mut self, ignore_case: bool) -> Self {
         self.ignore_case = ignore_case;
         self
@@ -514,13 +517,15 @@ mod tests {
         assert_eq!(normalize_path("/v1/a%2fb/c"), "/v1/a%2Fb/c");
         assert_eq!(normalize_path("/../.."), "/");
         assert!(matches!(normalize_path("/v1/payments"), Cow::Borrowed(_)));
-        // Case: exact unless asked otherwise.
-        assert!(routes.matching(&Method::PUT, "/V1/Payments").is_none());
-        let ci = routes.with_ignore_case(true);
+        // Case: ignored unless asked otherwise.
         assert_eq!(
-            ci.matching(&Method::PUT, "/V1/Payments").map(|m| m.index),
+            routes
+                .matching(&Method::PUT, "/V1/Payments")
+                .map(|m| m.index),
             Some(0)
         );
+        let exact = routes.with_ignore_case(false);
+        assert!(exact.matching(&Method::PUT, "/V1/Payments").is_none());
     }
 
     /// Spellings that servlet containers (`;jsessionid=1`) and Rails or

@@ -207,12 +207,12 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         _ => None,
     };
     let defaults = apply(src, "defaults", &defaults_cfg, base, credential)?;
-    // Parameters and suffixes are ignored unless turned off: a route that
-    // matches more spellings only protects more (the fingerprint keeps
-    // the path sent), and the upstreams that route them leniently are
-    // common (servlet containers, Rails).
+    // Case, parameters and suffixes are ignored unless turned off: a route
+    // that matches more spellings only protects more (the fingerprint
+    // keeps the path sent), and the upstreams that route them leniently
+    // are common (ASP.NET, servlet containers, Rails).
     let mut routes = Routes::new(defaults.clone())
-        .with_ignore_case(file.ignore_path_case == Some(true))
+        .with_ignore_case(file.ignore_path_case != Some(false))
         .with_ignore_path_parameters(file.ignore_path_parameters != Some(false))
         .with_ignore_path_suffixes(file.ignore_path_suffixes != Some(false));
     for (i, r) in file.route.iter().enumerate() {
