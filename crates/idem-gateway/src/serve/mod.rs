@@ -319,15 +319,13 @@ struct Receiving {
 
 impl Receiving {
     /// Whether a body is read ahead: one is still to come, and its
-    /// announced length (if any) is within `up_to`.
-    fn reads_ahead(&self, headers: &http::HeaderMap, body: &ClientBody) -> bool {
+    /// announced length (if any; hyper has read `Content-Length` into the
+    /// body's exact size) is within `up_to`.
+    fn reads_ahead(&self, body: &ClientBody) -> bool {
         if body.is_end_stream() || self.up_to == 0 {
             return false;
         }
-        let announced = headers
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
+        let announced = body.size_hint().exact();
         announced.is_none_or(|n| n <= self.up_to as u64)
     }
 }
@@ -371,7 +369,7 @@ fn client_connections(
                 }
                 let (parts, body) = req.into_parts();
                 let mut body = ClientBody::new(body, body_timeout, body_total);
-                if receiving.reads_ahead(&parts.headers, &body) {
+                if receiving.reads_ahead(&body) {
                     let Some(place) = receiving.per_peer.take(peer.ip()) else {
                         tracing::debug!(reason = "peer_bodies", %peer, "request shed: its peer has max_bodies_per_peer bodies arriving");
                         return Ok(track(limits::overloaded()));
