@@ -61,7 +61,8 @@ use crate::trace::{TARGET, TraceContext};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
     /// The message id (NATS `Nats-Msg-Id`, AMQP `message_id`); for events
-    /// from the relay, the outbox row id. Empty when the message had none.
+    /// from the relay, the row's random event id (`<source>:<row id>` for
+    /// rows written before event ids). Empty when the message had none.
     pub id: String,
     /// The subject (NATS) or original routing key (RabbitMQ).
     pub subject: String,

@@ -140,7 +140,7 @@ fn long(value: &str) -> AMQPValue {
 }
 
 /// RabbitMQ with publisher confirms: the relay publishes to a durable topic
-/// exchange with the subject as routing key, the outbox id as `message_id`,
+/// exchange with the subject as routing key, the row's event id as `message_id`,
 /// persistent delivery, and the headers as AMQP headers. An unroutable
 /// message (no queue bound) is refused, so it counts as a failed attempt
 /// rather than vanishing. The connection is re-opened on the next publish

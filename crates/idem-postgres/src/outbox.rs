@@ -94,7 +94,8 @@ pub struct OutboxMessage {
 /// Where an enqueued message sits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Enqueued {
-    /// The row id: also the broker's de-duplication id.
+    /// The row id: the message's place in the outbox. The broker's
+    /// de-duplication id is the row's random event id, not this.
     pub id: i64,
     /// Its number in the aggregate's sequence (1, 2, 3…).
     pub sequence: i64,
@@ -272,7 +273,8 @@ pub struct Outbox;
 /// One outbox row as operators see it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct OutboxRow {
-    /// Row id (the broker's de-duplication id).
+    /// Row id (the broker's de-duplication id is the row's random event
+    /// id, published as the message id).
     pub id: i64,
     /// Aggregate type.
     pub aggregate_type: String,
