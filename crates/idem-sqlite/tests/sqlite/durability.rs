@@ -120,11 +120,14 @@ async fn acknowledged_records_survive_sigkill() {
     const ACKS: usize = 2_000;
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("idem.db");
+    // A test's name is its path in the binary, without the crate.
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+    let child_test = format!("{module}::sigkill_child_writer");
     let mut child = Command::new(std::env::current_exe().expect("test binary"))
         .args([
             "--ignored",
             "--exact",
-            "sigkill_child_writer",
+            child_test.as_str(),
             "--nocapture",
             "--test-threads",
             "1",

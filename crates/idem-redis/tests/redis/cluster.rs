@@ -12,7 +12,7 @@
 
 #![cfg(feature = "cluster")]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! PostgreSQL. The conformance suite on the composition, and proof that
 //! losing Redis' data never lets completed or running work execute again.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

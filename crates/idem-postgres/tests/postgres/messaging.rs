@@ -3,7 +3,7 @@
 //! commit with their change and are numbered in commit order per
 //! aggregate, and out-of-order versions are applied in order.
 
-mod common;
+use crate::common;
 
 use idem_postgres::MessagingError;
 use idem_postgres::guard::{Order, OrderingGuard};

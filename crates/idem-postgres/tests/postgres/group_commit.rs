@@ -1,7 +1,7 @@
 //! Group commit: concurrent reservations and resolutions share statements,
 //! and every caller still gets exactly its own answer.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

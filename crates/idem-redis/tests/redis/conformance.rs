@@ -2,7 +2,7 @@
 //! on the test Redis Cluster. Each check runs under a key prefix of its
 //! own (deleted afterwards) and in a tenant of its own.
 
-mod common;
+use crate::common;
 
 mod redis {
     idem_testkit::store_conformance!(async { super::common::Prefixed::new().await });

@@ -1,7 +1,7 @@
 //! Redis-specific behaviour: reconnecting, connection errors, key encoding
 //! on a real server, TTLs of records and of fast-tier copies.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Listings are planned for the table as it is: the stuck-record monitor
 //! lists processing records every 30 s, and must read only those.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

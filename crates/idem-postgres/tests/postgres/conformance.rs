@@ -2,7 +2,7 @@
 //! durable tier under a memory cache. The checks share the test database;
 //! each works in a tenant of its own.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -5,7 +5,7 @@
 //! backlog, wake-up registrations and the partition locks relays share.
 //! `idem_messaging::Relay` is built on exactly these calls.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

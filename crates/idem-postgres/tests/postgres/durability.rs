@@ -1,7 +1,7 @@
 //! Behaviour that needs a schema of its own: restarts, exact purge
 //! batches, schema versions, pool exhaustion, takeover races.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::Arc;

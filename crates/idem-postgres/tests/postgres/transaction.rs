@@ -1,7 +1,7 @@
 //! Reservations and answers inside the caller's own transaction commit or
 //! roll back together with the business change.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

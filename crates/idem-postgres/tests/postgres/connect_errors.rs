@@ -1,7 +1,7 @@
 //! Each way of pointing at the wrong server gives one clear line, with any
 //! password redacted.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
