@@ -8,7 +8,7 @@
 //! malformed `traceparent` is ignored, never refused: the payment goes
 //! through and its events carry no trace context.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 

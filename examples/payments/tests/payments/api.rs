@@ -4,7 +4,7 @@
 //! charging is reconciled into the real answer; a provider error before
 //! charging frees the key.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

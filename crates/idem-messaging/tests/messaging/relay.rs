@@ -4,7 +4,7 @@
 //! a notification, which inserting statements send only while a relay
 //! waits.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

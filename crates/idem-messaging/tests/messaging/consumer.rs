@@ -6,7 +6,7 @@
 //! parked; stopping finishes the message in hand; and the relay feeds the
 //! runner through RabbitMQ, every event applied once, in order.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -602,11 +602,14 @@ async fn crash_after_commit_before_ack(kind: Kind) {
     let status = tokio::task::spawn_blocking({
         let (name, url, schema) = (broker.name.clone(), db.url.clone(), db.schema.clone());
         move || {
+            // A test's name is its path in the binary, without the crate.
+            let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+            let child_test = format!("{module}::crash_child_consumer");
             Command::new(std::env::current_exe().expect("test binary"))
                 .args([
                     "--ignored",
                     "--exact",
-                    "crash_child_consumer",
+                    child_test.as_str(),
                     "--nocapture",
                     "--test-threads",
                     "1",

@@ -8,7 +8,7 @@
 //! test checks the chain of parents: row → relay publish → handler →
 //! the handler's own row.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};

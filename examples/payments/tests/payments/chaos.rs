@@ -12,7 +12,7 @@
 //! way), and Kafka (a private Tansu broker, never restarted; see
 //! [`three_hundred_orders_paid_once_each_through_crashes_on_kafka`]).
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::process::Stdio;

@@ -1,7 +1,7 @@
 //! `idem check` against the reference Payment API (its own idempotency,
 //! no gateway in front): every probe passes.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

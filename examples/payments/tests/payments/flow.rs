@@ -9,7 +9,7 @@
 //! holds every payment event, the Order service skips the types it does
 //! not handle and parks a record without one.
 
-mod common;
+use crate::common;
 
 use axum::http::{Method, StatusCode};
 use bytes::Bytes;
