@@ -266,14 +266,19 @@ fn transport_error(err: &(dyn std::error::Error + 'static), url: &Uri) -> String
     }
 }
 
-/// `err` and its causes in one line, `: `-separated; a cause whose text
-/// the line already holds is left out (many errors repeat their source).
+/// `err` and its causes in one line, `: `-separated; a cause the line
+/// already ends with (many errors print their source as `…: cause`) is
+/// left out, and a word of a parent's own text does not hide a cause.
 fn error_chain(err: &dyn std::error::Error) -> String {
     let mut out = err.to_string();
     let mut cur = err.source();
     while let Some(e) = cur {
         let s = e.to_string();
-        if !out.contains(&s) {
+        let printed = out == s
+            || out
+                .strip_suffix(s.as_str())
+                .is_some_and(|head| head.ends_with(": "));
+        if !printed {
             out.push_str(": ");
             out.push_str(&s);
         }
@@ -320,6 +325,9 @@ mod tests {
         );
         let err = chain(&["io: Connection refused", "Connection refused"]);
         assert_eq!(error_chain(&err), "io: Connection refused");
+        // Spelled inside the parent's own text, not printed by it: kept.
+        let err = chain(&["connect (timeout 5s)", "timeout"]);
+        assert_eq!(error_chain(&err), "connect (timeout 5s): timeout");
     }
 
     #[test]

@@ -127,16 +127,18 @@ impl GatewayError {
     }
 }
 
-/// An error and its causes on one line, each cause once (a cause whose
-/// text its parent already carries is not repeated).
+/// An error and its causes on one line, each cause once: a cause its
+/// parent printed (the line ends `…: cause`) is not repeated, and a word
+/// of the parent's own text that spells a cause does not hide it.
 pub fn error_chain(err: &dyn std::error::Error) -> String {
     let mut out = err.to_string();
     let mut cur = err.source();
     while let Some(e) = cur {
         let s = e.to_string();
+        let said =
+            |t: &str| out == t || out.strip_suffix(t).is_some_and(|head| head.ends_with(": "));
         // A driver's wrapping of a message already said ("error returned
         // from database: role \"x\" does not exist") adds only its label.
-        let said = |t: &str| out.contains(t);
         let rewrapped = s.split_once(": ").is_some_and(|(_, rest)| said(rest));
         if !said(&s) && !rewrapped {
             out.push_str(": ");
@@ -166,6 +168,24 @@ mod tests {
         assert_eq!(
             error_chain(&transparent),
             idem::StoreError::unavailable("down").to_string()
+        );
+    }
+
+    /// A cause is left out only when the line already ends with it (the
+    /// parent printed it as `…: cause`): a word of the parent's own text
+    /// that happens to spell the cause does not hide it.
+    #[test]
+    fn a_cause_is_dropped_only_when_the_parent_printed_it() {
+        let io = |text: &str| std::io::Error::other(text.to_owned());
+        let config = GatewayError::io("reading idem.toml (timeout 5s)", io("timeout"));
+        assert_eq!(
+            error_chain(&config),
+            "reading idem.toml (timeout 5s): timeout"
+        );
+        let printed = GatewayError::io("reading idem.toml", io("permission denied"));
+        assert_eq!(
+            error_chain(&printed),
+            "reading idem.toml: permission denied"
         );
     }
 }
