@@ -14,7 +14,6 @@ use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use idem_gateway::admin::{AdminState, router};
 use idem_gateway::records::{decode_cursor, encode_cursor};
-use idem_gateway::store::GatewayStore;
 use libfuzzer_sys::fuzz_target;
 use tower::ServiceExt;
 
