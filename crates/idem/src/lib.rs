@@ -35,6 +35,7 @@
 //! # }
 //! ```
 
+mod canonical;
 pub mod dyn_store;
 pub mod engine;
 pub mod fingerprint;
