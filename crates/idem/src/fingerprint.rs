@@ -60,12 +60,14 @@ pub use crate::canonical::{
     canonical_json, canonical_json_doubles, canonical_json_doubles_value, canonical_json_strict,
     canonical_json_value, json_strict,
 };
+use crate::hex::hex32;
+pub use crate::hex::{from_hex, to_hex};
 pub use crate::json::JsonRefusal;
+pub use crate::secret::{HashSecret, HashSecretError, unkeyed_tenant};
 
 const DOMAIN_V1: &[u8] = b"idem.fingerprint.v1\0";
 const DOMAIN_V2: &[u8] = b"idem.fingerprint.v2\0";
 const DOMAIN_V3: &[u8] = b"idem.fingerprint.v3\0";
-const DOMAIN_TENANT: &[u8] = b"idem.tenant.v2\0";
 
 /// A versioned digest of a request's canonical form.
 ///
@@ -187,117 +189,6 @@ impl FromStr for Fingerprint {
     }
 }
 
-/// The deployment's secret for keyed hashes: fingerprints (`v3:`) and
-/// credential tenants. Every process that shares a store must use the same
-/// one, or none of them finds the others' records.
-///
-/// At least 32 bytes, written as hex (`openssl rand -hex 32`). The secret
-/// never reaches a log: `Debug` shows its length only.
-pub struct HashSecret {
-    key: hmac::Key,
-    len: usize,
-}
-
-impl fmt::Debug for HashSecret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HashSecret")
-            .field("bytes", &self.len)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Why a text is not a hash secret (the message never quotes it).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("hash secret: {0}")]
-pub struct HashSecretError(&'static str);
-
-impl HashSecret {
-    /// The fewest bytes a secret may have.
-    pub const MIN_BYTES: usize = 32;
-
-    /// Reads a secret written as hex (white space around it ignored).
-    pub fn from_hex(text: &str) -> Result<Self, HashSecretError> {
-        let bytes = from_hex(text.trim()).ok_or(HashSecretError(
-            "must be written as hex digits (openssl rand -hex 32)",
-        ))?;
-        Self::from_bytes(&bytes)
-    }
-
-    /// A secret from raw bytes, at least [`MIN_BYTES`](Self::MIN_BYTES).
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self, HashSecretError> {
-        if bytes.len() < Self::MIN_BYTES {
-            return Err(HashSecretError(
-                "must be at least 32 bytes (64 hex digits: openssl rand -hex 32)",
-            ));
-        }
-        Ok(Self {
-            key: hmac::Key::new(hmac::HMAC_SHA256, bytes),
-            len: bytes.len(),
-        })
-    }
-
-    /// A new random secret of 32 bytes, and its hex form to keep.
-    pub fn generate() -> (Self, String) {
-        use ring::rand::SecureRandom;
-        let mut bytes = [0u8; 32];
-        ring::rand::SystemRandom::new()
-            .fill(&mut bytes)
-            .expect("the operating system's random source works");
-        let hex = to_hex(&bytes);
-        let secret = Self::from_bytes(&bytes).expect("32 bytes");
-        (secret, hex)
-    }
-
-    /// The tenant a credential (an `Authorization` value, an API key, a
-    /// session cookie) stands for: HMAC-SHA-256 of it under this secret,
-    /// as 64 hex digits. The credential itself is never kept.
-    pub fn tenant(&self, credential: &[u8]) -> String {
-        let mut ctx = hmac::Context::with_key(&self.key);
-        ctx.update(DOMAIN_TENANT);
-        ctx.update(credential);
-        to_hex(ctx.sign().as_ref())
-    }
-}
-
-/// The tenant earlier versions gave a credential: its unkeyed SHA-256, as
-/// 64 hex digits. Used only to find records written before a
-/// [`HashSecret`] was set.
-pub fn unkeyed_tenant(credential: &[u8]) -> String {
-    to_hex(&Sha256::digest(credential))
-}
-
-/// Bytes as lowercase hex, two digits each: the tenant hash, the
-/// fingerprint's text form, the admin API's binary bodies. A table lookup
-/// per nibble; `format!("{b:02x}")` per byte was about 1 % of the gateway's
-/// CPU on replays (the tenant hash runs on every protected request).
-pub fn to_hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = vec![0; bytes.len() * 2];
-    for (pair, &b) in out.chunks_exact_mut(2).zip(bytes) {
-        pair[0] = DIGITS[usize::from(b >> 4)];
-        pair[1] = DIGITS[usize::from(b & 0x0f)];
-    }
-    String::from_utf8(out).expect("hex digits are ASCII")
-}
-
-/// The bytes written by [`to_hex`] (digits in either case); `None` for an
-/// odd number of digits or anything that is not a hex digit.
-pub fn from_hex(text: &str) -> Option<Vec<u8>> {
-    let text = text.as_bytes();
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    let nibble = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    text.chunks_exact(2)
-        .map(|pair| Some(nibble(pair[0])? << 4 | nibble(pair[1])?))
-        .collect()
-}
-
-/// 32 bytes written as exactly 64 hex digits (either case).
-pub(crate) fn hex32(text: &str) -> Option<[u8; 32]> {
-    from_hex(text)?.try_into().ok()
-}
-
 /// Accumulates the labelled parts of a request; see the [module
 /// docs](self) for the exact canonical form.
 #[derive(Clone)]
@@ -357,7 +248,7 @@ impl FingerprintBuilder {
     }
 
     fn keyed_as(secret: &HashSecret, domain: &[u8], version: Version) -> Self {
-        let mut ctx = hmac::Context::with_key(&secret.key);
+        let mut ctx = hmac::Context::with_key(secret.hmac_key());
         ctx.update(domain);
         Self {
             hasher: Hasher::Keyed(ctx),

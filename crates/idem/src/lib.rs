@@ -39,6 +39,7 @@ mod canonical;
 pub mod dyn_store;
 pub mod engine;
 pub mod fingerprint;
+mod hex;
 pub mod inbox;
 pub mod json;
 pub mod key;
@@ -50,6 +51,7 @@ pub mod reconcile;
 pub mod record;
 #[cfg(feature = "seal")]
 pub mod seal;
+mod secret;
 pub mod store;
 pub mod tiered;
 

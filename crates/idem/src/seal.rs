@@ -168,7 +168,7 @@ impl SealKeys {
             if keys.iter().any(|(k, _)| k == id) {
                 return Err(SealKeyError(format!("key id {id:?} appears twice")));
             }
-            let bytes = crate::fingerprint::hex32(hex).ok_or_else(|| {
+            let bytes = crate::hex::hex32(hex).ok_or_else(|| {
                 SealKeyError(format!("key {id:?}: must be 64 hex digits (32 bytes)"))
             })?;
             let key = UnboundKey::new(&AES_256_GCM, &bytes)
