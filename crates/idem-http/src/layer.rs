@@ -946,26 +946,35 @@ fn connection_names_what_was_read<T: TenantExtractor>(
     ))
 }
 
-/// Whether a request path `sent` is the spelling its route judged:
-/// normalisation left it as it is (`normalized` is `None`) or took off
-/// only a trailing slash, and it matched its route `exact`ly.
+/// Whether a request path `sent` is the spelling its route judged: it
+/// matched its route `exact`ly, and it is what is forwarded for it
+/// ([`judged_path`]; `normalized` is `None` when normalising left it as
+/// it is).
 fn spelled_as_judged(sent: &str, normalized: Option<&str>, exact: bool) -> bool {
-    exact && normalized.is_none_or(|n| sent.strip_suffix('/') == Some(n))
+    exact && normalized.is_none_or(|n| judged_path(sent, n) == sent)
 }
 
-/// Puts the path a protected request was matched and fingerprinted on in
-/// its URI, so that the upstream runs the request that was judged: an
-/// upstream that does not resolve `%2e%2e` would otherwise run
-/// `/orders/B/%2e%2e/A/capture` as B's capture under A's fingerprint. A
-/// trailing slash stays as sent: upstreams that route `/payments/` and
-/// `/payments` apart (Django's `APPEND_SLASH`) keep working.
-fn forward_as_judged<B>(req: &mut Request<B>, normalized: &str) {
-    let sent = req.uri().path();
+/// The path a request sent as `sent` and judged on `normalized` goes
+/// upstream with: the normal form, and a trailing slash as sent, so that
+/// upstreams that route `/payments/` and `/payments` apart (Django's
+/// `APPEND_SLASH`) keep working.
+fn judged_path(sent: &str, normalized: &str) -> String {
     let mut path = String::with_capacity(sent.len());
     path.push_str(normalized);
     if sent.len() > 1 && sent.ends_with('/') && normalized != "/" {
         path.push('/');
     }
+    path
+}
+
+/// Puts the path a protected request was matched and fingerprinted on in
+/// its URI, so that the upstream runs the request that was judged: an
+/// upstream that does not resolve `%2e%2e` would otherwise run
+/// `/orders/B/%2e%2e/A/capture` as B's capture under A's fingerprint
+/// ([`judged_path`]).
+fn forward_as_judged<B>(req: &mut Request<B>, normalized: &str) {
+    let sent = req.uri().path();
+    let mut path = judged_path(sent, normalized);
     if path == sent {
         return;
     }

@@ -239,8 +239,8 @@ pub fn normalize_path(path: &str) -> Cow<'_, str> {
 ///   `/v1/payments.json` is `/v1/payments` to Rails and to
 ///   suffix-matching frameworks.
 ///
-/// A cheap look on every request that matched no route; it allocates only
-/// for a path with something to drop.
+/// A cheap look at a request that matched none of its method's routes; it
+/// allocates only for a path with something to drop.
 pub(crate) fn lenient_form(path: &str, parameters: bool, suffixes: bool) -> Option<String> {
     let mut form = Cow::Borrowed(path);
     if parameters && path.contains(';') {

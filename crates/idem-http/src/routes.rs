@@ -404,7 +404,8 @@ impl Routes {
         };
         let found = match find(path) {
             Some(found) => Some((found, true)),
-            None if self.routes.is_empty() => None,
+            // No route of this method: no spelling of the path can match one.
+            None if !self.routes.iter().any(|r| r.method == method) => None,
             None => lenient_form(path, self.ignore_parameters, self.ignore_suffixes)
                 .and_then(|lenient| find(&lenient))
                 .map(|found| (found, false)),

@@ -30,10 +30,11 @@ use tokio::time::Sleep;
 ///   sends nothing would hold its place under `max_connections` for ever.
 /// * Idleness ([`with_idle`](Self::with_idle)): a connection with no
 ///   request in flight for `idle_timeout`, or with an answer that has
-///   waited that long for the client, is closed. HTTP/1 keep-alive connections are closed
-///   sooner by `header_read_timeout`; an HTTP/2 connection answering the
-///   gateway's pings, but sending nothing else (or taking nothing of its
-///   answers), would otherwise stay open for ever.
+///   waited that long for the client, is closed. HTTP/1 keep-alive
+///   connections are closed sooner by `header_read_timeout`; an HTTP/2
+///   connection answering the gateway's pings, but sending nothing else
+///   (or taking nothing of its answers), would otherwise stay open for
+///   ever.
 /// * Writing: a write the socket takes no byte of for `idle_timeout` (the
 ///   client reads nothing, and both sides' buffers are full) closes the
 ///   connection, whatever hyper is waiting for meanwhile.

@@ -767,19 +767,33 @@ async fn never_reading_h2(
     addr: std::net::SocketAddr,
     path: &str,
 ) -> http::Response<hyper::body::Incoming> {
-    let stream = connect_from(source, addr).await;
-    let (mut h2, conn) =
-        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-            .timer(hyper_util::rt::TokioTimer::new())
-            .initial_stream_window_size(0)
-            .handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .expect("HTTP/2 handshake");
-    tokio::spawn(conn);
+    let mut h2 = zero_window_h2(source, addr).await;
     let req = http::Request::get(format!("http://{addr}{path}"))
         .body(http_body_util::Empty::<bytes::Bytes>::new())
         .expect("request");
     h2.send_request(req).await.expect("the answer's head")
+}
+
+/// An HTTP/2 connection from `source` whose receive window is zero: the
+/// gateway may send it heads, never a byte of a body.
+async fn zero_window_h2<B>(
+    source: &str,
+    addr: std::net::SocketAddr,
+) -> hyper::client::conn::http2::SendRequest<B>
+where
+    B: http_body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let stream = connect_from(source, addr).await;
+    let (h2, conn) = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+        .timer(hyper_util::rt::TokioTimer::new())
+        .initial_stream_window_size(0)
+        .handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .expect("HTTP/2 handshake");
+    tokio::spawn(conn);
+    h2
 }
 
 /// Waits for each held answer's body to end, and asserts that it broke
@@ -876,15 +890,7 @@ async fn never_reading_h2_while_dribbling(
     http::Response<hyper::body::Incoming>,
     tokio::task::JoinHandle<()>,
 ) {
-    let stream = connect_from(source, addr).await;
-    let (mut h2, conn) =
-        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-            .timer(hyper_util::rt::TokioTimer::new())
-            .initial_stream_window_size(0)
-            .handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .expect("HTTP/2 handshake");
-    tokio::spawn(conn);
+    let mut h2 = zero_window_h2(source, addr).await;
     let get = http::Request::get(format!("http://{addr}/v1/things"))
         .body(http_body_util::Either::Left(http_body_util::Empty::<
             bytes::Bytes,
