@@ -120,9 +120,10 @@ def floors(path):
 
 
 def targets(data, have, conns, floor, rss):
-    """Every target of the performance issue this run decides, as table
-    rows: target, this run's figure, its floor or yardstick, the ratio, and
-    met or missed. Each floor was measured in the same run."""
+    """Every performance target this run decides (docs/BENCHMARKS.md,
+    "Targets"), as table rows: target, this run's figure, its floor or
+    yardstick, the ratio, and met or missed. Each floor was measured in the
+    same run."""
     rows = []
 
     def row(target, ours, yard, ratio, ok):
@@ -143,20 +144,20 @@ def targets(data, have, conns, floor, rss):
     if "1" in floor["redis"]:
         lat_floor["idem_unique_keys_redis"] = (
             "Redis", 2 * floor["redis"]["1"]["p50"], "two round trips (2 × redis-benchmark p50, `-c 1`)")
-    # Floors printed beside the issue's own, each a row of its own.
+    # Floors printed beside the targets' own, each a row of its own.
     also = {}
     if "sqlite_pair_ms" in floor:
-        # Proposed (#24's closing note): two fdatasync of 200 bytes are
-        # below what SQLite itself needs for the same two commits, as
-        # pgbench is PostgreSQL's floor rather than its bare fsync.
+        # Proposed: two fdatasync of 200 bytes are below what SQLite
+        # itself needs for the same two commits, as pgbench is
+        # PostgreSQL's floor rather than its bare fsync.
         f, version = floor["sqlite_pair_ms"]
         also["idem_unique_keys"] = [(
             "(proposed) SQLite: unique-key p50 − pass-through p50 ≤ 1.25 × SQLite's own commits, 1 conn",
             f, f"reserve + resolve commits alone (SQLite {version}, p50)")]
     if ("store_statements", "1") in floor["pg"]:
-        # The issue's words: "the same reserve + complete statements". The
-        # issue's row times the plainest SQL for that work; this one the
-        # store's own two statements.
+        # The target's words: "the same reserve + complete statements".
+        # The target's own row times the plainest SQL for that work; this
+        # one the store's own two statements.
         pg1 = floor["pg"][("store_statements", "1")]
         also["idem_unique_keys_postgres"] = [(
             "PostgreSQL: unique-key p50 − pass-through p50 ≤ 1.25 × the store's own statements, 1 conn",
@@ -208,8 +209,8 @@ def targets(data, have, conns, floor, rss):
                 continue
             ours, ng = data[(s, c)]["rps"], data[("nginx", c)]["rps"]
             row(target, f"{ours:,.0f} req/s", f"nginx {ng:,.0f} req/s", f"{ours / ng:.2f}×", ours >= want * ng)
-    # The gateway stays on hyper (#24), so what a proxy on hyper can reach
-    # at all is measured too: hyper's server and client and nothing else.
+    # The gateway is built on hyper, so what a proxy on hyper can reach at
+    # all is measured too: hyper's server and client and nothing else.
     # Proposed: judge pass-through against that floor, as each store is
     # judged against its own.
     if "hyper_proxy" in have and "64" in conns:

@@ -33,9 +33,9 @@ pub fn spawn(
 
 /// The share of time the serving gateway's cleanup spends deleting: a
 /// backlog of expired records is worked off at about a quarter of the
-/// store's deletion rate, so that the serving p99 barely moves (measured
-/// with `bench/growth`: docs/BENCHMARKS.md). `idem cleanup` runs at full
-/// speed.
+/// store's deletion rate, so that the serving p99 moves little (1.25× at
+/// 64 connections with `bench/growth`: docs/BENCHMARKS.md, "Targets").
+/// `idem cleanup` runs at full speed.
 const SERVING_CLEANUP_SHARE: f64 = 0.25;
 
 /// Runs one cleanup and counts what it deleted. Each run gets the interval

@@ -9,7 +9,9 @@
 //! maps errors to exit statuses.
 
 /// mimalloc instead of the system allocator: the request path makes many
-/// small short-lived allocations (see docs/BENCHMARKS.md, profiles).
+/// small short-lived allocations, and with the system allocator glibc's
+/// `malloc` and `free` take about a quarter of the gateway's CPU
+/// (docs/bench-log/2026-11-29.md).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

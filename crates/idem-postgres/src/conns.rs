@@ -2,17 +2,18 @@
 //!
 //! sqlx tests every connection it takes back into its pool with a round
 //! trip (a `Sync` and the server's `ReadyForQuery`), whatever the
-//! connection just did. A reservation and a resolution each paid that
-//! round trip on top of their one statement, and the release of the
-//! resolution's connection ran before the answer went out (strace of one
-//! request through the gateway, docs/BENCHMARKS.md). So the store keeps
-//! the connections its record operations used, checked out of the pool,
-//! and lends them again:
+//! connection just did. Through the pool, a reservation and a resolution
+//! would each pay that round trip on top of their one statement, and the
+//! release of the resolution's connection would run before the answer
+//! goes out: four round trips per request where the two statements need
+//! two (strace of one request through the gateway,
+//! docs/bench-log/2026-12-04.md). So the store keeps the connections its
+//! record operations used, checked out of the pool, and lends them again:
 //!
 //! * only a connection whose statement **completed** is kept: the driver
 //!   read the server's answer to the end, so the connection is idle and
 //!   in no transaction. One whose operation failed or was cancelled goes
-//!   back to the pool, which tests it as before;
+//!   back to the pool, which tests it on its way back;
 //! * a connection stays kept for at most [`KEEP`] without use: a sweep
 //!   hands the others back to the pool, where its idle timeout applies
 //!   and the caller's own transactions (`store.pool().begin()`) find

@@ -616,11 +616,10 @@ impl batch::Batched for ReserveItem {
 /// batch's keys to the table by reading all of it (a hash join over a
 /// sequential scan). With autovacuum off nothing replaces that plan, and
 /// every batch reads every record: at 30,000 records the gateway at 64
-/// connections fell from about 5,000 req/s to 700–900 (docs/BENCHMARKS.md,
-/// #24). Planned each time, a batch looks its keys up in the primary key,
-/// but parsing and planning each batch cost a quarter of the rate: kept
-/// plans ran at 1.35–1.42× on a server without autovacuum and a grown table
-/// (docs/BENCHMARKS.md, "2026-12-05, last").
+/// connections falls from about 5,000 req/s to 700–900
+/// (docs/bench-log/2026-12-03.md). Planned each time, a batch looks its
+/// keys up in the primary key, but parsing and planning each batch costs a
+/// quarter of the rate on a grown table (docs/bench-log/2026-12-05.md).
 ///
 /// So plans are kept where autovacuum runs. Where it does not, they are
 /// made each time while the table is small, and kept once it has
@@ -636,8 +635,7 @@ impl batch::Batched for ReserveItem {
 /// and on an empty table their generic plans find a key through
 /// `idem_records_tenant_created` (tenant, created_at, …): a walk over all of
 /// the tenant's records, which grows with them (45–80 ms per resolution at
-/// 300,000 records of one tenant, and 0.74× the rate of a gateway started
-/// on the grown table: docs/BENCHMARKS.md, "2026-12-05, session close").
+/// 300,000 records of one tenant: docs/bench-log/2026-12-05.md).
 /// So at each crossing of the bound it saw (small at one look, large at a
 /// later one) the store also analyzes the table: the new statistics make
 /// PostgreSQL plan every statement on every connection again, by the
@@ -744,7 +742,7 @@ impl Plans {
     }
 
     /// Whether autovacuum runs, as far as known: until the server is
-    /// asked, plans are kept, as before there was a look.
+    /// asked, it is taken to run, so plans are kept.
     fn autovacuum(&self) -> bool {
         self.autovacuum.get().copied().unwrap_or(true)
     }

@@ -1,26 +1,26 @@
 //! WAL checkpoints on a thread of their own, right behind the commits.
 //!
-//! In WAL mode SQLite copies committed pages back into the database file
-//! (a checkpoint) by default from inside the commit that crossed 1,000 WAL
+//! In WAL mode SQLite copies committed pages back into the database file (a
+//! checkpoint) by default from inside the commit that crosses 1,000 WAL
 //! pages — on our single writer thread, so every caller queued behind that
-//! commit waited for the copy and its fsync of the database file. Measured
-//! with 200,000 records stored: a serving p99 of 32 ms against 8–9 ms on an
-//! empty store (docs/BENCHMARKS.md). Here a background connection runs
-//! `PASSIVE` checkpoints, which never block the writer; the writer itself
-//! checkpoints only if the WAL outgrows [`WRITER_FALLBACK_PAGES`] (the
-//! background fell behind).
+//! commit would wait for the copy and its fsync of the database file.
+//! Measured with 200,000 records stored: a serving p99 of 32 ms against
+//! 8–9 ms on an empty store (docs/bench-log/2026-11-29.md). Here a
+//! background connection runs `PASSIVE` checkpoints, which never block the
+//! writer; the writer itself checkpoints only if the WAL outgrows
+//! [`WRITER_FALLBACK_PAGES`] (the background fell behind).
 //!
 //! How often matters as much as where. Each checkpoint syncs the WAL and
 //! then the database file, and the commits' own syncs queue behind those
 //! on the same disk:
 //!
 //! * too rarely, and one checkpoint carries many scattered pages: every
-//!   250 ms under a cleanup, its fsyncs took 60–80 ms and doubled the
-//!   serving p99;
+//!   250 ms under a cleanup, its fsyncs take 60–80 ms and double the
+//!   serving p99 (docs/bench-log/2026-11-29.md);
 //! * too often, and the checkpoints' syncs outnumber the commits': one
-//!   caller at a time, a checkpoint every 10 ms added about one fsync to
+//!   caller at a time, a checkpoint every 10 ms adds about one fsync to
 //!   every unique key's two, each waiting on the same disk
-//!   (docs/BENCHMARKS.md, #24).
+//!   (docs/bench-log/2026-12-03.md).
 //!
 //! So the pace follows the WAL, not the clock: the writer's WAL hook
 //! counts the frames each commit appends ([`Kick::committed`]); a
@@ -44,11 +44,11 @@ pub(crate) const MIN_GAP: Duration = Duration::from_millis(10);
 
 /// WAL frames appended since the last checkpoint that make the next one
 /// due. Under load (64 connections, about a hundred frames a commit) this
-/// is reached within [`MIN_GAP`], so the gap paces checkpoints as before;
-/// one caller at a time (a few frames a key) reaches it every dozen or so
-/// keys. At 1,000 (SQLite's own default) the checkpoints under load
-/// carried ten times the scattered pages, and the serving p99 during a
-/// cleanup rose to 1.51 × the p99 without (bench/growth, #24).
+/// is reached within [`MIN_GAP`], so the gap paces checkpoints; one caller
+/// at a time (a few frames a key) reaches it every dozen or so keys. At
+/// 1,000 (SQLite's own default) the checkpoints under load carry ten times
+/// the scattered pages, and the serving p99 during a cleanup rises to
+/// 1.51 × the p99 without (`bench/growth`: docs/bench-log/2026-12-03.md).
 pub(crate) const DUE_FRAMES: u32 = 64;
 
 /// How long the writer stays quiet before what it left in the WAL is
@@ -275,9 +275,9 @@ mod tests {
     /// The writer's own checkpoint meets the checkpoint lock held
     /// elsewhere (here a FULL checkpoint waiting for the writer's lock):
     /// it fails with `SQLITE_BUSY`, and the commit that ran the hook must
-    /// still report the success it is. Before, the hook passed the error
-    /// on, and SQLite reported the durable commit as "SQL logic error" to
-    /// every caller of its batch (seen in `bench/run`, 2026-12-03).
+    /// still report the success it is: an error passed on by the hook makes
+    /// SQLite report the durable commit as "SQL logic error" to every
+    /// caller of its batch (docs/bench-log/2026-12-03.md).
     #[test]
     fn a_failed_fallback_checkpoint_does_not_fail_the_commit() {
         use std::sync::atomic::{AtomicBool, Ordering};

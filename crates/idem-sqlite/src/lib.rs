@@ -57,7 +57,7 @@ use writer::{Batch, Job, Stats, Task};
 /// group commit. Measured with `bench/growth` (1M expired records, unique
 /// keys served at 64 connections, cleanup paced to a quarter of the time):
 /// serving p99 83 ms with 64-row jobs, 30 ms with 8-row jobs, against
-/// 9–10 ms without cleanup (docs/BENCHMARKS.md).
+/// 9–10 ms without cleanup (docs/bench-log/2026-11-29.md).
 pub const PURGE_CHUNK: usize = 8;
 
 /// The embedded SQLite [`Store`]; see the [crate docs](crate).

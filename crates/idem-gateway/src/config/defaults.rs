@@ -16,10 +16,9 @@ pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
 
 /// Serving threads when `workers` is not set: one per CPU.
 ///
-/// For every store. In front of Redis, `workers = 0` (connections on the
-/// shared runtime, beside the Redis connection's task) made unique keys
-/// 1.06× faster but replays 0.69× as fast (docs/BENCHMARKS.md,
-/// "Connections on threads of their own").
+/// For every store: with `workers = 0` (connections on the shared
+/// runtime), replays in front of Redis run 0.69× as fast
+/// (docs/bench-log/2026-11-30.md).
 pub fn default_workers() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }

@@ -130,10 +130,10 @@ type Sent = Result<Result<Response<UpstreamBody>, ExchangeError>, Elapsed>;
 /// in its span, then turned into the client's response by `answer`.
 ///
 /// The request is made ready in [`Proxy::call`], and only the exchange and
-/// its time-out are boxed (1,144 bytes). An async block around them held
-/// the exchange twice (the future, and the place it moved to when
-/// awaited), and every request copied the whole block into its box (4,608
-/// bytes before this change) and the exchange once more for each wrapper.
+/// its time-out are boxed (1,144 bytes). An async block around them would
+/// hold the exchange twice (the future, and the place it moves to when
+/// awaited), and every request would copy the whole block into its box
+/// (4,608 bytes) and the exchange once more for each wrapper.
 pub struct ResponseFuture {
     exchange: Pin<Box<dyn Future<Output = Sent> + Send>>,
     slot: Option<Slot>,

@@ -9,9 +9,9 @@
 //! something that lives elsewhere (a store's connection, the SQLite writer).
 //!
 //! On a shared multi-threaded runtime every readiness event could land a
-//! task on either worker and wake the other one to steal it; profiles of
-//! the gateway showed the kernel's wake-up path among its largest items
-//! (docs/BENCHMARKS.md, "Connections on threads of their own").
+//! task on either worker and wake the other one to steal it: there the
+//! kernel's wake-up path takes 15 % of a serving thread's samples
+//! (docs/bench-log/2026-11-30.md).
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -40,7 +40,7 @@ fn ambiguous_json_is_refused_and_plain_json_keeps_its_fingerprint() {
         json(r#"{"n":-18446744073709551616}"#).expect("accepted")
     );
     // Safe integers, floats and the same document reordered are fine
-    // and fingerprint as before (the canonical JSON's digest).
+    // and fingerprint as in the earlier form (the canonical JSON's digest).
     let a = json(r#"{"n":9007199254740992,"f":1.5,"s":"x"}"#).expect("safe");
     let b = json(r#"{ "s":"x", "f":1.5, "n":9007199254740992 }"#).expect("safe");
     assert_eq!(a, b);
@@ -65,7 +65,7 @@ fn ambiguous_json_is_refused_and_plain_json_keeps_its_fingerprint() {
     )
     .expect("fp");
     assert_eq!(earlier, Some(via_builder));
-    // Not JSON at all: its bytes, as before.
+    // Not JSON at all: its bytes, as in the earlier form.
     assert!(json("{not json").is_ok());
     // A body versions before refused has no earlier fingerprint.
     let (_, earlier) = fingerprints(

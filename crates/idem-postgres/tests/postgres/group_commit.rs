@@ -326,19 +326,18 @@ fn assert_small_table_batches(stats: GroupCommitStats, autovacuum: bool) {
     }
 }
 
-/// Group commit's statements are planned for the table as it is, not as
-/// it was. PostgreSQL keeps a prepared statement's generic plan, and the
-/// resolutions' plan made while the table was empty was a hash join over
-/// a sequential scan of the whole table. With autovacuum off (this
-/// machine's server runs so) nothing ever planned it again: at 30,000
-/// records each batch read all of them, and the gateway at 64 connections
-/// fell from about 5,000 to 700–900 req/s as the table grew (bench/run,
-/// 2026-12-03). Here: batches while the table is empty, then 100,000
-/// records, then batches again; the table's own counters, read after the
-/// store's connections closed, say no statement read the grown table
-/// sequentially. They also count the early batches' scans of the small
-/// table (a few hundred rows each, some 11,000 rows in all), so the bound
-/// is one scan of the grown table.
+/// Group commit's statements are planned for the table as it is, not as it
+/// was. PostgreSQL keeps a prepared statement's generic plan, and the
+/// resolutions' plan made while the table is empty is a hash join over a
+/// sequential scan of the whole table. With autovacuum off (as some CI
+/// servers run) nothing plans it again: at 30,000 records each batch reads
+/// all of them, and the gateway at 64 connections falls from about 5,000 to
+/// 700–900 req/s (docs/bench-log/2026-12-03.md). Here: batches while the
+/// table is empty, then 100,000 records, then batches again; the table's
+/// own counters, read after the store's connections closed, say no
+/// statement read the grown table sequentially. They also count the early
+/// batches' scans of the small table (a few hundred rows each, some 11,000
+/// rows in all), so the bound is one scan of the grown table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn grouped_statements_use_the_key_index_however_the_table_has_grown() {
     let Some(url) = services::postgres() else {
@@ -401,8 +400,8 @@ async fn grouped_statements_use_the_key_index_however_the_table_has_grown() {
 
 /// Where autovacuum is off, grouped statements are planned each time they
 /// run while the records table is small, and keep their plans once it has
-/// grown (some 500 pages here): planning each batch cost a quarter of the
-/// rate at 64 connections (docs/BENCHMARKS.md, "2026-12-05, last"). The
+/// grown (some 500 pages here): planning each batch costs a quarter of the
+/// rate at 64 connections (docs/bench-log/2026-12-05.md). The
 /// kept plans, made on the grown table, still look every key up in the
 /// primary key. Where autovacuum runs, plans are kept from the start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -556,18 +555,17 @@ async fn grouped_plans_are_made_anew_after_the_table_is_emptied_and_grows_back()
     isolated.drop_schema().await;
 }
 
-/// Single-key statements are prepared from a store's first operation on.
-/// On an empty table PostgreSQL's generic plans for them find a key
-/// through `idem_records_tenant_created` (tenant, created_at, operation,
-/// key): a walk over every record of the tenant. With autovacuum off
-/// nothing planned them again, and a gateway started on an empty table
-/// answered at 0.74× the rate of one started later, each lone resolution
-/// taking 45–80 ms at 300,000 records of one tenant (docs/BENCHMARKS.md,
-/// "2026-12-05, session close"). Here: a store without group commit (every
-/// operation a single statement) runs on the empty table, the table grows
-/// by 200,000 records of the same tenant, and after the store's next look
-/// at the size no operation walks them. (The index blocks counted include
-/// the early rounds' own, reported when the store closes: some hundreds.)
+/// Single-key statements are prepared from a store's first operation on. On
+/// an empty table PostgreSQL's generic plans for them find a key through
+/// `idem_records_tenant_created` (tenant, created_at, operation, key): a
+/// walk over every record of the tenant. With autovacuum off nothing plans
+/// them again, and each lone resolution takes 45–80 ms at 300,000 records
+/// of one tenant (docs/bench-log/2026-12-05.md). Here: a store without
+/// group commit (every operation a single statement) runs on the empty
+/// table, the table grows by 200,000 records of the same tenant, and after
+/// the store's next look at the size no operation walks them. (The index
+/// blocks counted include the early rounds' own, reported when the store
+/// closes: some hundreds.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn single_key_statements_find_keys_by_the_primary_key_once_the_table_has_grown() {
     let Some((_, isolated, admin, table)) = plan_test("single").await else {

@@ -265,9 +265,9 @@ async fn resp2_only_server() -> std::net::SocketAddr {
     addr
 }
 
-/// A server that refuses `HELLO` is used on RESP2 (connections reset
-/// while idle then fail the next command, as before RESP3); a URL that
-/// asks for RESP3 there is refused with one clear line.
+/// A server that refuses `HELLO` is used on RESP2 (where a connection
+/// reset while idle fails the next command); a URL that asks for RESP3
+/// there is refused with one clear line.
 #[tokio::test]
 async fn a_server_without_resp3_is_used_on_resp2_unless_the_url_asks_for_it() {
     let addr = resp2_only_server().await;
