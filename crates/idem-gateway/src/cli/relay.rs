@@ -17,10 +17,13 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use axum::routing::get;
-use idem_messaging::{
-    KafkaPublisher, KafkaPublisherOptions, KafkaTopics, NatsPublisher, NotReady, Publisher,
-    RabbitPublisher, Readiness, Relay, RelayOptions, TopicSpec,
-};
+#[cfg(feature = "nats")]
+use idem_messaging::NatsPublisher;
+#[cfg(feature = "rabbitmq")]
+use idem_messaging::RabbitPublisher;
+#[cfg(feature = "kafka")]
+use idem_messaging::{KafkaPublisher, KafkaPublisherOptions, KafkaTopics, TopicSpec};
+use idem_messaging::{NotReady, Publisher, Readiness, Relay, RelayOptions};
 use idem_postgres::{PgOptions, PgStore};
 
 use crate::error::GatewayError;
@@ -179,13 +182,7 @@ pub(super) async fn run(args: RelayArgs) -> Result<(), GatewayError> {
         })?;
     crate::metrics::install();
     let opts = PgOptions::from_url(&args.store)?;
-    let scheme = args.broker.split_once("://").map(|(scheme, _)| scheme);
-    if !matches!(scheme, Some("nats" | "amqp" | "kafka")) {
-        return Err(GatewayError::Invalid(format!(
-            "--broker {}: use nats://host:port (JetStream), amqp://user:password@host:port/vhost (RabbitMQ) or kafka://host:port[,host:port…] (Kafka)",
-            idem::store::redact_broker_url(&args.broker)
-        )));
-    }
+    let broker = Broker::from_url(&args.broker)?;
     if args.prefix.is_empty() || args.prefix.contains(['*', '>', '#', ' ']) {
         return Err(GatewayError::Invalid(format!(
             "--prefix {:?}: must be a non-empty subject prefix without wildcards or spaces",
@@ -212,76 +209,190 @@ pub(super) async fn run(args: RelayArgs) -> Result<(), GatewayError> {
         store_url: args.store.clone(),
         broker_url: idem::store::redact_broker_url(&args.broker),
     };
-    if scheme == Some("kafka") {
-        let topics = match args.topic.clone() {
-            Some(topic) => KafkaTopics::One(topic),
-            None => KafkaTopics::PerAggregateType,
-        };
-        let options = KafkaPublisherOptions {
-            topics: topics.clone(),
-            create: args.create_topics.then_some(TopicSpec {
-                partitions: args.topic_partitions,
-                replication: args.topic_replication,
-            }),
-            ..KafkaPublisherOptions::default()
-        };
-        let publisher = KafkaPublisher::connect(&args.broker, options)?;
-        eprintln!(
-            "idem relay: note: Kafka de-duplicates only a producer's own retries; a row re-published after a relay crash is a second record with the same Idem-Message-Id, and consumers drop it with the inbox"
-        );
-        match tokio::time::timeout(START_CHECK, publisher.durability_warnings()).await {
-            Ok(Ok(warnings)) => {
-                for warning in warnings {
-                    tracing::warn!(reason = "relay_kafka_durability", "{warning}");
-                    eprintln!("idem relay: WARNING: {warning}");
-                }
-            }
-            Ok(Err(err)) => {
-                eprintln!("idem relay: WARNING: cannot check the topics' replication: {err}")
-            }
-            Err(_) => eprintln!(
-                "idem relay: WARNING: Kafka did not answer within {START_CHECK:?}, so the topics' replication is unchecked; publishing starts when it is reachable (see /readyz)"
-            ),
-        }
-        let target = match topics {
-            KafkaTopics::One(topic) => format!(
-                "{} topic {topic} (key: aggregate id)",
-                idem::store::redact_broker_url(&args.broker)
-            ),
-            KafkaTopics::PerAggregateType => format!(
-                "{} topics {}.<aggregate_type> (key: aggregate id)",
-                idem::store::redact_broker_url(&args.broker),
-                args.prefix
-            ),
-        };
-        setup.drive(publisher, &target).await
-    } else if scheme == Some("nats") {
-        let publisher = NatsPublisher::connect(&args.broker, &args.stream).await?;
-        if args.create_stream {
-            publisher
-                .create_stream(vec![format!("{}.>", args.prefix)], args.duplicate_window)
-                .await?;
-        }
-        let target = format!(
-            "{} stream {} (subjects {}.>)",
-            idem::store::redact_broker_url(&args.broker),
-            args.stream,
-            args.prefix
-        );
-        setup.drive(publisher, &target).await
-    } else {
-        let publisher = RabbitPublisher::connect(&args.broker, &args.exchange).await?;
-        eprintln!(
-            "idem relay: note: RabbitMQ does not de-duplicate; a row re-published after a relay crash reaches the queues twice with the same message_id, and consumers drop it with the inbox"
-        );
-        let target = format!(
-            "{} exchange {} (routing keys {}.<aggregate_type>.<message_type>)",
-            idem::store::redact_broker_url(&args.broker),
-            args.exchange,
-            args.prefix
-        );
-        setup.drive(publisher, &target).await
+    match broker {
+        #[cfg(feature = "kafka")]
+        Broker::Kafka => drive_kafka(&args, setup).await,
+        #[cfg(feature = "nats")]
+        Broker::Nats => drive_nats(&args, setup).await,
+        #[cfg(feature = "rabbitmq")]
+        Broker::Rabbit => drive_rabbit(&args, setup).await,
+        // `Broker::from_url` admits only the brokers this build has.
+        #[allow(unreachable_patterns)]
+        other => Err(GatewayError::Invalid(other.not_built(&args.broker))),
     }
+}
+
+/// A broker `idem relay` publishes to, named by its URL's scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Broker {
+    /// `nats://`: NATS JetStream.
+    Nats,
+    /// `amqp://`: RabbitMQ.
+    Rabbit,
+    /// `kafka://`: Kafka.
+    Kafka,
+}
+
+impl Broker {
+    /// Every broker idem knows, whether or not this build has it.
+    const ALL: [Broker; 3] = [Broker::Nats, Broker::Rabbit, Broker::Kafka];
+
+    /// The URL scheme that names it.
+    fn scheme(self) -> &'static str {
+        match self {
+            Broker::Nats => "nats",
+            Broker::Rabbit => "amqp",
+            Broker::Kafka => "kafka",
+        }
+    }
+
+    /// Its URL's form, as the error messages show it.
+    fn form(self) -> &'static str {
+        match self {
+            Broker::Nats => "nats://host:port (JetStream)",
+            Broker::Rabbit => "amqp://user:password@host:port/vhost (RabbitMQ)",
+            Broker::Kafka => "kafka://host:port[,host:port…] (Kafka)",
+        }
+    }
+
+    /// The cargo feature of idem-gateway that builds its client in.
+    fn feature(self) -> &'static str {
+        match self {
+            Broker::Nats => "nats",
+            Broker::Rabbit => "rabbitmq",
+            Broker::Kafka => "kafka",
+        }
+    }
+
+    /// Whether this build has its client.
+    fn built(self) -> bool {
+        match self {
+            Broker::Nats => cfg!(feature = "nats"),
+            Broker::Rabbit => cfg!(feature = "rabbitmq"),
+            Broker::Kafka => cfg!(feature = "kafka"),
+        }
+    }
+
+    /// The broker `url` names, if this build has its client; otherwise
+    /// an error that lists the forms this build accepts.
+    fn from_url(url: &str) -> Result<Self, GatewayError> {
+        let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+        match Self::ALL.into_iter().find(|b| Some(b.scheme()) == scheme) {
+            Some(broker) if broker.built() => Ok(broker),
+            Some(broker) => Err(GatewayError::Invalid(broker.not_built(url))),
+            None => Err(GatewayError::Invalid(format!(
+                "--broker {}: use {}",
+                idem::store::redact_broker_url(url),
+                Self::accepted()
+            ))),
+        }
+    }
+
+    /// The message for a `url` of this broker when this build lacks it.
+    fn not_built(self, url: &str) -> String {
+        format!(
+            "--broker {}: this idem is built without the `{}` feature; build it with `--features {}`, or use {}",
+            idem::store::redact_broker_url(url),
+            self.feature(),
+            self.feature(),
+            Self::accepted()
+        )
+    }
+
+    /// The URL forms this build accepts, for error messages.
+    fn accepted() -> String {
+        let forms: Vec<&str> = Self::ALL
+            .into_iter()
+            .filter(|b| b.built())
+            .map(Broker::form)
+            .collect();
+        match forms.split_last() {
+            None => "no broker: this idem is built without any".to_owned(),
+            Some((last, [])) => (*last).to_owned(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        }
+    }
+}
+
+/// Publishes to Kafka: one topic, or a topic per aggregate type.
+#[cfg(feature = "kafka")]
+async fn drive_kafka(args: &RelayArgs, setup: Setup) -> Result<(), GatewayError> {
+    let topics = match args.topic.clone() {
+        Some(topic) => KafkaTopics::One(topic),
+        None => KafkaTopics::PerAggregateType,
+    };
+    let options = KafkaPublisherOptions {
+        topics: topics.clone(),
+        create: args.create_topics.then_some(TopicSpec {
+            partitions: args.topic_partitions,
+            replication: args.topic_replication,
+        }),
+        ..KafkaPublisherOptions::default()
+    };
+    let publisher = KafkaPublisher::connect(&args.broker, options)?;
+    eprintln!(
+        "idem relay: note: Kafka de-duplicates only a producer's own retries; a row re-published after a relay crash is a second record with the same Idem-Message-Id, and consumers drop it with the inbox"
+    );
+    match tokio::time::timeout(START_CHECK, publisher.durability_warnings()).await {
+        Ok(Ok(warnings)) => {
+            for warning in warnings {
+                tracing::warn!(reason = "relay_kafka_durability", "{warning}");
+                eprintln!("idem relay: WARNING: {warning}");
+            }
+        }
+        Ok(Err(err)) => {
+            eprintln!("idem relay: WARNING: cannot check the topics' replication: {err}")
+        }
+        Err(_) => eprintln!(
+            "idem relay: WARNING: Kafka did not answer within {START_CHECK:?}, so the topics' replication is unchecked; publishing starts when it is reachable (see /readyz)"
+        ),
+    }
+    let target = match topics {
+        KafkaTopics::One(topic) => format!(
+            "{} topic {topic} (key: aggregate id)",
+            idem::store::redact_broker_url(&args.broker)
+        ),
+        KafkaTopics::PerAggregateType => format!(
+            "{} topics {}.<aggregate_type> (key: aggregate id)",
+            idem::store::redact_broker_url(&args.broker),
+            args.prefix
+        ),
+    };
+    setup.drive(publisher, &target).await
+}
+
+/// Publishes to a NATS JetStream stream, made first if asked.
+#[cfg(feature = "nats")]
+async fn drive_nats(args: &RelayArgs, setup: Setup) -> Result<(), GatewayError> {
+    let publisher = NatsPublisher::connect(&args.broker, &args.stream).await?;
+    if args.create_stream {
+        publisher
+            .create_stream(vec![format!("{}.>", args.prefix)], args.duplicate_window)
+            .await?;
+    }
+    let target = format!(
+        "{} stream {} (subjects {}.>)",
+        idem::store::redact_broker_url(&args.broker),
+        args.stream,
+        args.prefix
+    );
+    setup.drive(publisher, &target).await
+}
+
+/// Publishes to a RabbitMQ topic exchange.
+#[cfg(feature = "rabbitmq")]
+async fn drive_rabbit(args: &RelayArgs, setup: Setup) -> Result<(), GatewayError> {
+    let publisher = RabbitPublisher::connect(&args.broker, &args.exchange).await?;
+    eprintln!(
+        "idem relay: note: RabbitMQ does not de-duplicate; a row re-published after a relay crash reaches the queues twice with the same message_id, and consumers drop it with the inbox"
+    );
+    let target = format!(
+        "{} exchange {} (routing keys {}.<aggregate_type>.<message_type>)",
+        idem::store::redact_broker_url(&args.broker),
+        args.exchange,
+        args.prefix
+    );
+    setup.drive(publisher, &target).await
 }
 
 /// Everything a relay needs but its publisher.
@@ -349,5 +460,50 @@ impl Setup {
             stats.published, stats.duplicates, stats.failures, stats.dead
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(err: GatewayError) -> String {
+        match err {
+            GatewayError::Invalid(message) => message,
+            other => panic!("expected an invalid-argument error, got {other}"),
+        }
+    }
+
+    #[test]
+    fn each_built_broker_is_named_by_its_scheme() {
+        for broker in Broker::ALL.into_iter().filter(|b| b.built()) {
+            let url = format!("{}://user:secret@127.0.0.1:1", broker.scheme());
+            assert_eq!(
+                Broker::from_url(&url).expect("a built broker"),
+                broker,
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unknown_scheme_lists_the_forms_this_build_accepts() {
+        let why = message(
+            Broker::from_url("mqtt://user:secret@127.0.0.1:1883").expect_err("mqtt is no broker"),
+        );
+        assert!(!why.contains("secret"), "the password is redacted: {why}");
+        for broker in Broker::ALL {
+            assert_eq!(why.contains(broker.form()), broker.built(), "{why}");
+        }
+        let bare = message(Broker::from_url("127.0.0.1:4222").expect_err("a URL needs a scheme"));
+        assert!(bare.starts_with("--broker 127.0.0.1:4222: use "), "{bare}");
+    }
+
+    #[test]
+    fn a_broker_left_out_of_the_build_names_its_feature() {
+        let why = Broker::Kafka.not_built("kafka://user:secret@127.0.0.1:9092");
+        assert!(why.contains("without the `kafka` feature"), "{why}");
+        assert!(why.contains("--features kafka"), "{why}");
+        assert!(!why.contains("secret"), "the password is redacted: {why}");
     }
 }

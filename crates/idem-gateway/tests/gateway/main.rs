@@ -14,6 +14,8 @@ mod first_hour;
 mod hostile_upstream;
 mod limits;
 mod redis_failover;
+// The relay tests run `idem relay` against every broker.
+#[cfg(all(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 mod relay;
 mod restarts;
 mod retrying_clients;
