@@ -10,9 +10,6 @@ use idem::store::Cursor;
 use idem::{FinalOutcome, Record, StoredResponse, Timestamp, Verdict};
 use serde::{Deserialize, Serialize};
 
-/// Most records one list call returns.
-pub const MAX_PAGE: usize = 1000;
-
 /// Records per page when `limit` is not given.
 pub const DEFAULT_PAGE: usize = 100;
 

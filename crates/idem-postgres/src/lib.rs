@@ -127,9 +127,6 @@ const MAX_ROUNDS: u32 = 32;
 /// that time arithmetic in the database cannot overflow.
 const MAX_DURATION_MS: i64 = 100 * 365 * 86_400 * 1_000;
 
-/// Most records one [`ListRecords::list`] page returns.
-const MAX_PAGE: usize = 10_000;
-
 /// The PostgreSQL [`Store`]; see the [crate docs](crate). Cheap to clone:
 /// clones share the pool.
 #[derive(Debug, Clone)]
@@ -1156,7 +1153,7 @@ impl Store for PgStore {
 
 impl ListRecords for PgStore {
     async fn list(&self, filter: &ListFilter) -> Result<Page, StoreError> {
-        let limit = filter.limit.clamp(1, MAX_PAGE);
+        let limit = filter.page_size();
         let after = filter.after.as_ref();
         let mut query = sqlx::QueryBuilder::<Postgres>::new(schema::LIST);
         if let Some(state) = filter.state {

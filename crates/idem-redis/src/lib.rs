@@ -105,9 +105,6 @@ pub use redis;
 /// Longest lease or retention stored (100 years); longer ones are capped.
 const MAX_DURATION_MS: i64 = 100 * 365 * 86_400 * 1_000;
 
-/// Most records one [`ListRecords::list`] page returns.
-const MAX_PAGE: usize = 10_000;
-
 /// Keys fetched per pipelined round trip while listing.
 const LIST_CHUNK: usize = 512;
 
@@ -717,7 +714,7 @@ impl ListRecords for RedisStore {
                     b.key.as_str(),
                 ))
         });
-        let limit = filter.limit.clamp(1, MAX_PAGE);
+        let limit = filter.page_size();
         let next = if records.len() > limit {
             records.truncate(limit);
             records.last().map(Cursor::after)

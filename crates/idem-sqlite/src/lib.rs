@@ -568,7 +568,7 @@ impl ListRecords for SqliteStore {
     async fn list(&self, filter: &ListFilter) -> Result<Page, StoreError> {
         let filter = filter.clone();
         let now = Timestamp::now();
-        let limit = filter.limit.clamp(1, 10_000);
+        let limit = filter.page_size();
         self.read(move |conn| {
             let after = filter.after.as_ref();
             let mut stmt = conn.prepare_cached(&schema::list_query(filter.state))?;

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::store::Cursor;
+use idem::store::{Cursor, MAX_PAGE};
 use idem::{
     Engine, FinalOutcome, Fingerprint, IdempotencyKey, InFlight, Lease, LeaseExpiry, ListFilter,
     ListRecords, OUTCOME_UNKNOWN, OwnerToken, Policy, Purge, RecordState, Reservation,
@@ -825,6 +825,59 @@ pub async fn list_filters_and_pages<S: Store + ListRecords>(store: Arc<S>) {
     assert_eq!(recent.records.len(), 5);
 }
 
+/// One list call returns at most [`MAX_PAGE`] records, whatever limit it
+/// asks for, and a cursor to the rest; a limit of 0 reads as 1.
+pub async fn list_pages_are_bounded<S: Store + ListRecords>(store: Arc<S>) {
+    let scope = unique_scope("list-bound");
+    let mut tasks = JoinSet::new();
+    for worker in 0..8 {
+        let (store, scope) = (store.clone(), scope.clone());
+        tasks.spawn(async move {
+            for i in (worker..=MAX_PAGE).step_by(8) {
+                let k = key(&format!("bound-{i}"));
+                acquire(
+                    &*store,
+                    request(&scope, &k, fp("a"), DAY, LeaseExpiry::Retry),
+                )
+                .await;
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("reserve task");
+    }
+    let tenant = Some(scope.tenant().to_owned());
+    let first = store
+        .list(&ListFilter {
+            tenant: tenant.clone(),
+            limit: usize::MAX,
+            ..ListFilter::default()
+        })
+        .await
+        .expect("list");
+    assert_eq!(first.records.len(), MAX_PAGE, "a page is capped");
+    let rest = store
+        .list(&ListFilter {
+            tenant: tenant.clone(),
+            limit: usize::MAX,
+            after: Some(first.next.expect("a cursor to the rest")),
+            ..ListFilter::default()
+        })
+        .await
+        .expect("list");
+    assert_eq!(rest.records.len(), 1, "the record past the cap");
+    assert!(rest.next.is_none());
+    let one = store
+        .list(&ListFilter {
+            tenant,
+            limit: 0,
+            ..ListFilter::default()
+        })
+        .await
+        .expect("list");
+    assert_eq!(one.records.len(), 1, "a limit of 0 reads as 1");
+}
+
 /// Through the engine: many concurrent callers of one key run the work
 /// exactly once; with `InFlight::Wait`, all the others get the replay.
 pub async fn engine_runs_work_once<S: Store>(store: Arc<S>) {
@@ -1023,6 +1076,7 @@ macro_rules! store_conformance {
             expiry_and_batched_purge,
             expired_record_is_replaced,
             list_filters_and_pages,
+            list_pages_are_bounded,
             engine_runs_work_once,
             engine_heartbeat_protects_slow_work,
             engine_dropped_guard_keeps_record,

@@ -488,7 +488,7 @@ impl ListRecords for MemoryStore {
         records.sort_by(|a, b| {
             (a.created_at, &a.scope, &a.key).cmp(&(b.created_at, &b.scope, &b.key))
         });
-        let limit = filter.limit.max(1);
+        let limit = filter.page_size();
         let next = if records.len() > limit {
             records.truncate(limit);
             records.last().map(Cursor::after)

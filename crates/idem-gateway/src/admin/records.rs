@@ -8,6 +8,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idem::operator::{self, OperatorError};
+use idem::store::MAX_PAGE;
 use idem::{IdempotencyKey, ListFilter, ListRecords, Purge, RecordState, Scope, Store};
 use idem_http::Problem;
 use serde::Serialize;
@@ -15,8 +16,7 @@ use serde::Serialize;
 use super::problem::{AdminProblem, operator_problem, problem, store_problem};
 use super::state::AdminState;
 use crate::records::{
-    DEFAULT_PAGE, InvalidParameter, MAX_PAGE, RecordView, ResolveRequest, decode_cursor,
-    encode_cursor,
+    DEFAULT_PAGE, InvalidParameter, RecordView, ResolveRequest, decode_cursor, encode_cursor,
 };
 
 /// The query of the list route, validated; errors name the parameter.

@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use idem::operator;
 use idem::seal::Sealed;
+use idem::store::MAX_PAGE;
 use idem::{DynStore, IdempotencyKey, ListRecords, Purge, RecordState, Scope, Store, Timestamp};
 
 use crate::error::GatewayError;
-use crate::records::{MAX_PAGE, RecordView, ResolveRequest, encode_cursor};
+use crate::records::{RecordView, ResolveRequest, encode_cursor};
 use crate::store::StoreUrl;
 
 /// The store URL argument every operator command takes.

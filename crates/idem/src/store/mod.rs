@@ -166,10 +166,23 @@ pub struct ListFilter {
     pub older_than: Option<Duration>,
     /// Only this tenant's records.
     pub tenant: Option<String>,
-    /// At most this many (a backend may cap it).
+    /// At most this many; a store returns [`ListFilter::page_size`] at most.
     pub limit: usize,
     /// Continue after this position (from a previous [`Page`]).
     pub after: Option<Cursor>,
+}
+
+/// Most records one [`ListRecords::list`] call returns, whatever its
+/// [`ListFilter::limit`]: each record can carry a stored answer as large as
+/// the body limit, so a page's memory stays bounded only if its length is.
+pub const MAX_PAGE: usize = 1_000;
+
+impl ListFilter {
+    /// The length of the page a store returns: [`ListFilter::limit`], at
+    /// least 1 and at most [`MAX_PAGE`].
+    pub fn page_size(&self) -> usize {
+        self.limit.clamp(1, MAX_PAGE)
+    }
 }
 
 /// A position in the listing order `(created_at, tenant, operation, key)`.
