@@ -31,8 +31,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, he
 use http_body::Body;
 use idem::reconcile::{Reconciler as _, Reconciliation};
 use idem::{
-    Begin, Earlier, Engine, EngineError, Guard, IdempotencyKey, LeaseExpiry, ListRecords, Replay,
-    Scope, Store, StoredResponse,
+    Begin, Engine, EngineError, Guard, IdempotencyKey, LeaseExpiry, ListRecords, Replay, Scope,
+    Store, StoredResponse, V1Address,
 };
 use tower_layer::Layer;
 use tower_service::Service;
@@ -597,7 +597,7 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
             },
         };
         let path = normalized.as_deref().unwrap_or(parts.uri.path());
-        let (fp, earlier_fp) = match fingerprints(
+        let (fp, v1_fp) = match fingerprints(
             &this.hashing,
             &parts,
             path,
@@ -614,9 +614,9 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         };
         // While records from before keyed hashing may live, the request is
         // also looked for where they would be.
-        let earlier = earlier_fp.and_then(|fingerprint| {
-            let tenant = this.tenant.earlier_tenant(&parts)?;
-            Some(Earlier {
+        let v1 = v1_fp.and_then(|fingerprint| {
+            let tenant = this.tenant.v1_tenant(&parts)?;
+            Some(V1Address {
                 scope: Scope::new(&tenant, &operation).ok()?,
                 fingerprint,
             })
@@ -642,7 +642,7 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
             scope,
             key,
             fp,
-            earlier,
+            v1,
             normalized,
             policy,
         ));
@@ -682,7 +682,7 @@ async fn decide<I, S, T, ReqBody, ResBody>(
     scope: Scope,
     key: idem::IdempotencyKey,
     fp: idem::Fingerprint,
-    earlier: Option<Earlier>,
+    v1: Option<V1Address>,
     normalized: Option<Box<str>>,
     policy: Arc<RoutePolicy>,
 ) -> Answer<ResBody, I::Error>
@@ -698,8 +698,8 @@ where
     ResBody::Error: Into<BoxError>,
 {
     trace::record(trace::KEY, key.as_str());
-    let begin = match &earlier {
-        Some(earlier) => engine.begin_with_earlier(&scope, &key, fp, earlier).await,
+    let begin = match &v1 {
+        Some(v1) => engine.begin_accepting_v1(&scope, &key, fp, v1).await,
         None => engine.begin(&scope, &key, fp).await,
     };
     // A record the fingerprint does not match may have been written by

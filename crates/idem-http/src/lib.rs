@@ -68,5 +68,6 @@ pub use request::{
     idempotency_key, is_json, is_trusted, previous_fingerprint,
 };
 pub use routes::{
-    MissingTenant, NO_ROUTE, PathSpelling, RouteMatch, RoutePolicy, Routes, UNMATCHED_ROUTE,
+    MissingTenant, PathSpelling, RouteMatch, RoutePolicy, Routes, UNMATCHED_ROUTE,
+    UNPROTECTED_ROUTE,
 };

@@ -13,7 +13,7 @@
 //!
 //! `route` is the configured operation (`POST /v1/payments`),
 //! [`UNMATCHED_ROUTE`](crate::routes::UNMATCHED_ROUTE) or
-//! [`NO_ROUTE`](crate::routes::NO_ROUTE) — never a raw path, a key or a
+//! [`UNPROTECTED_ROUTE`](crate::routes::UNPROTECTED_ROUTE) — never a raw path, a key or a
 //! tenant, so the label set stays small. `outcome` is
 //! [`Decision::as_str`]. The handles are registered (at zero) when the
 //! layer makes its service, so install the metrics recorder before

@@ -203,10 +203,12 @@ struct Route {
 }
 
 /// The metrics label of protected requests that matched no configured
-/// route (their paths would make the label unbounded).
+/// route and run under the defaults (their paths would make the label
+/// unbounded).
 pub const UNMATCHED_ROUTE: &str = "unmatched";
-/// The metrics label of requests that are not protected at all.
-pub const NO_ROUTE: &str = "none";
+/// The metrics label of requests the layer does not protect at all: no
+/// configured route matches them and the defaults leave their method alone.
+pub const UNPROTECTED_ROUTE: &str = "none";
 
 /// The route table; see the [module docs](self).
 #[derive(Debug, Clone)]
@@ -341,12 +343,12 @@ impl Routes {
     }
 
     /// The metrics labels of every route, in index order: the configured
-    /// routes' operations, then [`UNMATCHED_ROUTE`], then [`NO_ROUTE`].
+    /// routes' operations, then [`UNMATCHED_ROUTE`], then [`UNPROTECTED_ROUTE`].
     pub fn labels(&self) -> impl Iterator<Item = &str> {
         self.routes
             .iter()
             .map(|r| r.operation.as_str())
-            .chain([UNMATCHED_ROUTE, NO_ROUTE])
+            .chain([UNMATCHED_ROUTE, UNPROTECTED_ROUTE])
     }
 
     /// The metrics label of route `index` (see [`labels`](Self::labels)).
@@ -355,7 +357,7 @@ impl Routes {
             if index == self.routes.len() {
                 UNMATCHED_ROUTE
             } else {
-                NO_ROUTE
+                UNPROTECTED_ROUTE
             },
             |r| r.operation.as_str(),
         )

@@ -1086,7 +1086,7 @@ async fn a_retry_across_the_keyed_hash_upgrade_gets_its_original_answer() {
             Arc::clone(&store),
             routes(),
             counter.clone(),
-            hashing.with_earlier_until(until),
+            hashing.accept_v1_until(until),
         ))
         .await;
         let retry = send(after, Method::POST, "/v1/payments", &h, body).await;

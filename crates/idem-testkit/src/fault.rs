@@ -37,7 +37,7 @@ use tokio::sync::watch;
 
 /// The faults in force; read by every link for every chunk.
 #[derive(Debug, Clone, Copy, Default)]
-struct Faults {
+struct LinkFaults {
     cut: bool,
     blackhole: bool,
     latency: Duration,
@@ -59,7 +59,7 @@ enum End {
 
 #[derive(Debug)]
 struct State {
-    faults: Mutex<Faults>,
+    faults: Mutex<LinkFaults>,
     /// Bumped (with how) to end every link open at that moment.
     end: watch::Sender<(u64, End)>,
     seed: AtomicU64,
@@ -74,11 +74,11 @@ struct State {
 }
 
 impl State {
-    fn faults(&self) -> Faults {
+    fn faults(&self) -> LinkFaults {
         *self.faults.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn update(&self, f: impl FnOnce(&mut Faults)) -> Faults {
+    fn update(&self, f: impl FnOnce(&mut LinkFaults)) -> LinkFaults {
         let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
         let before = *faults;
         f(&mut faults);
@@ -146,7 +146,7 @@ impl FaultProxy {
         let addr = listener.local_addr().expect("local addr");
         let (end, _) = watch::channel((0, End::Live));
         let state = Arc::new(State {
-            faults: Mutex::new(Faults::default()),
+            faults: Mutex::new(LinkFaults::default()),
             end,
             seed: AtomicU64::new(0x9E37_79B9_7F4A_7C15 ^ u64::from(addr.port())),
             started: Instant::now(),
@@ -247,7 +247,7 @@ impl FaultProxy {
 
     /// Clears every fault. Connections black-holed until now are reset.
     pub fn restore(&self) {
-        let before = self.state.update(|f| *f = Faults::default());
+        let before = self.state.update(|f| *f = LinkFaults::default());
         if before.blackhole {
             self.state.end_links(End::Reset);
         }

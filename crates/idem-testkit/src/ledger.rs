@@ -31,9 +31,10 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
 
-/// How a [`Ledger`] misbehaves; `0` turns a fault off.
+/// When a [`Ledger`] misbehaves, counted over the requests it receives;
+/// `0` turns a fault off.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Faults {
+pub struct Schedule {
     /// Every n-th request charges, then drops its connection unanswered.
     pub lost_every: u64,
     /// Every n-th request (n ≥ 2; never one `lost_every` picks) charges,
@@ -79,19 +80,19 @@ pub struct Tally {
 
 impl Ledger {
     /// Starts on `127.0.0.1:0`.
-    pub async fn start(faults: Faults) -> Self {
-        Self::start_on("127.0.0.1:0".parse().expect("address"), faults).await
+    pub async fn start(schedule: Schedule) -> Self {
+        Self::start_on("127.0.0.1:0".parse().expect("address"), schedule).await
     }
 
     /// Starts on `addr`.
-    pub async fn start_on(addr: SocketAddr, faults: Faults) -> Self {
+    pub async fn start_on(addr: SocketAddr, schedule: Schedule) -> Self {
         let listener = TcpListener::bind(addr).await.expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
         let state = Arc::new(State::default());
         let shared = Arc::clone(&state);
         crate::upstream::serve(listener, move || {
             let state = Arc::clone(&shared);
-            move |req| handle(req, Arc::clone(&state), faults)
+            move |req| handle(req, Arc::clone(&state), schedule)
         });
         Self { addr, state }
     }
@@ -180,7 +181,7 @@ fn client_key(req: &Request<Incoming>) -> (&'static str, String) {
 async fn handle(
     req: Request<Incoming>,
     state: Arc<State>,
-    faults: Faults,
+    schedule: Schedule,
 ) -> Result<Response<Full<Bytes>>, std::io::Error> {
     let auth = header(&req, "authorization");
     if req.method() == Method::GET
@@ -236,13 +237,13 @@ async fn handle(
             r#"{{"id":"pay_{n}","object":"payment_intent","key":{key:?},"status":"succeeded"}}"#
         ),
     );
-    if first && faults.lost_every > 0 && n.is_multiple_of(faults.lost_every) {
+    if first && schedule.lost_every > 0 && n.is_multiple_of(schedule.lost_every) {
         state.lost.fetch_add(1, Ordering::SeqCst);
         return Err(std::io::Error::other("answer lost after charging"));
     }
-    if faults.slow_every > 1 && n % faults.slow_every == 1 {
+    if schedule.slow_every > 1 && n % schedule.slow_every == 1 {
         state.slow.fetch_add(1, Ordering::SeqCst);
-        tokio::time::sleep(faults.slow_for).await;
+        tokio::time::sleep(schedule.slow_for).await;
     }
     Ok(answer)
 }

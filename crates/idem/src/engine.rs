@@ -84,11 +84,11 @@ pub struct Replay {
     pub resource_id: Option<String>,
 }
 
-/// Where a request's record was written before keyed hashing: its
-/// unkeyed tenant's scope and its `v1:` fingerprint
-/// ([`Engine::begin_with_earlier`]).
+/// Where hashing v1, before keyed hashing, put a request's record: the
+/// scope under its unkeyed tenant and its `v1:` fingerprint
+/// ([`Engine::begin_accepting_v1`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Earlier {
+pub struct V1Address {
     /// The scope under the unkeyed tenant.
     pub scope: Scope,
     /// The `v1:` fingerprint.
@@ -359,12 +359,12 @@ impl<S: Store> Engine<S> {
     /// fingerprint did). It costs one read per fresh reservation, for as
     /// long as such records may live (the caller bounds that by the
     /// longest retention).
-    pub async fn begin_with_earlier(
+    pub async fn begin_accepting_v1(
         &self,
         scope: &Scope,
         key: &IdempotencyKey,
         fingerprint: Fingerprint,
-        earlier: &Earlier,
+        earlier: &V1Address,
     ) -> Result<Begin<S>, EngineError> {
         match self.begin(scope, key, fingerprint).await? {
             Begin::Execute(guard) if earlier.scope != *scope => {
@@ -421,8 +421,8 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// What a record written before keyed hashing answers a request whose
-    /// earlier fingerprint is `fingerprint`.
+    /// What a record an older version wrote answers a request that version
+    /// would have fingerprinted as `fingerprint`.
     fn earlier_answer(&self, record: Record, fingerprint: Fingerprint) -> Begin<S> {
         if record.fingerprint != fingerprint {
             return Begin::Mismatch {

@@ -57,7 +57,7 @@ pub mod tiered;
 
 pub use dyn_store::DynStore;
 pub use engine::{
-    Begin, Earlier, Engine, EngineError, Guard, RecordError, Replay, Rerun, RerunReason, Run,
+    Begin, Engine, EngineError, Guard, RecordError, Replay, Rerun, RerunReason, Run, V1Address,
 };
 pub use fingerprint::{
     BodyKind, Fingerprint, FingerprintBuilder, FingerprintParseError, HashSecret, HashSecretError,

@@ -230,7 +230,7 @@ mod tests {
         assert!(err.contains("hex") && !err.contains("0123"), "{err}");
         // memory:// makes its own; a shared store without one is refused.
         let memory = StoreUrl::Memory.hashing(None, None, day).expect("memory");
-        assert!(memory.is_keyed() && !memory.finds_earlier());
+        assert!(memory.is_keyed() && !memory.accepts_v1());
         let pg = StoreUrl::parse("postgres://u@127.0.0.1/test").expect("url");
         assert!(
             error_chain(&pg.hashing(None, None, day).expect_err("refused"))
@@ -240,7 +240,7 @@ mod tests {
         let upgrading = pg
             .hashing(Some(given), Some(SystemTime::now() + day), day)
             .expect("keyed");
-        assert!(upgrading.finds_earlier());
+        assert!(upgrading.accepts_v1());
     }
 
     #[test]

@@ -209,7 +209,7 @@ impl StoreUrl {
         Ok(match until {
             Some(until) if SystemTime::now() < until => {
                 tracing::info!(until = %humantime::format_rfc3339_seconds(until), "records written before keyed hashing are looked for until then (one extra store read per new key)");
-                hashing.with_earlier_until(until)
+                hashing.accept_v1_until(until)
             }
             _ => hashing,
         })

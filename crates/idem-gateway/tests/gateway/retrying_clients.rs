@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use idem_testkit::client::metric;
 use idem_testkit::gateway::{GatewayProcess, listed_keys, sqlite_store};
-use idem_testkit::ledger::{Faults, Ledger};
+use idem_testkit::ledger::{Ledger, Schedule};
 use idem_testkit::wait::eventually;
 
 const IDEM: &str = env!("CARGO_BIN_EXE_idem");
@@ -41,7 +41,7 @@ fn config(reconcile: bool, extra: &str) -> String {
     c
 }
 
-const FAULTS: Faults = Faults {
+const FAULTS: Schedule = Schedule {
     lost_every: 10,
     slow_every: 5,
     slow_for: Duration::from_millis(1500),
@@ -289,7 +289,7 @@ async fn reqwest_retry_through_the_default_gateway_never_charges_twice() {
 async fn a_gateway_sigkilled_mid_request_charges_once_by_default() {
     // Every request answers after 1.5 s; the gateway dies once the
     // upstream has charged, before it answers.
-    let faults = Faults {
+    let faults = Schedule {
         lost_every: 0,
         slow_every: 1_000_000,
         slow_for: Duration::from_millis(1500),

@@ -45,7 +45,7 @@ pub fn is_json(headers: &HeaderMap) -> bool {
 #[derive(Debug, Clone, Default)]
 pub struct Hashing {
     secret: Option<Arc<HashSecret>>,
-    earlier_until: Option<SystemTime>,
+    accept_v1_until: Option<SystemTime>,
 }
 
 impl Hashing {
@@ -58,7 +58,7 @@ impl Hashing {
     pub fn keyed(secret: Arc<HashSecret>) -> Self {
         Self {
             secret: Some(secret),
-            earlier_until: None,
+            accept_v1_until: None,
         }
     }
 
@@ -66,11 +66,11 @@ impl Hashing {
     /// one (before keyed hashing, and before the path was part of the
     /// fingerprint), under their unkeyed tenant and their fingerprint of
     /// method, operation, sorted query, headers and body
-    /// ([`idem::Engine::begin_with_earlier`]), at the cost of one store read
+    /// ([`idem::Engine::begin_accepting_v1`]), at the cost of one store read
     /// per fresh reservation. Set it to when the last such record expires:
     /// the upgrade plus the longest retention.
-    pub fn with_earlier_until(mut self, until: SystemTime) -> Self {
-        self.earlier_until = Some(until);
+    pub fn accept_v1_until(mut self, until: SystemTime) -> Self {
+        self.accept_v1_until = Some(until);
         self
     }
 
@@ -80,8 +80,8 @@ impl Hashing {
     }
 
     /// Whether records written by earlier versions are looked for now.
-    pub fn finds_earlier(&self) -> bool {
-        self.earlier_until.is_some_and(|u| SystemTime::now() < u)
+    pub fn accepts_v1(&self) -> bool {
+        self.accept_v1_until.is_some_and(|u| SystemTime::now() < u)
     }
 
     /// The tenant string of `tenant`.
@@ -116,7 +116,7 @@ impl Hashing {
     }
 }
 
-/// A request's fingerprint, and (while [`Hashing::finds_earlier`]) the
+/// A request's fingerprint, and (while [`Hashing::accepts_v1`]) the
 /// one versions before keyed hashing gave it.
 ///
 /// Over method, operation, the concrete [normalised](crate::normalize_path)
@@ -144,8 +144,8 @@ pub fn fingerprints(
     fields: &BodyFields,
     body: &[u8],
 ) -> Result<(Fingerprint, Option<Fingerprint>), Problem> {
-    let finds_earlier = hashing.finds_earlier();
-    let (body, whole_doubles) = body_digests(parts, body, fields, finds_earlier)?;
+    let accepts_v1 = hashing.accepts_v1();
+    let (body, whole_doubles) = body_digests(parts, body, fields, accepts_v1)?;
     let builder = match &hashing.secret {
         Some(secret) => idem::FingerprintBuilder::keyed(secret),
         None => Fingerprint::builder(),

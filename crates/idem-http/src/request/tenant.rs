@@ -40,9 +40,9 @@ pub trait TenantExtractor: Send + Sync + 'static {
     fn tenant<'a>(&'a self, parts: &'a Parts) -> Result<Tenant<'a>, Problem>;
 
     /// The tenant versions before keyed hashes gave this request, to find
-    /// records they wrote ([`idem::Engine::begin_with_earlier`]). Default:
+    /// records they wrote ([`idem::Engine::begin_accepting_v1`]). Default:
     /// none.
-    fn earlier_tenant(&self, parts: &Parts) -> Option<String> {
+    fn v1_tenant(&self, parts: &Parts) -> Option<String> {
         let _ = parts;
         None
     }
@@ -238,7 +238,7 @@ impl TenantExtractor for TenantSource {
         }
     }
 
-    fn earlier_tenant(&self, parts: &Parts) -> Option<String> {
+    fn v1_tenant(&self, parts: &Parts) -> Option<String> {
         match self {
             // Earlier versions took the unkeyed SHA-256 of Authorization, the
             // value of a (trusted) header as it was, and had no cookies.

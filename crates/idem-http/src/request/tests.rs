@@ -52,8 +52,8 @@ fn ambiguous_json_is_refused_and_plain_json_keeps_its_fingerprint() {
         .json_body(br#"{"n":9007199254740992,"f":1.5,"s":"x"}"#)
         .finish();
     // The earlier form is the one versions before this one wrote.
-    let upgrading = Hashing::unkeyed()
-        .with_earlier_until(SystemTime::now() + std::time::Duration::from_secs(60));
+    let upgrading =
+        Hashing::unkeyed().accept_v1_until(SystemTime::now() + std::time::Duration::from_secs(60));
     let (_, earlier) = fingerprints(
         &upgrading,
         &p,
@@ -251,7 +251,7 @@ fn tenants() {
         secret(8).tenant(&TenantSource::Authorization.tenant(&with_auth).expect("t"))
     );
     assert_eq!(
-        TenantSource::Authorization.earlier_tenant(&with_auth),
+        TenantSource::Authorization.v1_tenant(&with_auth),
         Some(idem::fingerprint::unkeyed_tenant(b"Bearer one"))
     );
     // Nothing sent, an empty value: no shared tenant, a 401.
@@ -440,7 +440,7 @@ fn fingerprint_ignores_json_layout_and_keeps_path_and_query_order() {
     // While earlier records are looked for, both come out, the v1 one
     // as earlier versions made it.
     let upgrading =
-        secret(1).with_earlier_until(SystemTime::now() + std::time::Duration::from_secs(60));
+        secret(1).accept_v1_until(SystemTime::now() + std::time::Duration::from_secs(60));
     let (now, earlier) = fingerprints(
         &upgrading,
         &parts(json),
@@ -485,7 +485,7 @@ fn chosen_body_fields_leave_the_rest_of_the_fingerprint_and_plain_bodies_alone()
     let fp = |content_type: &str, fields: &BodyFields, body: &[u8]| {
         let p = parts(|b| b.header("content-type", content_type));
         let hashing =
-            secret(1).with_earlier_until(SystemTime::now() + std::time::Duration::from_secs(60));
+            secret(1).accept_v1_until(SystemTime::now() + std::time::Duration::from_secs(60));
         fingerprints(&hashing, &p, "/v1/p", "POST /v1/p", &[], fields, body).expect("fp")
     };
     let p = |t: &str| t.parse::<JsonPointer>().expect("pointer");

@@ -9,11 +9,11 @@
 
 use std::time::Duration;
 
-use idem_testkit::ledger::{Faults, Ledger};
+use idem_testkit::ledger::{Ledger, Schedule};
 
 fn main() {
     let mut listen = "127.0.0.1:0".to_owned();
-    let mut faults = Faults {
+    let mut faults = Schedule {
         lost_every: 10,
         slow_every: 5,
         slow_for: Duration::from_millis(1500),

@@ -611,7 +611,7 @@ async fn fail_open_keeps_a_reservation_whose_answer_was_lost() {
 /// never run again, and a different request under its key is a mismatch.
 #[tokio::test]
 async fn records_written_before_keyed_hashing_still_answer_their_retries() {
-    use idem::{Earlier, Scope};
+    use idem::{Scope, V1Address};
     let store = Arc::new(MemoryStore::new());
     let engine = Engine::from_arc(Arc::clone(&store));
     let op = unique_scope("upgrade").operation().to_owned();
@@ -627,13 +627,13 @@ async fn records_written_before_keyed_hashing_still_answer_their_retries() {
         .complete(StoredResponse::new(201, "charged once"))
         .await
         .expect("recorded");
-    let earlier = |fingerprint| Earlier {
+    let earlier = |fingerprint| V1Address {
         scope: old_scope.clone(),
         fingerprint,
     };
     // The retry: the old answer, and the reservation it made is gone.
     match engine
-        .begin_with_earlier(&new_scope, &k, fp("v2"), &earlier(fp("v1")))
+        .begin_accepting_v1(&new_scope, &k, fp("v2"), &earlier(fp("v1")))
         .await
         .expect("begin")
     {
@@ -644,7 +644,7 @@ async fn records_written_before_keyed_hashing_still_answer_their_retries() {
     // Another request under that key.
     assert!(matches!(
         engine
-            .begin_with_earlier(&new_scope, &k, fp("v2-other"), &earlier(fp("v1-other")))
+            .begin_accepting_v1(&new_scope, &k, fp("v2-other"), &earlier(fp("v1-other")))
             .await
             .expect("begin"),
         Begin::Mismatch { .. }
@@ -655,13 +655,13 @@ async fn records_written_before_keyed_hashing_still_answer_their_retries() {
         engine.begin(&old_scope, &k, fp("v2")).await.expect("begin"),
         Begin::Mismatch { .. }
     ));
-    let same = Earlier {
+    let same = V1Address {
         scope: old_scope.clone(),
         fingerprint: fp("v1"),
     };
     assert!(matches!(
         engine
-            .begin_with_earlier(&old_scope, &k, fp("v2"), &same)
+            .begin_accepting_v1(&old_scope, &k, fp("v2"), &same)
             .await
             .expect("begin"),
         Begin::Replay(_)
@@ -669,7 +669,7 @@ async fn records_written_before_keyed_hashing_still_answer_their_retries() {
     // No earlier record: runs, as begin would.
     assert!(matches!(
         engine
-            .begin_with_earlier(&new_scope, &key("fresh"), fp("v2"), &earlier(fp("v1")))
+            .begin_accepting_v1(&new_scope, &key("fresh"), fp("v2"), &earlier(fp("v1")))
             .await
             .expect("begin"),
         Begin::Execute(_)
