@@ -2,7 +2,8 @@
 //
 // Polls the admin listener's Prometheus endpoint (/metrics), turns counter
 // deltas between polls into per-second rates, and draws rolling charts on
-// <canvas> with a few dozen lines of our own drawing code. A record inspector
+// <canvas> with a few dozen lines of our own drawing code; the counters'
+// own values give the totals since the gateway started. A record inspector
 // and a list of processing records use /api/v1/records. No dependencies.
 //
 // Hooks for browser tests: the element ids in index.html, and on <body>
@@ -322,6 +323,8 @@ function num(v) {
   if (a >= 10) return String(+v.toFixed(1));
   return String(+v.toFixed(2));
 }
+// A whole count, every digit kept: totals are read exactly.
+const count = (v) => Math.round(v).toLocaleString('en');
 const perSec = (v) => (v === null ? '–' : `${num(v)}/s`);
 const pct = (v) => (v === null ? '–' : `${num(v * 100)}%`);
 const ms = (v) => (v === null ? '–' : `${num(v)} ms`);
@@ -556,6 +559,20 @@ function render() {
     $('tile-reconciled').classList.toggle('bad', gaveUp > 0);
   }
   $('tile-version').textContent = state.version || '–';
+
+  // Since start: the counters' own values, so that a dashboard opened
+  // after the traffic still shows it.
+  if (state.prev) {
+    const since = sumOutcomes(state.prev.list('idem_requests_total')
+      .filter((s) => !route || s.labels.route === route)
+      .map((s) => ({ [s.labels.outcome || '?']: s.value })));
+    $('total-requests').textContent = count(Object.values(since).reduce((a, v) => a + v, 0));
+    $('total-executed').textContent = count(since.executed || 0);
+    $('total-replayed').textContent = count(since.replayed || 0);
+    $('total-conflicts').textContent = count(sum(since, ['in_progress', 'mismatch']));
+    $('total-held').textContent = count(since.outcome_unknown || 0);
+    $('total-held').classList.toggle('bad', Boolean(since.outcome_unknown));
+  }
 }
 
 // ---- Records ---------------------------------------------------------------

@@ -2,7 +2,8 @@
 //! `chromium-driver`, driven over WebDriver): the page loads with the
 //! admin token from the URL fragment, its charts change while real
 //! traffic flows through the gateway, and the record inspector finds a
-//! record. With `IDEM_DASHBOARD_SCREENSHOTS=DIR` it also saves a
+//! record; opened after traffic, it shows the totals since start. With
+//! `IDEM_DASHBOARD_SCREENSHOTS=DIR` it also saves a
 //! screenshot under load there (how `docs/img/dashboard.png` is made).
 
 use std::net::TcpListener;
@@ -347,5 +348,66 @@ async fn dashboard_loads_updates_under_traffic_and_inspects_records() {
             "return document.getElementById('inspect-result').textContent.includes('no such record')",
         )
         .await;
+    browser.client.close().await.expect("close the session");
+}
+
+/// Traffic before the dashboard is opened shows in its totals since start,
+/// exactly as the gateway's own counters hold them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dashboard_opened_after_traffic_shows_the_totals_since_start() {
+    let Some(driver) = services::program("ChromeDriver", "IDEM_TEST_CHROMEDRIVER", "chromedriver")
+    else {
+        return;
+    };
+    let Some(chromium) = services::program("Chromium", "IDEM_TEST_CHROMIUM", "chromium") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = Gateway::builder(IDEM, dir.path())
+        .config(CONFIG)
+        .upstream(&up.url())
+        .store(&sqlite_store(dir.path()))
+        .args(&["--admin-token", TOKEN])
+        .start()
+        .await;
+    // Three payments, each sent twice, and one key reused for another body.
+    for n in 0..3 {
+        let key = format!("before-{n}");
+        for _ in 0..2 {
+            assert_eq!(
+                pay(gw.addr, &key, r#"{"amount":1}"#, "0").await,
+                StatusCode::CREATED
+            );
+        }
+    }
+    let reused = pay(gw.addr, "before-0", r#"{"amount":2}"#, "0").await;
+    assert_eq!(reused, StatusCode::UNPROCESSABLE_ENTITY);
+
+    let browser = Browser::start(&driver, &chromium).await;
+    browser
+        .client
+        .goto(&format!("http://{}/dashboard/#token={TOKEN}", gw.admin))
+        .await
+        .expect("open the dashboard");
+    browser
+        .until(
+            "a successful poll",
+            "return Number(document.body.dataset.polls) >= 1",
+        )
+        .await;
+    let tile = |id: &str| format!("return document.getElementById('{id}').textContent");
+    for (id, want) in [
+        ("total-requests", "7"),
+        ("total-executed", "3"),
+        ("total-replayed", "3"),
+        ("total-conflicts", "1"),
+        ("total-held", "0"),
+    ] {
+        assert_eq!(browser.js(&tile(id)).await, want, "#{id}");
+    }
+    // The per-second tiles saw none of it: it happened before the first poll.
+    let rps = browser.js(&tile("tile-rps")).await;
+    assert!(rps == "–" || rps == "0", "requests per second: {rps}");
     browser.client.close().await.expect("close the session");
 }
