@@ -1,4 +1,4 @@
-//! The gateway's Prometheus metrics (DESIGN.md §7): the recorder, the
+//! The gateway's Prometheus metrics: the recorder, the
 //! description of every metric of the one table (`idem::metrics`), and
 //! `/metrics` rendering.
 //!

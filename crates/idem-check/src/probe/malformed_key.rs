@@ -8,7 +8,7 @@ use crate::outcome::{Exchange, Probe, Verdict};
 const PROBE: Probe = Probe::MalformedKey;
 
 /// The length of the oversized key: well past the 255 the IETF draft and
-/// DESIGN.md allow, and exactly what the docs say it sends.
+/// idem allow, and exactly what the docs say it sends.
 const OVERSIZED: usize = 300;
 
 /// Sends one request with a malformed key and one with a key of

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::settings::{CacheSettings, CleanupSettings, LimitsSettings, MonitorSettings};
 
-/// Defaults of DESIGN.md §7.
+/// Where client traffic is served: loopback, until a config says otherwise.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 
 /// The embedded store in the working directory.
