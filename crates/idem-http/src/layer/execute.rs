@@ -1,0 +1,178 @@
+//! The record's owner runs the work, detached from the client, and records
+//! the answer as the route's policy says.
+
+use super::*;
+
+/// Runs the work as the record's owner, detached from the caller.
+pub(super) async fn execute<I, S, ReqBody, ResBody>(
+    mut inner: I,
+    req: Request<ReqBody>,
+    mut guard: Guard<S>,
+    policy: Arc<RoutePolicy>,
+    handoff: Option<Handoff<S>>,
+) -> Answer<ResBody, I::Error>
+where
+    I: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    I::Future: Send + 'static,
+    I::Error: Send + 'static,
+    S: Store,
+    ReqBody: Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    guard.keep_alive();
+    let mut req = req;
+    req.extensions_mut().insert(Reserved {
+        scope: guard.scope().clone(),
+        key: guard.key().clone(),
+        lease: *guard.lease(),
+    });
+    let work = inner.call(req);
+    {
+        let (scope, key) = (guard.scope().clone(), guard.key().clone());
+        let resp = match work.await {
+            Ok(resp) => resp,
+            Err(err) => {
+                unknown(guard, "inner service failed", handoff).await;
+                return Err(err);
+            }
+        };
+        let (mut parts, body) = resp.into_parts();
+        // The layer's own marker, never the upstream's to set.
+        parts.headers.remove(NOT_RETAINED);
+        // What the inner service knows of the side effect decides first;
+        // otherwise the answer's status does, by the route's policy.
+        let (resolution, cause) = match parts.extensions.get::<UpstreamOutcome>() {
+            Some(UpstreamOutcome::NotSent) => (
+                idem::Resolution::Release,
+                "upstream not reached; key released",
+            ),
+            Some(UpstreamOutcome::MaybeSent) => (
+                idem::Resolution::Unknown,
+                "upstream failed after the request was sent",
+            ),
+            Some(UpstreamOutcome::Recorded) => {
+                guard.recorded_elsewhere();
+                return Ok(with_decision(
+                    Response::from_parts(parts, ResponseBody::inner(body)),
+                    Decision::Executed,
+                ));
+            }
+            None => match policy.engine.resolution_for(parts.status.as_u16()) {
+                idem::Resolution::Release => {
+                    (idem::Resolution::Release, "transient status; key released")
+                }
+                idem::Resolution::Unknown => (
+                    idem::Resolution::Unknown,
+                    "the upstream's status does not prove the request was not executed",
+                ),
+                recorded => (recorded, ""),
+            },
+        };
+        match resolution {
+            idem::Resolution::Release => {
+                trace::record(trace::RECORD_STATE, "released");
+                log_recording(&scope, &key, cause, guard.release().await);
+                return Ok(with_decision(
+                    Response::from_parts(parts, ResponseBody::inner(body)),
+                    Decision::Executed,
+                ));
+            }
+            idem::Resolution::Unknown => {
+                return Ok(held_as_unknown(parts, body, guard, handoff, cause).await);
+            }
+            idem::Resolution::Complete | idem::Resolution::Fail => {}
+        }
+        let streamed = is_streamed(&parts.headers);
+        let kept = if streamed {
+            Kept::TooLarge {
+                prefix: Bytes::new(),
+                rest: Box::pin(body),
+            }
+        } else {
+            keep_response(body, policy.max_stored_response).await
+        };
+        let stored_headers = storable_headers(&parts.headers, &policy.unstored_headers);
+        let status = parts.status.as_u16();
+        trace::record(
+            trace::RECORD_STATE,
+            match policy.engine.resolution_for(status) {
+                idem::Resolution::Fail => "failed",
+                _ => "completed",
+            },
+        );
+        match kept {
+            Kept::Whole(bytes) => {
+                let stored = StoredResponse {
+                    status,
+                    headers: stored_headers,
+                    body: bytes.clone(),
+                };
+                if let Err(err) = guard.finish(stored).await {
+                    tracing::error!(reason = "idempotency_record_failed", tenant = scope.tenant(), operation = scope.operation(), %key, %err);
+                }
+                tracing::info!(reason = "idempotency_executed", tenant = scope.tenant(), operation = scope.operation(), %key, status, resolution = ?policy.engine.resolution_for(status));
+                Ok(with_decision(
+                    Response::from_parts(parts, ResponseBody::full(bytes)),
+                    Decision::Executed,
+                ))
+            }
+            Kept::TooLarge { prefix, rest } => {
+                let mut headers = stored_headers;
+                headers.push((NOT_RETAINED.as_str().to_owned(), Bytes::from_static(b"1")));
+                let tombstone = StoredResponse {
+                    status,
+                    headers,
+                    body: Bytes::new(),
+                };
+                if let Err(err) = guard.finish(tombstone).await {
+                    tracing::error!(reason = "idempotency_record_failed", tenant = scope.tenant(), operation = scope.operation(), %key, %err);
+                }
+                tracing::info!(reason = "idempotency_body_not_retained", tenant = scope.tenant(), operation = scope.operation(), %key, status, streamed);
+                let body = ResponseBody::Prefixed {
+                    prefix: (!prefix.is_empty()).then_some(prefix),
+                    rest,
+                };
+                Ok(with_decision(
+                    Response::from_parts(parts, body),
+                    Decision::Executed,
+                ))
+            }
+            Kept::Broken(err) => {
+                tracing::warn!(reason = "idempotency_outcome_unknown", tenant = scope.tenant(), operation = scope.operation(), %key, %err, "response body broke off");
+                let first_lookup = unknown(guard, "response body broke off", handoff).await;
+                let mut answer = Problem::new(
+                    ProblemKind::UpstreamBroken,
+                    "the response broke off after the request was processed; its outcome is unknown",
+                );
+                if let Some(after) = first_lookup {
+                    answer = answer.with_retry_after(after);
+                }
+                Ok(problem(answer, Decision::OutcomeUnknown))
+            }
+        }
+    }
+}
+
+pub(super) fn log_recording(
+    scope: &Scope,
+    key: &idem::IdempotencyKey,
+    what: &str,
+    result: Result<(), idem::StoreError>,
+) {
+    if let Err(err) = result {
+        tracing::error!(reason = "idempotency_record_failed", tenant = scope.tenant(), operation = scope.operation(), %key, %err, what);
+    }
+}
+
+/// Server-sent events and the like are never buffered for storage.
+pub(super) fn is_streamed(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| {
+            ct.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("text/event-stream")
+        })
+}
