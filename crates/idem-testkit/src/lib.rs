@@ -6,6 +6,8 @@
 //!   demand, to test what the engine does when the store breaks mid-flight;
 //! * [`mod@bench`]: the shared harness of the store benchmarks;
 //! * [`client`]: one-call HTTP requests with the answer fully read;
+//! * [`isolated`]: a PostgreSQL schema and a Redis key prefix of a test's
+//!   own, removed when dropped;
 //! * [`fault`]: a TCP proxy that cuts, black-holes, resets, slows or
 //!   throttles the line to a server;
 //! * [`kafka`]: a plain Kafka client (topics, produce, read back);
@@ -23,6 +25,7 @@ pub mod client;
 pub mod conformance;
 pub mod fault;
 pub mod gateway;
+pub mod isolated;
 pub mod kafka;
 pub mod ledger;
 pub mod otlp;

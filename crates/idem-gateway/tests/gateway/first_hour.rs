@@ -230,13 +230,12 @@ async fn postgres_mistakes_say_what_to_do() {
     );
 
     // A schema never migrated: records and outbox point at `idem migrate`.
-    let schema = format!("first_hour_{}", std::process::id());
-    let sep = if pg.contains('?') { '&' } else { '?' };
-    let store = format!("{pg}{sep}schema={schema}&migrate=false");
+    let schema = idem_testkit::isolated::PgSchema::on(&pg, "first_hour");
+    let store = format!("{}&migrate=false", schema.url());
     let admin = idem_postgres::sqlx::PgPool::connect(&pg)
         .await
         .expect("connect");
-    idem_postgres::sqlx::query(&format!("CREATE SCHEMA {schema}"))
+    idem_postgres::sqlx::query(&format!("CREATE SCHEMA {}", schema.name()))
         .execute(&admin)
         .await
         .expect("create schema");
@@ -270,10 +269,8 @@ async fn postgres_mistakes_say_what_to_do() {
     }
     let listed = idem(&["records", "list", "--store", &store]).await;
     assert!(listed.status.success(), "{}", text(&listed.stderr));
-    idem_postgres::sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
-        .execute(&admin)
-        .await
-        .expect("drop schema");
+    admin.close().await;
+    drop(schema);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

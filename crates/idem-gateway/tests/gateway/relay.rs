@@ -11,6 +11,7 @@ use std::time::Duration;
 use idem_postgres::outbox::{Outbox, OutboxMessage};
 use idem_postgres::sqlx;
 use idem_postgres::{PgOptions, PgStore};
+use idem_testkit::isolated::PgSchema;
 use idem_testkit::services;
 use idem_testkit::wait::eventually;
 use tokio::io::AsyncBufReadExt;
@@ -152,11 +153,8 @@ async fn three_relays_one_killed_every_row_once_in_order() {
         return;
     };
     let tag = format!("{:08x}", idem::OwnerToken::random().as_u128() as u32);
-    let schema = format!("idem_relay_{tag}");
-    let store_url = format!(
-        "{pg}{}schema={schema}&max_connections=4",
-        if pg.contains('?') { '&' } else { '?' }
-    );
+    let schema = PgSchema::on(&pg, "relay");
+    let store_url = format!("{}&max_connections=4", schema.url());
     let store = PgStore::connect_with(PgOptions::from_url(&store_url).expect("url"))
         .await
         .expect("connect");
@@ -215,10 +213,7 @@ async fn three_relays_one_killed_every_row_once_in_order() {
 
     let js = stream_once_in_order(&nats, &stream, &prefix, AGGREGATES, PER_AGGREGATE).await;
     js.delete_stream(&stream).await.expect("delete stream");
-    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(store.pool())
-        .await
-        .expect("drop schema");
+    drop(schema);
 }
 
 /// Reads the stream back: exactly one message per row (no duplicate got
@@ -319,10 +314,7 @@ async fn a_slow_then_silent_broker_link_delivers_every_row_once_in_order() {
 
     let js = stream_once_in_order(&nats, &stream, &prefix, 5, 12).await;
     js.delete_stream(&stream).await.expect("delete stream");
-    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(store.pool())
-        .await
-        .expect("drop schema");
+    drop(schema);
 }
 
 /// A database restored, recreated or failed over hands out row numbers
@@ -384,22 +376,14 @@ async fn a_recreated_database_never_reuses_a_published_event_id() {
     };
     assert_eq!(ids.len(), 400);
     js.delete_stream(&stream).await.expect("delete stream");
-    for (store, schema) in [(&before, before_schema), (&after, after_schema)] {
-        sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-            .execute(store.pool())
-            .await
-            .expect("drop schema");
-    }
+    drop((before_schema, after_schema));
 }
 
 /// A schema and stream of their own, and the store URL to reach them.
-async fn isolated(pg: &str, label: &str) -> (PgStore, String, String, String, String) {
+async fn isolated(pg: &str, label: &str) -> (PgStore, String, PgSchema, String, String) {
     let tag = format!("{label}{:08x}", idem::OwnerToken::random().as_u128() as u32);
-    let schema = format!("idem_relay_{tag}");
-    let store_url = format!(
-        "{pg}{}schema={schema}&max_connections=4",
-        if pg.contains('?') { '&' } else { '?' }
-    );
+    let schema = PgSchema::on(pg, "relay");
+    let store_url = format!("{}&max_connections=4", schema.url());
     let store = PgStore::connect_with(PgOptions::from_url(&store_url).expect("url"))
         .await
         .expect("connect");
@@ -525,10 +509,7 @@ async fn a_broker_outage_leaves_rows_pending_and_spends_no_attempts() {
     assert!(err.contains("expected pending, published or dead"), "{err}");
 
     js.delete_stream(&stream).await.expect("delete stream");
-    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(store.pool())
-        .await
-        .expect("drop schema");
+    drop(schema);
 }
 
 /// A stream whose duplicate window is shorter than the relay's worst
@@ -541,7 +522,7 @@ async fn a_short_duplicate_window_is_reported_at_start() {
     let Some(nats) = services::nats() else {
         return;
     };
-    let (store, store_url, schema, stream, prefix) = isolated(&pg, "window").await;
+    let (_store, store_url, schema, stream, prefix) = isolated(&pg, "window").await;
     let dir = tempfile::tempdir().expect("temp dir");
     let log = dir.path().join("relay.err");
     let relay = start_relay_with(
@@ -565,10 +546,7 @@ async fn a_short_duplicate_window_is_reported_at_start() {
     let client = async_nats::connect(&nats).await.expect("nats");
     let js = async_nats::jetstream::new(client);
     js.delete_stream(&stream).await.expect("delete stream");
-    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(store.pool())
-        .await
-        .expect("drop schema");
+    drop(schema);
 }
 
 /// A durable topic exchange `name` and a queue `name` bound to everything
@@ -692,10 +670,7 @@ async fn relays_to_rabbitmq_in_order_with_message_ids() {
 
     let (got, distinct) = drain_in_order(&store, &ch, &exchange).await;
     assert_eq!((got, distinct), (200, 200), "every row once");
-    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(store.pool())
-        .await
-        .expect("drop schema");
+    drop(schema);
 }
 
 /// A broker URL of another kind is refused with the accepted forms.
@@ -724,7 +699,8 @@ fn an_unknown_broker_scheme_is_refused() {
 /// schema, exchange and queue.
 struct RabbitLink {
     store: PgStore,
-    schema: String,
+    /// The link's schema, which goes with it.
+    _schema: PgSchema,
     exchange: String,
     _conn: lapin::Connection,
     ch: lapin::Channel,
@@ -753,7 +729,7 @@ impl RabbitLink {
         .await;
         Some(Self {
             store,
-            schema,
+            _schema: schema,
             exchange,
             _conn: conn,
             ch,
@@ -767,12 +743,7 @@ impl RabbitLink {
     async fn finish(mut self) -> (usize, usize) {
         kill(&self.relay, "-TERM");
         let _ = tokio::time::timeout(Duration::from_secs(20), self.relay.child.wait()).await;
-        let counts = drain_in_order(&self.store, &self.ch, &self.exchange).await;
-        sqlx::query(&format!("DROP SCHEMA \"{}\" CASCADE", self.schema))
-            .execute(self.store.pool())
-            .await
-            .expect("drop schema");
-        counts
+        drain_in_order(&self.store, &self.ch, &self.exchange).await
     }
 }
 
@@ -954,13 +925,6 @@ mod kafka {
         copies
     }
 
-    async fn drop_schema(store: &PgStore, schema: &str) {
-        sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-            .execute(store.pool())
-            .await
-            .expect("drop schema");
-    }
-
     /// Three relays on one outbox, one SIGKILLed a third of the way and
     /// started again: every row in the topic once after the consumer's
     /// de-duplication, in order per aggregate.
@@ -986,7 +950,7 @@ mod kafka {
             "kafka relay kill: {} records, {copies} re-published copies dropped by id",
             records.len()
         );
-        drop_schema(&store, &schema).await;
+        drop(schema);
     }
 
     /// Attempts spent on rows still pending: the relay counts an attempt
@@ -1078,7 +1042,7 @@ mod kafka {
             "kafka link cut, slow, silent: {} records, {copies} copies dropped by id",
             records.len()
         );
-        drop_schema(&store, &schema).await;
+        drop(schema);
     }
 
     /// The broker is SIGKILLed with rows pending and started again empty
@@ -1158,6 +1122,6 @@ mod kafka {
             "kafka restart: {} records, {copies} copies dropped by id",
             records.len()
         );
-        drop_schema(&store, &schema).await;
+        drop(schema);
     }
 }

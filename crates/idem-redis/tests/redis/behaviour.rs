@@ -151,7 +151,7 @@ async fn connections_reset_while_idle_are_replaced_before_the_next_operation() {
     // This test's thread runs its one runtime to the end, as a serving
     // thread does: the store opens a connection of this thread's own.
     idem::store::local::dedicate_current_thread();
-    let opts = common::options_for(&url).expect("options");
+    let (opts, _prefix) = common::options_for(&url);
     let store = RedisStore::connect_with(opts).await.expect("connect");
     let scope = Scope::new("acme", "op").expect("scope");
     let other_url = common::redis_url_with_db(0).expect("url");

@@ -48,7 +48,7 @@ async fn records_spread_over_the_nodes_and_list_from_all() {
         assert!(matches!(r, Reservation::Acquired(_)));
     }
     let mut per_node = Vec::new();
-    for node in common::nodes(&fixture.url) {
+    for node in fixture.prefix.nodes() {
         let client = redis::Client::open(node).expect("client");
         let mut conn = client
             .get_multiplexed_async_connection()
@@ -87,9 +87,7 @@ async fn min_replicas_waits_for_a_replica_copy() {
     let Some(url) = idem_testkit::services::redis_cluster() else {
         return;
     };
-    let Some(opts) = common::options_for(&format!("{url}?min_replicas=1")) else {
-        return;
-    };
+    let (opts, _prefix) = common::options_for(&format!("{url}?min_replicas=1"));
     assert_eq!(opts.min_replicas(), 1);
     let store = Arc::new(RedisStore::connect_with(opts).await.expect("connect"));
     suite::reserve_complete_replay(Arc::clone(&store)).await;

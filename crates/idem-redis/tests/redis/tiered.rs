@@ -29,8 +29,8 @@ async fn postgres() -> Option<PgStore> {
 /// Redis (under a fresh prefix, at `redis_url` or the default) over
 /// PostgreSQL.
 async fn tiered(redis_url: Option<String>) -> Option<Prefixed<Tiered<RedisStore, PgStore>>> {
-    let opts = match redis_url {
-        Some(url) => common::options_for(&url)?,
+    let (opts, prefix) = match redis_url {
+        Some(url) => common::options_for(&url),
         None => common::options()?,
     };
     let durable = postgres().await?;
@@ -40,6 +40,7 @@ async fn tiered(redis_url: Option<String>) -> Option<Prefixed<Tiered<RedisStore,
         store: Arc::new(Tiered::new(fast.clone(), durable)),
         redis: fast,
         url,
+        prefix,
     })
 }
 

@@ -13,6 +13,7 @@ use axum::http::{Method, StatusCode};
 use idem::{ListFilter, ListRecords, RecordState};
 use idem_postgres::sqlx;
 use idem_testkit::client::{Answer, send};
+use idem_testkit::isolated::PgSchema;
 use payments::api::{Api, ApiConfig};
 use payments::provider::Provider;
 
@@ -20,17 +21,14 @@ struct World {
     api: Api,
     addr: SocketAddr,
     provider: SocketAddr,
-    schema: String,
+    /// Dropped with the world.
+    _schema: PgSchema,
 }
 
 impl World {
     async fn new(label: &str) -> Option<Self> {
-        let pg = idem_testkit::services::postgres()?;
-        let schema = format!(
-            "pay_test_{label}_{}",
-            &idem::OwnerToken::random().to_string()[..8]
-        );
-        let database = common::database(&pg, &schema);
+        let schema = PgSchema::new(&format!("pay_{label}"))?;
+        let database = schema.url();
         let provider = common::serve(Provider::default().router()).await;
         let mut config = ApiConfig::new(&database, &format!("http://{provider}"));
         config.provider_timeout = Duration::from_millis(500);
@@ -41,7 +39,7 @@ impl World {
             api,
             addr,
             provider,
-            schema,
+            _schema: schema,
         })
     }
 
@@ -90,10 +88,9 @@ impl World {
             .records
     }
 
+    /// Ends the world: the store's connections, then its schema.
     async fn drop(self) {
-        let _ = sqlx::query(&format!("DROP SCHEMA \"{}\" CASCADE", self.schema))
-            .execute(self.api.store().pool())
-            .await;
+        self.api.store().close().await;
     }
 }
 

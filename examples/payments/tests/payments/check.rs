@@ -13,17 +13,13 @@ use payments::provider::Provider;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_idem_check_probe_passes_against_the_payment_api() {
-    let Some(pg) = idem_testkit::services::postgres() else {
+    let Some(schema) = idem_testkit::isolated::PgSchema::new("pay_check") else {
         return;
     };
-    let schema = format!("pay_check_{}", &idem::OwnerToken::random().to_string()[..8]);
     let provider = common::serve(Provider::default().router()).await;
-    let api = Api::connect(ApiConfig::new(
-        &common::database(&pg, &schema),
-        &format!("http://{provider}"),
-    ))
-    .await
-    .expect("api");
+    let api = Api::connect(ApiConfig::new(&schema.url(), &format!("http://{provider}")))
+        .await
+        .expect("api");
     let addr = common::serve(api.router()).await;
 
     let mut headers = HeaderMap::new();
@@ -56,7 +52,5 @@ async fn every_idem_check_probe_passes_against_the_payment_api() {
         assert_eq!(o.verdict, Verdict::Pass, "{:?}: {}", o.probe, o.note);
     }
     assert!(outcomes.iter().any(|o| o.probe == Probe::Concurrent));
-    let _ = idem_postgres::sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(api.store().pool())
-        .await;
+    api.store().close().await;
 }

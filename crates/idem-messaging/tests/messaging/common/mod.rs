@@ -6,27 +6,27 @@ use std::error::Error;
 
 use idem_postgres::sqlx::{self, PgPool};
 use idem_postgres::{PgOptions, PgStore};
+use idem_testkit::isolated::PgSchema;
 
 /// A database schema of the test's own, with the idem tables and an
-/// `orders` table.
+/// `orders` table; dropped with this when it made the schema.
 pub struct Db {
     pub store: PgStore,
     pub schema: String,
     pub url: String,
+    /// Dropped last, after the store's connections: the schema, when
+    /// [`Db::new`] made it (a child process that opens it leaves it).
+    guard: Option<PgSchema>,
 }
 
 impl Db {
     pub async fn new(label: &str) -> Option<Self> {
-        let base = idem_testkit::services::postgres()?;
-        let schema = format!(
-            "idem_test_{label}_{}",
-            &idem::OwnerToken::random().to_string()[..10]
-        );
-        let url = format!(
-            "{base}{}schema={schema}",
-            if base.contains('?') { "&" } else { "?" }
-        );
-        Self::open(&url, schema).await.map(Some).expect("database")
+        let guard = PgSchema::new(label)?;
+        let mut db = Self::open(&guard.url(), guard.name().to_owned())
+            .await
+            .expect("database");
+        db.guard = Some(guard);
+        Some(db)
     }
 
     pub async fn open(url: &str, schema: String) -> Result<Self, Box<dyn Error + Send + Sync>> {
@@ -47,6 +47,7 @@ impl Db {
             store,
             schema,
             url: url.to_owned(),
+            guard: None,
         })
     }
 
@@ -69,13 +70,8 @@ impl Db {
             .expect("applied")
     }
 
+    /// Closes the store's connections; the schema goes with `self`.
     pub async fn drop(self) {
-        let _ = sqlx::query(&format!(
-            "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
-            self.schema
-        ))
-        .execute(self.store.pool())
-        .await;
         self.store.close().await;
     }
 }

@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use idem::OwnerToken;
 use idem_postgres::{PgOptions, PgStore};
+use idem_testkit::isolated::PgSchema;
 
 /// Options for the test server with a small pool, or `None` (skip).
 pub fn options() -> Option<PgOptions> {
@@ -26,35 +26,33 @@ pub async fn shared_store() -> Option<Arc<PgStore>> {
     ))
 }
 
-/// A store whose tables live in a fresh schema of their own, dropped by
-/// [`Isolated::drop_schema`].
+/// A store whose tables live in a fresh schema of their own, dropped
+/// with everything in it when this is dropped (when the test fails too).
 pub struct Isolated {
     pub store: PgStore,
     pub schema: String,
     pub opts: PgOptions,
+    /// Dropped last: the schema goes after the store's connections.
+    pub guard: PgSchema,
 }
 
 impl Isolated {
     pub async fn new(label: &str) -> Option<Self> {
-        let schema = format!(
-            "idem_test_{label}_{}",
-            &OwnerToken::random().to_string()[..12]
-        );
-        let opts = options()?.with_schema(schema.clone());
+        let opts = options()?;
+        let guard = PgSchema::new(label)?;
+        let schema = guard.name().to_owned();
+        let opts = opts.with_schema(schema.clone());
         let store = PgStore::connect_with(opts.clone()).await.expect("connect");
         Some(Self {
             store,
             schema,
             opts,
+            guard,
         })
     }
 
+    /// Closes the store's connections, then drops the schema.
     pub async fn drop_schema(self) {
-        let sql = format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.schema);
-        sqlx::query(&sql)
-            .execute(self.store.pool())
-            .await
-            .expect("drop test schema");
         self.store.close().await;
     }
 }

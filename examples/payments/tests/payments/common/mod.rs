@@ -11,20 +11,13 @@ use axum::http::{Method, StatusCode};
 use idem_messaging::{ConsumerStats, RelayStats};
 use idem_postgres::sqlx;
 use idem_testkit::client::send;
+use idem_testkit::isolated::PgSchema;
 use idem_testkit::servers::{PrivateKafka, PrivateNats};
 use payments::api::{Api, ApiConfig};
 use payments::orders::Orders;
 use payments::provider::Provider;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-
-/// The test server's URL with `schema=NAME`.
-pub fn database(pg: &str, schema: &str) -> String {
-    format!(
-        "{pg}{}schema={schema}",
-        if pg.contains('?') { '&' } else { '?' }
-    )
-}
 
 /// Serves `router` on an ephemeral loopback port for the rest of the test.
 pub async fn serve(router: axum::Router) -> SocketAddr {
@@ -123,6 +116,8 @@ pub struct World {
     /// The world's own broker ([`On::PrivateNats`], [`On::PrivateKafka`]);
     /// dropping it stops the broker.
     pub private: Option<Private>,
+    /// The two schemas, dropped with the world.
+    schemas: [PgSchema; 2],
 }
 
 /// A [`World`] on NATS named after `label`, or `None` (skip) without
@@ -149,8 +144,12 @@ pub async fn world_on(label: &str, on: On) -> Option<World> {
         }
     };
     let tag = idem::OwnerToken::random().to_string()[..8].to_owned();
-    let (pay_schema, ord_schema) = (format!("pay_{label}_{tag}"), format!("ord_{label}_{tag}"));
-    let (pay_db, ord_db) = (database(&pg, &pay_schema), database(&pg, &ord_schema));
+    let schemas = [
+        PgSchema::on(&pg, &format!("pay_{label}")),
+        PgSchema::on(&pg, &format!("ord_{label}")),
+    ];
+    let (pay_schema, ord_schema) = (schemas[0].name().to_owned(), schemas[1].name().to_owned());
+    let (pay_db, ord_db) = (schemas[0].url(), schemas[1].url());
     let mut bus = payments::Bus::new(&broker);
     bus.stream = format!("{label}_{tag}").to_uppercase();
     bus.prefix = format!("{label}{tag}");
@@ -166,6 +165,7 @@ pub async fn world_on(label: &str, on: On) -> Option<World> {
         ord_db,
         bus,
         private,
+        schemas,
     })
 }
 
@@ -227,9 +227,10 @@ impl World {
         }
     }
 
-    /// Drops the world's schemas and, on NATS, its streams. (Kafka topics
-    /// stay: a private broker goes with the world, and the shared one
-    /// keeps them in memory under the world's own prefix.)
+    /// Deletes the world's streams on NATS; its schemas go when it is
+    /// dropped. (Kafka topics stay: a private broker goes with the world,
+    /// and the shared one keeps them in memory under the world's own
+    /// prefix.)
     pub async fn clean_up(&self) {
         if self.bus.kind() == Ok(payments::Broker::Nats)
             && let Ok(client) = async_nats::connect(&self.bus.broker).await
@@ -237,13 +238,6 @@ impl World {
             let js = async_nats::jetstream::new(client);
             let _ = js.delete_stream(&self.bus.stream).await;
             let _ = js.delete_stream(self.bus.parked_stream()).await;
-        }
-        if let Ok(pool) = sqlx::PgPool::connect(&self.pg).await {
-            for schema in [&self.pay_schema, &self.ord_schema] {
-                let _ = sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-                    .execute(&pool)
-                    .await;
-            }
         }
     }
 }
