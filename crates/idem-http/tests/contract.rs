@@ -1380,3 +1380,237 @@ async fn a_retry_across_the_exact_numbers_upgrade_gets_its_original_answer() {
     }
     assert_eq!(counter.get(), 0, "nothing ran again");
 }
+
+/// `with_mismatch_status(400)`: a key reused with another request gets
+/// 400 on that route, as Stripe answers; a route left at the default
+/// answers 422. Neither runs the handler again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_key_gets_the_route_s_mismatch_status() {
+    let counter = Counter::default();
+    let routes = Routes::default()
+        .route(
+            Method::POST,
+            "/v1/payments",
+            RoutePolicy::default().with_mismatch_status(StatusCode::BAD_REQUEST),
+        )
+        .and_then(|r| r.route(Method::POST, "/v1/big", RoutePolicy::default()))
+        .expect("routes");
+    let addr = serve(app(Arc::new(MemoryStore::new()), routes, counter.clone())).await;
+    for (path, mismatch) in [
+        ("/v1/payments", StatusCode::BAD_REQUEST),
+        ("/v1/big", StatusCode::UNPROCESSABLE_ENTITY),
+    ] {
+        let h = [JSON, AUTH, ("idempotency-key", "reused")];
+        let first = send(addr, Method::POST, path, &h, r#"{"amount":1}"#).await;
+        assert_eq!(first.status, StatusCode::CREATED, "{path}");
+        let other = send(addr, Method::POST, path, &h, r#"{"amount":2}"#).await;
+        assert_eq!(other.status, mismatch, "{path}");
+        assert_eq!(other.problem_type(), "idempotency-key-reused", "{path}");
+    }
+    assert_eq!(counter.get(), 2, "each route ran its first request only");
+}
+
+/// `with_path_spelling(Refuse)`: a path the route matches only once
+/// normalised (a doubled slash, an escaped letter) is refused with `400
+/// request-path-not-canonical`, keyed or not: nothing is forwarded or
+/// recorded, and the route's own spelling is served. A route left at the
+/// default (`Normalise`) forwards such a path in its normal form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_spelled_otherwise_is_refused_only_where_the_route_says() {
+    use std::convert::Infallible;
+    use std::sync::Mutex;
+
+    use idem_http::PathSpelling;
+    use tower::{Layer, ServiceExt};
+
+    let forwarded: Arc<Mutex<Vec<String>>> = Arc::default();
+    let inner = tower::service_fn({
+        let forwarded = Arc::clone(&forwarded);
+        move |req: http::Request<Full<Bytes>>| {
+            forwarded
+                .lock()
+                .expect("paths")
+                .push(req.uri().path().to_owned());
+            let mut created = http::Response::new(Full::new(Bytes::from_static(b"made")));
+            *created.status_mut() = StatusCode::CREATED;
+            std::future::ready(Ok::<_, Infallible>(created))
+        }
+    });
+    let store = Arc::new(MemoryStore::new());
+    let routes = Routes::default()
+        .route(
+            Method::POST,
+            "/v1/payments",
+            RoutePolicy::default().with_path_spelling(PathSpelling::Refuse),
+        )
+        .and_then(|r| {
+            r.route(
+                Method::POST,
+                "/v1/orders/{id}/capture",
+                RoutePolicy::default(),
+            )
+        })
+        .expect("routes");
+    let svc = IdempotencyLayer::from_arc(Arc::clone(&store))
+        .with_routes(routes)
+        .layer(inner);
+    let post = |path: &str, key: Option<&str>| {
+        let mut req = http::Request::post(path)
+            .header(JSON.0, JSON.1)
+            .header(AUTH.0, AUTH.1);
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
+        req.body(Full::new(Bytes::from_static(b"{}")))
+            .expect("request")
+    };
+    for (path, key) in [
+        ("/v1//payments", Some("spelled")),
+        ("/v1/%70ayments", Some("spelled")),
+        ("/v1//payments", None),
+    ] {
+        let refused = svc.clone().oneshot(post(path, key)).await.expect("answer");
+        let (parts, problem) = read(refused).await;
+        assert_eq!(parts.status, StatusCode::BAD_REQUEST, "{path}");
+        assert!(
+            String::from_utf8_lossy(&problem).contains("request-path-not-canonical"),
+            "{path}: {problem:?}"
+        );
+    }
+    assert!(
+        forwarded.lock().expect("paths").is_empty(),
+        "nothing forwarded"
+    );
+    let listed = idem::ListRecords::list(&*store, &idem::ListFilter::default())
+        .await
+        .expect("list");
+    assert!(listed.records.is_empty(), "nothing recorded");
+    for path in ["/v1/payments", "/v1//orders/42/capture"] {
+        let served = svc
+            .clone()
+            .oneshot(post(path, Some("spelled")))
+            .await
+            .expect("answer");
+        assert_eq!(served.status(), StatusCode::CREATED, "{path}");
+    }
+    assert_eq!(
+        *forwarded.lock().expect("paths"),
+        ["/v1/payments", "/v1/orders/42/capture"],
+        "the normal form forwarded"
+    );
+}
+
+/// `with_reconcile_scans`: a record held by another process (its outcome
+/// unknown, its client gone) that no request of this layer ever named is
+/// found by listing the store, looked up through the route's lookup and
+/// settled with its answer, which the client's retry then gets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scans_find_and_settle_a_record_another_process_left_held() {
+    use std::convert::Infallible;
+
+    use idem::reconcile::Schedule;
+    use idem::{ListFilter, ListRecords, RecordState};
+    use idem_http::{Lookup, UpstreamOutcome};
+    use tower::{Layer, ServiceExt};
+
+    let charges = Counter::default();
+    let inner = tower::service_fn({
+        let charges = charges.clone();
+        move |req: http::Request<Full<Bytes>>| {
+            let charges = charges.clone();
+            async move {
+                let path = req.uri().path().to_owned();
+                let resp = if req.method() == Method::POST {
+                    // Charged, and the answer lost after sending.
+                    charges.0.fetch_add(1, Ordering::SeqCst);
+                    let mut r = http::Response::new(Full::new(Bytes::new()));
+                    *r.status_mut() = StatusCode::BAD_GATEWAY;
+                    r.extensions_mut().insert(UpstreamOutcome::MaybeSent);
+                    r
+                } else if path == "/v1/payments/by-key/orphan-1" {
+                    http::Response::new(Full::new(Bytes::from("charge 1")))
+                } else {
+                    let mut r = http::Response::new(Full::new(Bytes::new()));
+                    *r.status_mut() = StatusCode::NOT_FOUND;
+                    r
+                };
+                Ok::<_, Infallible>(resp)
+            }
+        }
+    });
+    let store = Arc::new(MemoryStore::new());
+    let tenant = || TenantSource::Single("acme".to_owned());
+    let request = || {
+        http::Request::post("/v1/payments")
+            .header(JSON.0, JSON.1)
+            .header("idempotency-key", "orphan-1")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .expect("request")
+    };
+    // The process that died: no lookup, its record held (with a short
+    // lease, which lapses before anyone else may settle the record).
+    let short_lease = Routes::default()
+        .route(
+            Method::POST,
+            "/v1/payments",
+            RoutePolicy::default()
+                .with_engine(Policy::default().with_lease(Duration::from_millis(200))),
+        )
+        .expect("routes");
+    let gone = IdempotencyLayer::from_arc(Arc::clone(&store))
+        .with_routes(short_lease)
+        .with_tenant(tenant())
+        .layer(inner.clone());
+    let lost = gone.oneshot(request()).await.expect("answer");
+    assert_eq!(lost.status(), StatusCode::BAD_GATEWAY);
+    let processing = ListFilter {
+        state: Some(RecordState::Processing),
+        limit: 10,
+        ..ListFilter::default()
+    };
+    let held = store.list(&processing).await.expect("list").records;
+    assert!(held.len() == 1 && held[0].is_outcome_unknown(), "{held:?}");
+
+    let lookup = Lookup::new(Method::GET, "/v1/payments/by-key/{key}")
+        .expect("lookup")
+        .with_status(StatusCode::CREATED)
+        .with_schedule(Schedule::default().with_first(Duration::from_millis(50)));
+    let routes = Routes::default()
+        .route(
+            Method::POST,
+            "/v1/payments",
+            RoutePolicy::default().with_lookup(lookup),
+        )
+        .expect("routes");
+    let svc = IdempotencyLayer::from_arc(Arc::clone(&store))
+        .with_routes(routes)
+        .with_tenant(tenant())
+        .with_reconcile_scans(Some(Duration::from_millis(50)))
+        .layer(inner);
+    // Lookups reach the inner service from the layer's first request on:
+    // one that has nothing to do with the held record.
+    let unrelated = svc
+        .clone()
+        .oneshot(
+            http::Request::get("/v1/health")
+                .body(Full::new(Bytes::new()))
+                .expect("request"),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(unrelated.status(), StatusCode::NOT_FOUND);
+    let completed = ListFilter {
+        state: Some(RecordState::Completed),
+        limit: 10,
+        ..ListFilter::default()
+    };
+    eventually("a scan finds and settles the held record", async || {
+        store.list(&completed).await.expect("list").records.len() == 1
+    })
+    .await;
+    let (parts, body) = read(svc.oneshot(request()).await.expect("answer")).await;
+    assert_eq!(parts.status, StatusCode::CREATED);
+    assert_eq!(parts.headers["idempotent-replayed"], "true");
+    assert_eq!(&body[..], b"charge 1");
+    assert_eq!(charges.get(), 1, "charged once");
+}

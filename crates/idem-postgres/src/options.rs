@@ -555,4 +555,114 @@ mod tests {
             assert!(!err.contains("s3cret"), "{err}");
         }
     }
+
+    /// An operation of the tests' own for a [`batch::Batcher`], on record `n`.
+    struct Op(batch::RecordId);
+
+    impl batch::Batched for Op {
+        fn record(&self) -> &batch::RecordId {
+            &self.0
+        }
+    }
+
+    fn op(n: usize) -> Op {
+        Op(("t".to_owned(), "op".to_owned(), format!("k-{n}")))
+    }
+
+    /// Polls `fut` once, with a waker that does nothing: a later `.await`
+    /// polls it again with a real one.
+    fn poll_once<F: std::future::Future + Unpin>(fut: &mut F) -> std::task::Poll<F::Output> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        std::pin::Pin::new(fut).poll(&mut cx)
+    }
+
+    /// `with_group_commit_in_flight(3)` and `with_group_commit_max(2)` are
+    /// their URL options, and bound the store's collector: three operations
+    /// at once run alone, each holding a slot; with every slot busy the
+    /// next ones queue, and run in statements of at most two once slots
+    /// free.
+    #[tokio::test]
+    async fn group_commit_settings_bound_the_slots_and_the_statements() {
+        let built = PgOptions::from_url("postgres://db/idem")
+            .expect("valid")
+            .with_group_commit_max(2)
+            .with_group_commit_in_flight(3);
+        let group = built.group().expect("group commit is on");
+        let pool =
+            sqlx::postgres::PgPoolOptions::new().connect_lazy_with(built.connect_options().clone());
+        let statements = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let batcher = batch::Batcher::start(
+            crate::conns::Conns::new(pool, None, 0),
+            group,
+            std::sync::Arc::default(),
+            {
+                let statements = std::sync::Arc::clone(&statements);
+                move |_conns, ops: Vec<Op>| {
+                    statements.lock().expect("statements").push(ops.len());
+                    std::future::ready(Ok(vec![(); ops.len()]))
+                }
+            },
+        );
+        let mut slots = Vec::new();
+        for n in 0..3 {
+            let mut turn = Box::pin(batcher.turn(|| op(n)));
+            match poll_once(&mut turn) {
+                std::task::Poll::Ready(Ok(batch::Answer::Alone(Some(slot)))) => slots.push(slot),
+                std::task::Poll::Ready(_) => panic!("operation {n}: not alone in a slot"),
+                std::task::Poll::Pending => panic!("operation {n} of 3 found no free slot"),
+            }
+        }
+        let mut queued: Vec<_> = (3..8)
+            .map(|n| Box::pin(batcher.turn(move || op(n))))
+            .collect();
+        for turn in &mut queued {
+            assert!(poll_once(turn).is_pending(), "every slot is busy: queued");
+        }
+        drop(slots);
+        for turn in queued {
+            assert!(
+                matches!(turn.await, Ok(batch::Answer::Done(()))),
+                "run in a grouped statement"
+            );
+        }
+        let statements = statements.lock().expect("statements").clone();
+        assert_eq!(statements.iter().sum::<usize>(), 5, "{statements:?}");
+        assert!(statements.iter().all(|&n| n <= 2), "{statements:?}");
+        let from_url =
+            PgOptions::from_url("postgres://db/idem?group_commit_max=2&group_commit_in_flight=3")
+                .expect("valid");
+        assert_eq!(Some(group), from_url.group());
+    }
+
+    /// Options the store refuses, at parsing and at connect (before any
+    /// connection is tried): a group of 0 operations or 0 statements at
+    /// once, and more connections kept open than the pool has.
+    #[tokio::test]
+    async fn group_commit_and_min_connections_bounds_are_enforced() {
+        let base =
+            PgOptions::from_url("postgres://127.0.0.1:1/idem?max_connections=4").expect("valid");
+        assert!(base.clone().with_min_connections(4).validate().is_ok());
+        for (opts, needle) in [
+            (base.clone().with_group_commit_max(0), "at least 1"),
+            (base.clone().with_group_commit_in_flight(0), "at least 1"),
+            (
+                base.clone().with_min_connections(5),
+                "min_connections (5) exceeds",
+            ),
+        ] {
+            let err = opts.validate().expect_err(needle);
+            assert!(err.contains(needle), "{err}");
+            let refused = crate::PgStore::connect_with(opts).await.expect_err(needle);
+            assert!(
+                matches!(&refused, PgError::Url { reason, .. } if reason.contains(needle)),
+                "{refused}"
+            );
+        }
+        assert_eq!(
+            base.clone().with_min_connections(3).min_connections(),
+            PgOptions::from_url("postgres://127.0.0.1:1/idem?max_connections=4&min_connections=3")
+                .expect("valid")
+                .min_connections()
+        );
+    }
 }

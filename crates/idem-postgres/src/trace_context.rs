@@ -395,4 +395,64 @@ mod tests {
         assert_eq!(back, cx);
         assert_eq!(TraceContext::of_span(&tracing::Span::none()), None);
     }
+
+    /// `set_as_parent_of`: a span set as this context's child before it
+    /// starts continues the remote trace (its trace id, this context's span
+    /// as its parent); a span left alone starts a trace of its own.
+    #[cfg(feature = "otel")]
+    #[test]
+    fn a_span_set_as_a_child_continues_the_remote_trace() {
+        use std::sync::{Arc, Mutex};
+
+        use opentelemetry::trace::TracerProvider as _;
+        use opentelemetry_sdk::error::OTelSdkResult;
+        use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
+        use tracing_subscriber::layer::SubscriberExt as _;
+
+        /// Keeps the spans it is given.
+        #[derive(Debug)]
+        struct Keep(Arc<Mutex<Vec<SpanData>>>);
+
+        impl SpanExporter for Keep {
+            fn export(
+                &self,
+                batch: Vec<SpanData>,
+            ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
+                self.0.lock().expect("spans").extend(batch);
+                std::future::ready(Ok(()))
+            }
+        }
+
+        let finished = Arc::new(Mutex::new(Vec::new()));
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(Keep(Arc::clone(&finished)))
+            .build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("idem-test")));
+        let cx = TraceContext::new(GOOD, Some("rojo=00f067aa0ba902b7")).expect("valid");
+        tracing::subscriber::with_default(subscriber, || {
+            let child = tracing::info_span!("continued");
+            cx.set_as_parent_of(&child);
+            let seen = TraceContext::of_span(&child).expect("an OpenTelemetry span");
+            assert_eq!(seen.trace_id(), cx.trace_id());
+            assert_ne!(seen.span_id(), cx.span_id(), "a span of its own");
+            child.in_scope(|| {});
+            drop(child);
+            let alone = tracing::info_span!("alone");
+            alone.in_scope(|| {});
+        });
+        let finished = finished.lock().expect("spans");
+        let span = |name: &str| {
+            finished
+                .iter()
+                .find(|s| s.name == name)
+                .unwrap_or_else(|| panic!("{name} exported: {finished:?}"))
+        };
+        let continued = span("continued");
+        assert_eq!(continued.span_context.trace_id().to_string(), cx.trace_id());
+        assert_eq!(continued.parent_span_id.to_string(), cx.span_id());
+        let alone = span("alone");
+        assert_ne!(alone.span_context.trace_id().to_string(), cx.trace_id());
+        assert_ne!(alone.parent_span_id.to_string(), cx.span_id());
+    }
 }

@@ -237,4 +237,96 @@ mod tests {
             assert!(err.contains(needle), "{url}: {err}");
         }
     }
+
+    /// A store opened with `opts` on `idem.db` in `dir`.
+    fn open(dir: &tempfile::TempDir, opts: SqliteOptions) -> crate::SqliteStore {
+        assert_eq!(opts.path(), dir.path().join("idem.db"));
+        crate::SqliteStore::open_with(opts).expect("open")
+    }
+
+    fn url(dir: &tempfile::TempDir, query: &str) -> String {
+        format!("sqlite://{}?{query}", dir.path().join("idem.db").display())
+    }
+
+    /// `with_readers(n)` is `?readers=n`, and the store opens that many
+    /// reader connections, each with a permit to use it; 0 counts as 1.
+    #[test]
+    fn with_readers_opens_that_many_reader_connections() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let base = || SqliteOptions::new(dir.path().join("idem.db"));
+        for (n, opened) in [(1, 1), (3, 3), (0, 1)] {
+            let store = open(&dir, base().with_readers(n));
+            let connections = crate::lock(&store.readers).len();
+            let permits = store.reader_slots.available_permits();
+            assert_eq!(
+                (connections, permits),
+                (opened, opened),
+                "with_readers({n})"
+            );
+        }
+        assert_eq!(
+            base().with_readers(3),
+            SqliteOptions::from_url(&url(&dir, "readers=3")).expect("valid")
+        );
+    }
+
+    /// `PRAGMA synchronous` of the store's connection, read on the writer
+    /// (where commits happen) and on a reader.
+    async fn synchronous_pragma(store: &crate::SqliteStore) -> (i64, i64) {
+        let pragma = |conn: &rusqlite::Connection| {
+            conn.pragma_query_value(None, "synchronous", |row| row.get::<_, i64>(0))
+        };
+        let writer = store
+            .write(move |conn, _| pragma(conn).map_err(crate::to_store))
+            .await
+            .expect("writer");
+        let reader = store
+            .read(move |conn| Ok(pragma(conn)?))
+            .await
+            .expect("reader");
+        (writer, reader)
+    }
+
+    /// `with_synchronous` is `?synchronous=`, and sets `PRAGMA synchronous`
+    /// on every connection: NORMAL (1) or FULL (2, the default).
+    #[tokio::test]
+    async fn with_synchronous_sets_the_pragma_on_the_writer_and_readers() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let base = || SqliteOptions::new(dir.path().join("idem.db"));
+        for (synchronous, pragma) in [(Synchronous::Normal, 1), (Synchronous::Full, 2)] {
+            let store = open(&dir, base().with_synchronous(synchronous));
+            assert_eq!(
+                synchronous_pragma(&store).await,
+                (pragma, pragma),
+                "{synchronous:?}"
+            );
+        }
+        assert_eq!(
+            base().with_synchronous(Synchronous::Normal),
+            SqliteOptions::from_url(&url(&dir, "synchronous=normal")).expect("valid")
+        );
+        assert_eq!(
+            base().with_synchronous(Synchronous::Full),
+            SqliteOptions::from_url(&url(&dir, "synchronous=full")).expect("valid")
+        );
+    }
+
+    /// `with_queue(n)`: n operations fit in the writer's queue, the next
+    /// caller waits for room; 0 counts as 1. (No URL option sets it.)
+    #[tokio::test]
+    async fn with_queue_bounds_the_operations_waiting_for_the_writer() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for (n, room) in [(3, 3), (1, 1), (0, 1)] {
+            let store = open(
+                &dir,
+                SqliteOptions::new(dir.path().join("idem.db")).with_queue(n),
+            );
+            let writer = store.writer.as_ref().expect("running");
+            assert_eq!(writer.max_capacity(), room, "with_queue({n})");
+            // Places taken, not sent: the writer never sees them.
+            let taken: Vec<_> = std::iter::from_fn(|| writer.try_reserve().ok()).collect();
+            assert_eq!(taken.len(), room, "with_queue({n})");
+            drop(taken);
+        }
+    }
 }

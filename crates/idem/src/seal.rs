@@ -627,4 +627,91 @@ mod tests {
             &b"{\"charge\":\"ch_1\"}"[..]
         );
     }
+
+    /// A reservation of `k` by a fresh owner, the same request each time.
+    fn request<'a>(s: &'a Scope, k: &'a IdempotencyKey) -> ReserveRequest<'a> {
+        let policy = Policy::default();
+        ReserveRequest {
+            scope: s,
+            key: k,
+            fingerprint: fp(b"request"),
+            owner: OwnerToken::random(),
+            lease: policy.lease,
+            retention: policy.retention,
+            on_lease_expiry: policy.on_lease_expiry,
+        }
+    }
+
+    /// Records `body` as the answer to `k` through `store`.
+    async fn complete(store: &impl Store, k: &IdempotencyKey, body: &'static str) {
+        let s = scope();
+        let Reservation::Acquired(lease) = store.reserve(request(&s, k)).await.expect("reserve")
+        else {
+            panic!("acquired");
+        };
+        let outcome = FinalOutcome {
+            verdict: Verdict::Completed,
+            response: StoredResponse::new(201, body),
+            resource_id: None,
+            error_code: None,
+            retention: Duration::from_secs(60),
+        };
+        store
+            .resolve(&s, k, &lease, &outcome)
+            .await
+            .expect("resolve");
+    }
+
+    /// `with_require_sealed(true)`: a final record whose body is not sealed
+    /// (written into the store by someone else) is refused as corrupt on
+    /// every way it is read (get, a retry's replay, listing), never
+    /// replayed; `false`, as by default, it is read as it is. A sealed
+    /// record opens either way.
+    #[tokio::test]
+    async fn require_sealed_refuses_a_clear_answer_wherever_it_is_read() {
+        let inner = Arc::new(MemoryStore::new());
+        let keys = Arc::new(SealKeys::parse(K1).expect("keys"));
+        let (s, clear, sealed) = (scope(), key("clear"), key("sealed"));
+        complete(&inner, &clear, "clear body").await;
+        complete(
+            &Sealed::new(Arc::clone(&inner), Arc::clone(&keys)),
+            &sealed,
+            "sealed body",
+        )
+        .await;
+        let body = |record: Option<Record>| record.and_then(|r| r.response).map(|r| r.body);
+        let every = ListFilter {
+            limit: 10,
+            ..ListFilter::default()
+        };
+        for require in [false, true] {
+            let store =
+                Sealed::new(Arc::clone(&inner), Arc::clone(&keys)).with_require_sealed(require);
+            let opened = store.get(&s, &sealed).await.expect("get");
+            assert_eq!(body(opened).as_deref(), Some(&b"sealed body"[..]));
+            let got = store.get(&s, &clear).await;
+            let replayed = store.reserve(request(&s, &clear)).await;
+            let listed = store.list(&every).await;
+            if require {
+                assert!(matches!(got, Err(StoreError::Corrupt(_))), "{got:?}");
+                assert!(
+                    matches!(replayed, Err(StoreError::Corrupt(_))),
+                    "{replayed:?}"
+                );
+                assert!(matches!(listed, Err(StoreError::Corrupt(_))), "{listed:?}");
+            } else {
+                let got = got.expect("get");
+                assert_eq!(body(got).as_deref(), Some(&b"clear body"[..]));
+                let Ok(Reservation::Existing(record)) = replayed else {
+                    panic!("a replay: {replayed:?}");
+                };
+                assert_eq!(body(Some(*record)).as_deref(), Some(&b"clear body"[..]));
+                assert_eq!(listed.expect("list").records.len(), 2);
+            }
+        }
+        assert!(
+            !Sealed::new(Arc::clone(&inner), keys).require_sealed,
+            "off by default"
+        );
+    }
 }

@@ -350,4 +350,72 @@ mod tests {
             );
         }
     }
+
+    /// The headers the upstream got for a request with a forwarding chain
+    /// of its own (`X-Forwarded-For` and `Forwarded`), from `peer`,
+    /// through `proxy`.
+    async fn as_forwarded(
+        up: &idem_testkit::upstream::CountingUpstream,
+        mut proxy: Proxy,
+        peer: &str,
+    ) -> HeaderMap {
+        let req = Request::post("/v1/public")
+            .header(X_FORWARDED_FOR, "6.6.6.6")
+            .header(http::header::FORWARDED, "for=6.6.6.6")
+            .extension(PeerAddr(peer.parse().expect("peer address")))
+            .body(ProxyBody::from(bytes::Bytes::from_static(b"{}")))
+            .expect("request");
+        let Ok(resp) = proxy.call(req).await;
+        assert_eq!(resp.status(), http::StatusCode::CREATED);
+        up.last_headers().expect("a request reached the upstream")
+    }
+
+    /// `with_trusted_proxies`: from a peer in the nets given (compared by
+    /// canonical address, an IPv4-mapped one too), the request's own
+    /// `X-Forwarded-For` and `Forwarded` go on, the peer appended to the
+    /// chain; from any other peer, or with no trusted proxy, they are
+    /// removed and the chain is the peer alone.
+    #[tokio::test]
+    async fn forwarding_headers_go_on_only_from_trusted_proxies() {
+        let up = idem_testkit::upstream::CountingUpstream::start().await;
+        let upstream: Uri = up.url().parse().expect("upstream URI");
+        let proxy = || Proxy::new(&upstream, None, Duration::from_secs(10));
+        let nets = |net: &str| -> Vec<IpNet> { vec![net.parse().expect("net")] };
+        for (proxy, peer, chain, forwarded) in [
+            (
+                proxy().with_trusted_proxies(&nets("127.0.0.0/8")),
+                "127.0.0.1:4000",
+                &["6.6.6.6", "127.0.0.1"][..],
+                Some("for=6.6.6.6"),
+            ),
+            (
+                proxy().with_trusted_proxies(&nets("127.0.0.0/8")),
+                "[::ffff:127.0.0.1]:4000",
+                &["6.6.6.6", "::ffff:127.0.0.1"][..],
+                Some("for=6.6.6.6"),
+            ),
+            (
+                proxy().with_trusted_proxies(&nets("10.0.0.0/8")),
+                "127.0.0.1:4000",
+                &["127.0.0.1"][..],
+                None,
+            ),
+            (proxy(), "127.0.0.1:4000", &["127.0.0.1"][..], None),
+        ] {
+            let trusted = format!("{:?}", proxy.trusted);
+            let seen = as_forwarded(&up, proxy, peer).await;
+            let got: Vec<_> = seen
+                .get_all(X_FORWARDED_FOR)
+                .iter()
+                .map(|v| v.to_str().expect("ascii"))
+                .collect();
+            assert_eq!(got, chain, "{peer} through {trusted}");
+            assert_eq!(
+                seen.get(http::header::FORWARDED)
+                    .map(|v| v.to_str().expect("ascii")),
+                forwarded,
+                "{peer} through {trusted}"
+            );
+        }
+    }
 }

@@ -543,4 +543,61 @@ mod tests {
         conn.write_all(&[0; 1024]).await.expect("taken bit by bit");
         assert_eq!(reader.await.expect("reader"), 1024);
     }
+
+    /// Reads from `conn` until it fails, or for an hour of the paused
+    /// clock: `None` when it was still open then.
+    async fn read_error<S: tokio::io::AsyncRead + Unpin>(
+        conn: &mut Deadlines<S>,
+    ) -> Option<std::io::Error> {
+        let mut buf = [0; 16];
+        match tokio::time::timeout(Duration::from_secs(3600), conn.read(&mut buf)).await {
+            Ok(Err(err)) => Some(err),
+            Ok(Ok(n)) => panic!("read {n} bytes from a client that sent none"),
+            Err(_still_open) => None,
+        }
+    }
+
+    /// `with_idle(activity, after)`: the connection is closed once the
+    /// activity it is given has had nothing in flight for `after`, or an
+    /// answer that has waited that long for the client; a request in
+    /// flight whose answer is not waiting keeps it open. Without it, only
+    /// the first-bytes deadline applies.
+    #[tokio::test(start_paused = true)]
+    async fn with_idle_closes_a_connection_idle_or_stalled_on_its_activity() {
+        let after = Duration::from_secs(30);
+        let (near, _far) = tokio::io::duplex(64);
+        let mut idle = Deadlines::new(near, None).with_idle(Activity::new(), after);
+        let err = read_error(&mut idle).await.expect("closed when idle");
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert!(err.to_string().contains("no request"), "{err}");
+
+        let activity = Activity::new();
+        let (near, _far) = tokio::io::duplex(64);
+        let mut busy = Deadlines::new(near, None).with_idle(Arc::clone(&activity), after);
+        let running = activity.start();
+        assert!(read_error(&mut busy).await.is_none(), "a request runs");
+        let _answer = Tracked::new(Full::new(Bytes::from_static(b"answer")), Some(running));
+        let err = read_error(&mut busy).await.expect("closed when stalled");
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert!(err.to_string().contains("took nothing"), "{err}");
+
+        let (near, _far) = tokio::io::duplex(64);
+        let mut stalled = Deadlines::new(near, None).with_idle(Activity::new(), after);
+        let err = stalled
+            .write_all(&[0; 1024])
+            .await
+            .expect_err("the client takes nothing");
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+
+        let (near, _far) = tokio::io::duplex(64);
+        let mut plain = Deadlines::new(near, None);
+        assert!(read_error(&mut plain).await.is_none(), "no idle deadline");
+        let write = plain.write_all(&[0; 1024]);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(3600), write)
+                .await
+                .is_err(),
+            "no write deadline"
+        );
+    }
 }

@@ -666,3 +666,66 @@ async fn a_store_from_a_pool_asks_whether_autovacuum_runs() {
     store.close().await;
     isolated.drop_schema().await;
 }
+
+/// `with_group_commit_in_flight(3)`: three reservations run at once, each
+/// alone on a connection of its own (here each waits on a row another
+/// transaction holds uncommitted); with those three slots busy, the next
+/// reservation queues, and runs as a grouped statement once slots free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_commit_in_flight_is_how_many_statements_of_a_kind_run_at_once() {
+    let Some(opts) = common::options() else {
+        return;
+    };
+    let store = Arc::new(
+        PgStore::connect_with(opts.with_group_commit_in_flight(3))
+            .await
+            .expect("connect"),
+    );
+    let scope = idem_testkit::conformance::unique_scope("pg-in-flight");
+    // Keys reserved in transactions left open: a reservation of one waits
+    // until its transaction ends.
+    let mut holders = Vec::new();
+    for n in 0..3 {
+        let mut tx = store.pool().begin().await.expect("begin");
+        let held = store
+            .reserve_in(&mut tx, request(&scope, &key(n)))
+            .await
+            .expect("reserve_in");
+        assert!(matches!(held, Reservation::Acquired(_)), "{held:?}");
+        holders.push(tx);
+    }
+    let mut blocked = JoinSet::new();
+    for n in 0..3 {
+        let (store, scope) = (Arc::clone(&store), scope.clone());
+        blocked.spawn(async move { store.reserve(request(&scope, &key(n))).await });
+    }
+    idem_testkit::wait::eventually("three reservations running alone at once", async || {
+        store.group_commit_stats().alone == 3
+    })
+    .await;
+    let fourth_key = key(3);
+    let mut fourth = Box::pin(store.reserve(request(&scope, &fourth_key)));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(
+        fourth.as_mut().poll(&mut cx).is_pending(),
+        "every slot is busy: the fourth queues"
+    );
+    for tx in holders {
+        tx.commit().await.expect("commit");
+    }
+    while let Some(joined) = blocked.join_next().await {
+        let reserved = joined.expect("task").expect("reserve");
+        assert!(
+            matches!(reserved, Reservation::InProgress { .. }),
+            "{reserved:?}"
+        );
+    }
+    let reserved = fourth.await.expect("reserve");
+    assert!(matches!(reserved, Reservation::Acquired(_)), "{reserved:?}");
+    let stats = store.group_commit_stats();
+    assert_eq!(
+        (stats.alone, stats.statements, stats.operations),
+        (3, 1, 1),
+        "{stats:?}"
+    );
+}

@@ -10,5 +10,6 @@ mod durability;
 mod group_commit;
 mod list_plans;
 mod messaging;
+mod pool;
 mod relay_queries;
 mod transaction;

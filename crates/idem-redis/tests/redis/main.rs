@@ -6,4 +6,5 @@ mod behaviour;
 mod cluster;
 mod common;
 mod conformance;
+mod options;
 mod tiered;
