@@ -54,8 +54,8 @@ async fn min_replicas_is_how_many_copies_a_write_waits_for() {
             .min_replicas()
     );
     for (min_replicas, acknowledged) in [(replicas + 1, false), (replicas, true)] {
-        let opts = common::options_for(&asking)
-            .expect("options")
+        let (opts, _prefix) = common::options_for(&asking);
+        let opts = opts
             .with_min_replicas(min_replicas)
             .with_replica_wait(Duration::from_millis(100));
         let store = RedisStore::connect_with(opts).await.expect("connect");
@@ -101,9 +101,8 @@ async fn a_command_waits_for_its_answer_as_long_as_the_response_timeout() {
         (Duration::from_millis(100), false),
         (Duration::from_secs(30), true),
     ] {
-        let opts = common::options_for(&through)
-            .expect("options")
-            .with_response_timeout(timeout);
+        let (opts, _prefix) = common::options_for(&through);
+        let opts = opts.with_response_timeout(timeout);
         let store = RedisStore::connect_with(opts).await.expect("connect");
         assert!(store.get(&scope, &k).await.expect("get").is_none());
         link.set_latency(Duration::from_millis(400), Duration::ZERO);
@@ -134,9 +133,8 @@ async fn reconnect_retries_carry_a_command_over_a_short_outage() {
     let k = suite::key("outage");
     for (retries, carried) in [(0, false), (10, true)] {
         let link = FaultProxy::start(services::socket_addr(&url)).await;
-        let opts = common::options_for(&services::via(&url, link.addr(), ""))
-            .expect("options")
-            .with_reconnect_retries(retries);
+        let (opts, _prefix) = common::options_for(&services::via(&url, link.addr(), ""));
+        let opts = opts.with_reconnect_retries(retries);
         let store = RedisStore::connect_with(opts).await.expect("connect");
         assert!(store.get(&scope, &k).await.expect("get").is_none());
         link.cut();
