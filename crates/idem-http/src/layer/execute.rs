@@ -1,6 +1,7 @@
 //! The record's owner runs the work, detached from the client, and records
 //! the answer as the route's policy says.
 
+use super::held::{Handoff, held_as_unknown, log_recording, unknown};
 use super::*;
 
 /// Runs the work as the record's owner, detached from the caller.
@@ -151,17 +152,6 @@ where
                 Ok(problem(answer, Decision::OutcomeUnknown))
             }
         }
-    }
-}
-
-pub(super) fn log_recording(
-    scope: &Scope,
-    key: &idem::IdempotencyKey,
-    what: &str,
-    result: Result<(), idem::StoreError>,
-) {
-    if let Err(err) = result {
-        tracing::error!(reason = "idempotency_record_failed", tenant = scope.tenant(), operation = scope.operation(), %key, %err, what);
     }
 }
 

@@ -1,6 +1,13 @@
 //! The request flow: route the request, judge it, ask the engine, and act
 //! on its answer.
 
+use super::execute::execute;
+use super::held::{held, lookup_sender};
+use super::incoming::{
+    Received, connection_names_what_was_read, forward_as_judged, key_in_body, missing_key,
+    pass_through, read_body, remove_untrusted, spelled_as_judged,
+};
+use super::replay::replayed;
 use super::*;
 
 impl<S: Store, T: TenantExtractor> Shared<S, T> {

@@ -186,3 +186,14 @@ where
 
 /// The largest lookup answer recorded as a held record's answer.
 pub const LOOKUP_BODY_LIMIT: usize = 1024 * 1024;
+
+pub(super) fn log_recording(
+    scope: &Scope,
+    key: &idem::IdempotencyKey,
+    what: &str,
+    result: Result<(), idem::StoreError>,
+) {
+    if let Err(err) = result {
+        tracing::error!(reason = "idempotency_record_failed", tenant = scope.tenant(), operation = scope.operation(), %key, %err, what);
+    }
+}

@@ -385,8 +385,4 @@ mod replay;
 #[cfg(test)]
 mod tests;
 
-use execute::*;
 pub use held::LOOKUP_BODY_LIMIT;
-use held::*;
-use incoming::*;
-use replay::*;

@@ -1,6 +1,7 @@
 //! The layer's own pieces: what a stored answer keeps, and how a replay
 //! is rebuilt.
 
+use super::replay::replayed;
 use super::*;
 
 #[test]

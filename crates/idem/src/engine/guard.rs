@@ -9,9 +9,32 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use super::waiters::Waiters;
-use super::{Engine, RecordError};
 use crate::store::{FinalOutcome, Store, StoreError, Verdict};
 use crate::{IdempotencyKey, Lease, Policy, Resolution, Scope, StoredResponse};
+
+/// Why a finished attempt's answer was not recorded. The work **was done**:
+/// callers still return its answer to their client.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecordError {
+    /// Another attempt took the lease over before this one finished (the
+    /// work ran longer than its lease without a heartbeat), or the record
+    /// was released by an operator.
+    #[error("lease lost before the answer could be recorded")]
+    LeaseLost,
+    /// The store kept failing; the record was marked
+    /// [`OUTCOME_UNKNOWN`](crate::OUTCOME_UNKNOWN) if `marked_unknown`.
+    #[error(
+        "the answer could not be recorded (record marked outcome_unknown: {marked_unknown}): {source}"
+    )]
+    NotRecorded {
+        /// Whether the record now says `outcome_unknown`.
+        marked_unknown: bool,
+        /// The last store error.
+        #[source]
+        source: StoreError,
+    },
+}
 
 /// Why an attempt runs work again (see [`Guard::rerun`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,14 +129,16 @@ const RECORD_MAX_PAUSE: Duration = Duration::from_millis(500);
 
 impl<S: Store> Guard<S> {
     pub(super) fn new(
-        engine: &Engine<S>,
+        store: Arc<S>,
+        policy: Arc<Policy>,
+        waiters: Arc<Waiters>,
         scope: &Scope,
         key: &IdempotencyKey,
         lease: Lease,
     ) -> Self {
         Self {
-            store: Arc::clone(&engine.store),
-            policy: Arc::clone(&engine.policy),
+            store,
+            policy,
             scope: scope.clone(),
             key: key.clone(),
             lease,
@@ -121,7 +146,7 @@ impl<S: Store> Guard<S> {
             error_code: None,
             heartbeat: None,
             rerun: None,
-            waiters: Arc::clone(&engine.waiters),
+            waiters,
         }
     }
 

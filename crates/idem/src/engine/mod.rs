@@ -40,7 +40,7 @@ mod guard;
 mod unacked;
 mod waiters;
 
-pub use guard::{Guard, Rerun, RerunReason};
+pub use guard::{Guard, RecordError, Rerun, RerunReason};
 use unacked::{
     UNACKED_FIRST_PAUSE, UNACKED_MIN_WATCH, UNACKED_QUEUE, UNACKED_SETTLE, Unacked, release_unacked,
 };
@@ -180,30 +180,6 @@ pub enum EngineError {
     Store(#[from] StoreError),
 }
 
-/// Why a finished attempt's answer was not recorded. The work **was done**:
-/// callers still return its answer to their client.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RecordError {
-    /// Another attempt took the lease over before this one finished (the
-    /// work ran longer than its lease without a heartbeat), or the record
-    /// was released by an operator.
-    #[error("lease lost before the answer could be recorded")]
-    LeaseLost,
-    /// The store kept failing; the record was marked
-    /// [`OUTCOME_UNKNOWN`](crate::OUTCOME_UNKNOWN) if `marked_unknown`.
-    #[error(
-        "the answer could not be recorded (record marked outcome_unknown: {marked_unknown}): {source}"
-    )]
-    NotRecorded {
-        /// Whether the record now says `outcome_unknown`.
-        marked_unknown: bool,
-        /// The last store error.
-        #[source]
-        source: StoreError,
-    },
-}
-
 impl<S: Store> Engine<S> {
     /// An engine over `store` with the default [`Policy`].
     pub fn new(store: S) -> Self {
@@ -296,7 +272,14 @@ impl<S: Store> Engine<S> {
             match reservation {
                 Reservation::Acquired(lease) => {
                     tracing::debug!(reason = "idempotency_execute", tenant = scope.tenant(), operation = scope.operation(), %key, attempt = lease.attempt);
-                    let mut guard = Guard::new(self, scope, key, lease);
+                    let mut guard = Guard::new(
+                        Arc::clone(&self.store),
+                        Arc::clone(&self.policy),
+                        Arc::clone(&self.waiters),
+                        scope,
+                        key,
+                        lease,
+                    );
                     if lease.attempt > 1 {
                         guard.rerun = Some(self.rerun(scope, key, lease.attempt).await);
                     }
