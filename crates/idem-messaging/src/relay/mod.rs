@@ -62,7 +62,7 @@
 //! context, so the consumer's span becomes the publish's child; otherwise
 //! the row's `traceparent` goes out unchanged. Rows without one are
 //! published without a span. Every broker gets it the same way, in
-//! [`Outgoing::headers`].
+//! [`Outgoing::headers`](crate::Outgoing::headers).
 //!
 //! ## Waking up
 //!
@@ -75,308 +75,36 @@
 //! ran just before the registration and committed after the relay's last
 //! read sends nothing; the fallback poll (`notify_fallback`, 1 s) finds it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use idem_postgres::MessagingError;
 use idem_postgres::outbox::{AggregateKey, HeadsQuery, Outbox, PartitionLocks, PendingRow};
-use idem_postgres::sqlx::postgres::{PgConnectOptions, PgListener};
-use idem_postgres::sqlx::{self, ConnectOptions, Connection, PgConnection, PgPool};
+use idem_postgres::sqlx::postgres::PgConnectOptions;
+use idem_postgres::sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 use tokio::task::JoinSet;
-use tracing::Instrument as _;
-use tracing::field::Empty;
 
-use crate::headers;
-use crate::publisher::{Outgoing, PublishError, Published, Publisher};
-use crate::trace::{TARGET, TraceContext};
+use crate::publisher::Publisher;
+
+mod marker;
+mod options;
+mod publish;
+mod readiness;
+mod wake;
+
+use marker::Marker;
+pub use options::{OnDead, RelayError, RelayOptions, RelayStats};
+use publish::{outgoing, publish};
+pub use readiness::{NotReady, Readiness};
+use wake::Wake;
 
 /// The `application_name` prefix of a relay's lock session (relays of one
 /// outbox count each other by it to share the partitions).
 pub const RELAY_APPLICATION: &str = "idem-relay";
 
-/// What a `dead` row does to the rows after it in its aggregate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnDead {
-    /// Hold them back until the dead row is replayed or discarded
-    /// (order is kept).
-    #[default]
-    Block,
-    /// Publish them anyway (order is broken around the dead row).
-    Skip,
-}
-
-/// How the relay runs.
-#[derive(Debug, Clone)]
-pub struct RelayOptions {
-    /// Subject prefix: `<prefix>.<aggregate_type>.<message_type>`.
-    pub prefix: String,
-    /// Partitions aggregates are hashed into (the unit of ownership).
-    pub partitions: u16,
-    /// Rows read per round.
-    pub batch: usize,
-    /// Rows per aggregate per round.
-    pub per_aggregate: usize,
-    /// Publishes in flight at once (over all aggregates; one per
-    /// aggregate at a time).
-    pub concurrency: usize,
-    /// Attempts before a row becomes `dead`.
-    pub max_attempts: i32,
-    /// First retry delay (doubled per attempt, with jitter).
-    pub backoff: Duration,
-    /// Longest retry delay.
-    pub max_backoff: Duration,
-    /// Pause when a round found nothing and the relay cannot `LISTEN`
-    /// (or `listen` is off).
-    pub idle_poll: Duration,
-    /// Wait for a notification when idle (migration 4's trigger sends one
-    /// per inserting statement while some relay waits).
-    pub listen: bool,
-    /// While listening, how often to look anyway (what a notification can
-    /// miss is found by then).
-    pub notify_fallback: Duration,
-    /// How often partitions are re-balanced between relays.
-    pub rebalance: Duration,
-    /// What a dead row does to its aggregate.
-    pub on_dead: OnDead,
-    /// How long published rows are kept.
-    pub retention: Duration,
-    /// The message-id prefix (`<source>:<row id>`) of rows written before
-    /// schema version 5, which have no random event id: row ids alone
-    /// repeat across outboxes, and a broker de-duplicating by id would drop
-    /// the second outbox's event as a copy of the first's. Newer rows are
-    /// published under their event id, unique whatever the database.
-    /// `None`: the namespace given to [`Relay::new`] (the schema); set it
-    /// when outboxes in different databases share a schema name.
-    pub source: Option<String>,
-}
-
-impl Default for RelayOptions {
-    fn default() -> Self {
-        Self {
-            prefix: "idem".to_owned(),
-            partitions: 16,
-            batch: 5000,
-            per_aggregate: 100,
-            concurrency: 64,
-            max_attempts: 10,
-            backoff: Duration::from_millis(200),
-            max_backoff: Duration::from_secs(30),
-            idle_poll: Duration::from_millis(100),
-            listen: true,
-            notify_fallback: Duration::from_secs(1),
-            rebalance: Duration::from_secs(1),
-            on_dead: OnDead::Block,
-            retention: Duration::from_secs(7 * 24 * 3600),
-            source: None,
-        }
-    }
-}
-
-impl RelayOptions {
-    /// The longest time between a relay publishing a row and another relay
-    /// publishing it again (a crash between the broker's ack and the mark):
-    /// the broker's duplicate window must be longer.
-    pub fn worst_republish_delay(&self) -> Duration {
-        self.rebalance * 2 + self.max_backoff + Duration::from_secs(10)
-    }
-}
-
-/// Why the relay stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum RelayError {
-    /// The database failed in a way retrying will not fix.
-    #[error("outbox database: {0}")]
-    Database(#[from] sqlx::Error),
-}
-
-/// Counts since start (also exported as metrics).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct RelayStats {
-    /// Rows published (acknowledged by the broker; marked in the table
-    /// right after).
-    pub published: u64,
-    /// Of those, ids the broker already had (re-publishes it dropped).
-    pub duplicates: u64,
-    /// Failed publish attempts.
-    pub failures: u64,
-    /// Rows that became dead.
-    pub dead: u64,
-}
-
 /// One round: per aggregate, its rows in sequence order.
 type Batch = Vec<Vec<PendingRow>>;
-
-/// Marks acknowledged rows published in the background, one statement
-/// ([`Outbox::mark_published`]) for whatever piled up meanwhile, so publishing never waits for it. Until
-/// they are marked, an aggregate's acknowledged rows (always the first of
-/// its pending rows) count as gone: reads start after the highest
-/// acknowledged sequence of each aggregate.
-struct Marker {
-    tx: tokio::sync::mpsc::UnboundedSender<Vec<(i64, AggregateKey, i64)>>,
-    through: Arc<Mutex<HashMap<AggregateKey, i64>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Marker {
-    fn start(pool: PgPool) -> Self {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<(i64, AggregateKey, i64)>>();
-        let through = Arc::new(Mutex::new(HashMap::new()));
-        let shared = Arc::clone(&through);
-        let task = tokio::spawn(async move {
-            while let Some(mut rows) = rx.recv().await {
-                while let Ok(more) = rx.try_recv() {
-                    rows.extend(more);
-                }
-                let ids: Vec<i64> = rows.iter().map(|(id, _, _)| *id).collect();
-                let mut tries = 0;
-                loop {
-                    tries += 1;
-                    match Outbox::mark_published(&pool, &ids).await {
-                        Ok(_) => break,
-                        Err(err) if tries >= 3 => {
-                            // Left pending: read again and re-published
-                            // with the same ids, which the broker drops.
-                            tracing::warn!(reason = "relay_mark_failed", rows = ids.len(), %err, "acknowledged rows stay pending and will be published again");
-                            break;
-                        }
-                        Err(_) => tokio::time::sleep(Duration::from_millis(100 * tries)).await,
-                    }
-                }
-                let mut map = shared.lock().unwrap_or_else(|p| p.into_inner());
-                for (_, key, sequence) in rows {
-                    // Unless a later mark of the aggregate is still on
-                    // its way, reads see the table again.
-                    if map.get(&key) == Some(&sequence) {
-                        map.remove(&key);
-                    }
-                }
-            }
-        });
-        Self { tx, through, task }
-    }
-
-    /// Per aggregate, the highest sequence acknowledged and not yet marked.
-    fn through(&self) -> HashMap<AggregateKey, i64> {
-        self.through
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    fn mark(&self, rows: Vec<(i64, AggregateKey, i64)>) {
-        {
-            let mut map = self.through.lock().unwrap_or_else(|p| p.into_inner());
-            for (_, key, sequence) in &rows {
-                let entry = map.entry(key.clone()).or_insert(*sequence);
-                *entry = (*entry).max(*sequence);
-            }
-        }
-        let _ = self.tx.send(rows);
-    }
-
-    /// Marks what is left, then stops.
-    async fn finish(self) {
-        drop(self.tx);
-        let _ = self.task.await;
-    }
-}
-
-/// How an idle relay learns of new rows: a `LISTEN` on `idem_outbox`, with
-/// a registration in `idem_outbox_listeners` that makes inserting
-/// statements notify while it lasts (see migration 4), and a fallback poll
-/// for what a notification can miss (a row whose inserting statement ran
-/// just before the registration and committed just after the last read).
-/// Without a listener, it polls every `idle_poll`.
-struct Wake {
-    listener: Option<PgListener>,
-    id: String,
-    registered: Option<Instant>,
-    idle_poll: Duration,
-    fallback: Duration,
-}
-
-impl Wake {
-    async fn new(pool: &PgPool, options: &RelayOptions) -> Self {
-        let listener = if options.listen {
-            match Outbox::listener(pool).await {
-                Ok(listener) => Some(listener),
-                Err(err) => {
-                    tracing::warn!(reason = "relay_listen_failed", %err, "cannot LISTEN; polling instead");
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        Self {
-            listener,
-            id: format!("{}", idem::OwnerToken::random()),
-            registered: None,
-            idle_poll: options.idle_poll,
-            fallback: options.notify_fallback,
-        }
-    }
-
-    /// Work was found: inserts need not notify for this relay any more.
-    async fn busy(&mut self, pool: &PgPool) {
-        if self.registered.take().is_some() {
-            let _ = Outbox::unregister_listener(pool, &self.id).await;
-        }
-    }
-
-    /// Nothing to publish: waits for a notification, the fallback poll or
-    /// `stop`; returns whether `stop` completed.
-    async fn idle(
-        &mut self,
-        pool: &PgPool,
-        stop: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
-    ) -> bool {
-        let poll = if self.listener.is_some() {
-            self.fallback
-        } else {
-            self.idle_poll
-        };
-        if let Some(listener) = self.listener.as_mut() {
-            if self.registered.is_none_or(|t| t.elapsed() >= self.fallback) {
-                let first = self.registered.is_none();
-                let registered =
-                    Outbox::register_listener(pool, &self.id, self.fallback.saturating_mul(3))
-                        .await;
-                if registered.is_ok() {
-                    self.registered = Some(Instant::now());
-                    if first {
-                        // Read once more: a row committed before the
-                        // registration sent no notification.
-                        return false;
-                    }
-                }
-            }
-            if self.registered.is_some() {
-                return tokio::select! {
-                    biased;
-                    () = stop.as_mut() => true,
-                    got = listener.recv() => {
-                        if let Err(err) = got {
-                            tracing::debug!(%err, "LISTEN connection lost; it reconnects");
-                            tokio::select! {
-                                () = stop.as_mut() => return true,
-                                () = tokio::time::sleep(self.idle_poll) => {}
-                            }
-                        }
-                        false
-                    }
-                    () = tokio::time::sleep(poll) => false,
-                };
-            }
-        }
-        tokio::select! {
-            () = stop.as_mut() => true,
-            () = tokio::time::sleep(self.idle_poll) => false,
-        }
-    }
-}
 
 /// The channel inserting statements notify while a relay waits.
 pub use idem_postgres::outbox::NOTIFY_CHANNEL;
@@ -400,77 +128,6 @@ pub struct Relay<P> {
     cursor: Mutex<Option<(String, String)>>,
     /// The message-id prefix (see [`RelayOptions::source`]).
     source: String,
-}
-
-/// Why a relay cannot do its work right now: which side failed, and how.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum NotReady {
-    /// No round has run yet.
-    Starting,
-    /// The outbox's database failed (the error).
-    Database(String),
-    /// The broker is unreachable or refused (the error).
-    Broker(String),
-}
-
-impl std::fmt::Display for NotReady {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Starting => f.write_str("starting: no round has run yet"),
-            Self::Database(why) => write!(f, "the database is unreachable or failing: {why}"),
-            Self::Broker(why) => write!(f, "the broker is unreachable: {why}"),
-        }
-    }
-}
-
-/// What `/readyz` says while the broker's client has no connection.
-const BROKER_NOT_CONNECTED: &str = "not connected; the client keeps trying to reconnect";
-
-/// A relay's readiness, shared with its `/readyz`: ready after a round
-/// that reached both the database and the broker, and while the broker's
-/// client is connected now, else why not.
-///
-/// The client's link is read when asked, not only after a round: a round
-/// waiting on a lost broker can take the client's whole delivery time-out
-/// to fail, and `/readyz` must not say ready meanwhile.
-pub struct Readiness {
-    /// What the last round found (`None`: both sides answered).
-    last: Mutex<Option<NotReady>>,
-    /// Whether the broker's client is connected now.
-    connected: Box<dyn Fn() -> bool + Send + Sync>,
-}
-
-impl std::fmt::Debug for Readiness {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Readiness")
-            .field("last", &self.last)
-            .field("connected", &(self.connected)())
-            .finish()
-    }
-}
-
-impl Readiness {
-    /// Not ready until a round has run; `connected` reads the link.
-    fn new(connected: impl Fn() -> bool + Send + Sync + 'static) -> Self {
-        Self {
-            last: Mutex::new(Some(NotReady::Starting)),
-            connected: Box::new(connected),
-        }
-    }
-
-    /// `Ok` when ready, else which side failed.
-    pub fn check(&self) -> Result<(), NotReady> {
-        match &*self.last.lock().unwrap_or_else(|p| p.into_inner()) {
-            None if !(self.connected)() => Err(NotReady::Broker(BROKER_NOT_CONNECTED.to_owned())),
-            None => Ok(()),
-            Some(why) => Err(why.clone()),
-        }
-    }
-
-    fn set(&self, state: Option<NotReady>) {
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = state;
-    }
 }
 
 impl<P: Publisher> Relay<P> {
@@ -898,109 +555,9 @@ async fn futures_ready(
     }
 }
 
-/// Publishes `out` (made from `row`): through a span when the row carries a
-/// trace context (see the [module docs](self#traces)), plainly otherwise.
-async fn publish<P: Publisher>(
-    publisher: &P,
-    mut out: Outgoing,
-    row: &PendingRow,
-) -> Result<Published, PublishError> {
-    let Some(parent) =
-        TraceContext::from_headers(out.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())))
-    else {
-        return publisher.publish(&out).await;
-    };
-    let span = tracing::info_span!(target: TARGET, "idem.publish",
-        otel.name = %format_args!("publish {}", out.subject), otel.kind = "producer",
-        messaging.operation.type = "send", messaging.destination.name = %out.subject,
-        messaging.message.id = %out.id, idem.outbox.id = row.id, idem.sequence = row.sequence,
-        trace_id = %parent.trace_id(), otel.status_code = Empty, error.type = Empty);
-    if span.is_disabled() {
-        return publisher.publish(&out).await;
-    }
-    parent.set_as_parent_of(&span);
-    // The consumer continues from this publish, when it is a span of the
-    // trace (OpenTelemetry); else from the row's own context.
-    if let Some(own) = TraceContext::of_span(&span) {
-        set_trace_headers(&mut out.headers, &own);
-    }
-    let result = publisher.publish(&out).instrument(span.clone()).await;
-    if let Err(err) = &result {
-        span.record("otel.status_code", "ERROR");
-        span.record(
-            "error.type",
-            if err.is_broker_down() {
-                "broker_down"
-            } else {
-                "refused"
-            },
-        );
-    }
-    result
-}
-
-/// Replaces the trace context headers in `headers` with `cx`.
-fn set_trace_headers(headers: &mut Vec<(String, String)>, cx: &TraceContext) {
-    headers.retain(|(n, _)| {
-        !n.eq_ignore_ascii_case(headers::TRACEPARENT)
-            && !n.eq_ignore_ascii_case(headers::TRACESTATE)
-    });
-    headers.push((headers::TRACEPARENT.to_owned(), cx.traceparent().to_owned()));
-    if let Some(state) = cx.tracestate() {
-        headers.push((headers::TRACESTATE.to_owned(), state.to_owned()));
-    }
-}
-
-fn outgoing(prefix: &str, source: &str, row: &PendingRow) -> Outgoing {
-    let mut list: Vec<(String, String)> =
-        serde_json::from_str::<BTreeMap<String, String>>(&row.headers)
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
-    list.push((
-        headers::AGGREGATE_TYPE.to_owned(),
-        row.aggregate_type.clone(),
-    ));
-    list.push((headers::AGGREGATE_ID.to_owned(), row.aggregate_id.clone()));
-    list.push((headers::SEQUENCE.to_owned(), row.sequence.to_string()));
-    Outgoing {
-        subject: format!("{prefix}.{}.{}", row.aggregate_type, row.message_type),
-        // The event id, never reused by a restored or recreated database;
-        // rows older than it keep the id they may have been published under.
-        id: row
-            .event_id
-            .clone()
-            .unwrap_or_else(|| format!("{source}:{}", row.id)),
-        payload: Bytes::from(row.payload.clone()),
-        headers: list,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn readiness_reads_the_link_when_asked() {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        let up = Arc::new(AtomicBool::new(true));
-        let link = Arc::clone(&up);
-        let ready = Readiness::new(move || link.load(Ordering::Relaxed));
-        assert_eq!(ready.check(), Err(NotReady::Starting));
-        ready.set(None);
-        assert_eq!(ready.check(), Ok(()));
-        // Lost between rounds: not ready at once, without a round.
-        up.store(false, Ordering::Relaxed);
-        assert_eq!(
-            ready.check(),
-            Err(NotReady::Broker(BROKER_NOT_CONNECTED.to_owned()))
-        );
-        up.store(true, Ordering::Relaxed);
-        assert_eq!(ready.check(), Ok(()));
-        // What a round found stays until the next round, link or not.
-        ready.set(Some(NotReady::Database("gone".to_owned())));
-        assert_eq!(ready.check(), Err(NotReady::Database("gone".to_owned())));
-    }
 
     #[test]
     fn backoff_grows_is_capped_and_jittered() {
@@ -1014,74 +571,5 @@ mod tests {
                 "{attempt}: {d:?}"
             );
         }
-    }
-
-    #[test]
-    fn subjects_and_headers() {
-        let mut row = PendingRow {
-            id: 42,
-            event_id: None,
-            aggregate_type: "payment".into(),
-            aggregate_id: "pay_1".into(),
-            sequence: 3,
-            message_type: "PaymentAuthorized".into(),
-            payload: "{}".into(),
-            headers: r#"{"trace-id":"t"}"#.into(),
-            attempts: 0,
-        };
-        let out = outgoing("idem", "billing", &row);
-        assert_eq!(out.subject, "idem.payment.PaymentAuthorized");
-        assert_eq!(
-            out.id, "billing:42",
-            "a row from before event ids keeps its old id"
-        );
-        row.event_id = Some("6f1c0e1e-2b6a-4c55-9d1e-1f0c2b3a4d5e".into());
-        let out = outgoing("idem", "billing", &row);
-        assert_eq!(
-            out.id, "6f1c0e1e-2b6a-4c55-9d1e-1f0c2b3a4d5e",
-            "the event id, not the row number"
-        );
-        assert!(out.headers.contains(&("Idem-Sequence".into(), "3".into())));
-        assert!(out.headers.contains(&("trace-id".into(), "t".into())));
-    }
-
-    #[test]
-    fn the_row_trace_context_goes_out_and_can_be_replaced() {
-        let row = PendingRow {
-            id: 7,
-            event_id: Some("e7".into()),
-            aggregate_type: "payment".into(),
-            aggregate_id: "pay_1".into(),
-            sequence: 1,
-            message_type: "PaymentAuthorized".into(),
-            payload: "{}".into(),
-            headers: r#"{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","tracestate":"rojo=1"}"#.into(),
-            attempts: 0,
-        };
-        let mut out = outgoing("idem", "billing", &row);
-        let header = |out: &Outgoing, name: &str| {
-            out.headers
-                .iter()
-                .filter(|(n, _)| n == name)
-                .map(|(_, v)| v.clone())
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(
-            header(&out, "traceparent"),
-            ["00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"]
-        );
-        let publish = TraceContext::new(
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01",
-            None,
-        )
-        .expect("valid");
-        set_trace_headers(&mut out.headers, &publish);
-        assert_eq!(
-            header(&out, "traceparent"),
-            ["00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01"],
-            "one traceparent: the publish span's"
-        );
-        assert!(header(&out, "tracestate").is_empty());
-        assert_eq!(header(&out, "Idem-Sequence"), ["1"]);
     }
 }
