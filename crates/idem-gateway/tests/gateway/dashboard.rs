@@ -117,6 +117,54 @@ impl Browser {
     }
 }
 
+/// What each dashboard test runs on: the browser's programs, and a
+/// gateway on the embedded store behind the admin token.
+struct Setup {
+    driver: PathBuf,
+    chromium: PathBuf,
+    gw: Gateway,
+    _up: CountingUpstream,
+    _dir: tempfile::TempDir,
+}
+
+impl Setup {
+    /// `None` (the test skips, loudly) without ChromeDriver or Chromium.
+    async fn start() -> Option<Self> {
+        let driver = services::program("ChromeDriver", "IDEM_TEST_CHROMEDRIVER", "chromedriver")?;
+        let chromium = services::program("Chromium", "IDEM_TEST_CHROMIUM", "chromium")?;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let up = CountingUpstream::start().await;
+        let gw = Gateway::builder(IDEM, dir.path())
+            .config(CONFIG)
+            .upstream(&up.url())
+            .store(&sqlite_store(dir.path()))
+            .args(&["--admin-token", TOKEN])
+            .start()
+            .await;
+        Some(Self {
+            driver,
+            chromium,
+            gw,
+            _up: up,
+            _dir: dir,
+        })
+    }
+
+    /// A browser on the dashboard, the token in the address's fragment.
+    async fn open(&self) -> Browser {
+        let browser = Browser::start(&self.driver, &self.chromium).await;
+        browser
+            .client
+            .goto(&format!(
+                "http://{}/dashboard/#token={TOKEN}",
+                self.gw.admin
+            ))
+            .await
+            .expect("open the dashboard");
+        browser
+    }
+}
+
 async fn pay(addr: std::net::SocketAddr, key: &str, body: &str, delay_ms: &str) -> StatusCode {
     send(
         addr,
@@ -173,29 +221,11 @@ fn traffic(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_loads_updates_under_traffic_and_inspects_records() {
-    let Some(driver) = services::program("ChromeDriver", "IDEM_TEST_CHROMEDRIVER", "chromedriver")
-    else {
+    let Some(setup) = Setup::start().await else {
         return;
     };
-    let Some(chromium) = services::program("Chromium", "IDEM_TEST_CHROMIUM", "chromium") else {
-        return;
-    };
-    let dir = tempfile::tempdir().expect("temp dir");
-    let up = CountingUpstream::start().await;
-    let store = sqlite_store(dir.path());
-    let gw = Gateway::builder(IDEM, dir.path())
-        .config(CONFIG)
-        .upstream(&up.url())
-        .store(&store)
-        .args(&["--admin-token", TOKEN])
-        .start()
-        .await;
-    let browser = Browser::start(&driver, &chromium).await;
-    browser
-        .client
-        .goto(&format!("http://{}/dashboard/#token={TOKEN}", gw.admin))
-        .await
-        .expect("open the dashboard");
+    let gw = &setup.gw;
+    let browser = setup.open().await;
 
     // Loads, polls with the token (and drops it from the address bar).
     browser
@@ -355,22 +385,10 @@ async fn dashboard_loads_updates_under_traffic_and_inspects_records() {
 /// exactly as the gateway's own counters hold them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dashboard_opened_after_traffic_shows_the_totals_since_start() {
-    let Some(driver) = services::program("ChromeDriver", "IDEM_TEST_CHROMEDRIVER", "chromedriver")
-    else {
+    let Some(setup) = Setup::start().await else {
         return;
     };
-    let Some(chromium) = services::program("Chromium", "IDEM_TEST_CHROMIUM", "chromium") else {
-        return;
-    };
-    let dir = tempfile::tempdir().expect("temp dir");
-    let up = CountingUpstream::start().await;
-    let gw = Gateway::builder(IDEM, dir.path())
-        .config(CONFIG)
-        .upstream(&up.url())
-        .store(&sqlite_store(dir.path()))
-        .args(&["--admin-token", TOKEN])
-        .start()
-        .await;
+    let gw = &setup.gw;
     // Three payments, each sent twice, and one key reused for another body.
     for n in 0..3 {
         let key = format!("before-{n}");
@@ -384,12 +402,7 @@ async fn a_dashboard_opened_after_traffic_shows_the_totals_since_start() {
     let reused = pay(gw.addr, "before-0", r#"{"amount":2}"#, "0").await;
     assert_eq!(reused, StatusCode::UNPROCESSABLE_ENTITY);
 
-    let browser = Browser::start(&driver, &chromium).await;
-    browser
-        .client
-        .goto(&format!("http://{}/dashboard/#token={TOKEN}", gw.admin))
-        .await
-        .expect("open the dashboard");
+    let browser = setup.open().await;
     browser
         .until(
             "a successful poll",
