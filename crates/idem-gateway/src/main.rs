@@ -11,7 +11,7 @@
 /// mimalloc instead of the system allocator: the request path makes many
 /// small short-lived allocations, and with the system allocator glibc's
 /// `malloc` and `free` take about a quarter of the gateway's CPU
-/// (docs/bench-log/2026-11-29.md).
+/// (docs/BENCHMARKS.md#current-figures).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

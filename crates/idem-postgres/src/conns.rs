@@ -7,7 +7,7 @@
 //! release of the resolution's connection would run before the answer
 //! goes out: four round trips per request where the two statements need
 //! two (strace of one request through the gateway,
-//! docs/bench-log/2026-12-04.md). So the store keeps the connections its
+//! docs/BENCHMARKS.md#current-figures). So the store keeps the connections its
 //! record operations used, checked out of the pool, and lends them again:
 //!
 //! * only a connection whose statement **completed** is kept: the driver

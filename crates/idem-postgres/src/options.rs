@@ -347,7 +347,7 @@ impl PgOptions {
     /// (default 1 s; zero pings before every operation). Under load
     /// connections go straight back to work and no round trip is spent on
     /// pings — a ping per operation costs 10–25 % of the gateway's
-    /// PostgreSQL throughput (docs/bench-log/2026-11-29.md).
+    /// PostgreSQL throughput (docs/BENCHMARKS.md#current-figures).
     pub fn ping_after_idle(&self) -> Duration {
         self.ping_after_idle
     }
@@ -404,7 +404,7 @@ impl PgOptions {
     /// Most statements of one kind (reservations, resolutions) running at
     /// once, each on a connection of the pool (default 2). Fewer make
     /// larger groups: on two cores, 2 serve 1.3× the requests of 4
-    /// (docs/bench-log/2026-11-30.md). A grouped statement that waits (on
+    /// (docs/BENCHMARKS.md#current-figures). A grouped statement that waits (on
     /// a row another transaction holds uncommitted, say a caller's own
     /// [`PgStore::reserve_in`](crate::PgStore::reserve_in)) holds up the
     /// operations queued behind it.

@@ -14,9 +14,9 @@ use super::*;
 /// sequential scan). With autovacuum off nothing replaces that plan, and
 /// every batch reads every record: at 30,000 records the gateway at 64
 /// connections falls from about 5,000 req/s to 700–900
-/// (docs/bench-log/2026-12-03.md). Planned each time, a batch looks its
+/// (docs/BENCHMARKS.md#current-figures). Planned each time, a batch looks its
 /// keys up in the primary key, but parsing and planning each batch costs a
-/// quarter of the rate on a grown table (docs/bench-log/2026-12-05.md).
+/// quarter of the rate on a grown table (docs/BENCHMARKS.md#current-figures).
 ///
 /// So plans are kept where autovacuum runs. Where it does not, they are
 /// made each time while the table is small, and kept once it has
@@ -32,7 +32,7 @@ use super::*;
 /// and on an empty table their generic plans find a key through
 /// `idem_records_tenant_created` (tenant, created_at, …): a walk over all of
 /// the tenant's records, which grows with them (45–80 ms per resolution at
-/// 300,000 records of one tenant: docs/bench-log/2026-12-05.md).
+/// 300,000 records of one tenant: docs/BENCHMARKS.md#current-figures).
 /// So at each crossing of the bound it saw (small at one look, large at a
 /// later one) the store also analyzes the table: the new statistics make
 /// PostgreSQL plan every statement on every connection again, by the

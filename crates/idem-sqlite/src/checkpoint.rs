@@ -5,7 +5,7 @@
 //! pages — on our single writer thread, so every caller queued behind that
 //! commit would wait for the copy and its fsync of the database file.
 //! Measured with 200,000 records stored: a serving p99 of 32 ms against
-//! 8–9 ms on an empty store (docs/bench-log/2026-11-29.md). Here a
+//! 8–9 ms on an empty store (docs/BENCHMARKS.md#current-figures). Here a
 //! background connection runs `PASSIVE` checkpoints, which never block the
 //! writer; the writer itself checkpoints only if the WAL outgrows
 //! [`WRITER_FALLBACK_PAGES`] (the background fell behind).
@@ -16,11 +16,11 @@
 //!
 //! * too rarely, and one checkpoint carries many scattered pages: every
 //!   250 ms under a cleanup, its fsyncs take 60–80 ms and double the
-//!   serving p99 (docs/bench-log/2026-11-29.md);
+//!   serving p99 (docs/BENCHMARKS.md#current-figures);
 //! * too often, and the checkpoints' syncs outnumber the commits': one
 //!   caller at a time, a checkpoint every 10 ms adds about one fsync to
 //!   every unique key's two, each waiting on the same disk
-//!   (docs/bench-log/2026-12-03.md).
+//!   (docs/BENCHMARKS.md#current-figures).
 //!
 //! So the pace follows the WAL, not the clock: the writer's WAL hook
 //! counts the frames each commit appends ([`Kick::committed`]); a
@@ -48,7 +48,7 @@ pub(crate) const MIN_GAP: Duration = Duration::from_millis(10);
 /// at a time (a few frames a key) reaches it every dozen or so keys. At
 /// 1,000 (SQLite's own default) the checkpoints under load carry ten times
 /// the scattered pages, and the serving p99 during a cleanup rises to
-/// 1.51 × the p99 without (`bench/growth`: docs/bench-log/2026-12-03.md).
+/// 1.51 × the p99 without (`bench/growth`: docs/BENCHMARKS.md#current-figures).
 pub(crate) const DUE_FRAMES: u32 = 64;
 
 /// How long the writer stays quiet before what it left in the WAL is
@@ -277,7 +277,7 @@ mod tests {
     /// it fails with `SQLITE_BUSY`, and the commit that ran the hook must
     /// still report the success it is: an error passed on by the hook makes
     /// SQLite report the durable commit as "SQL logic error" to every
-    /// caller of its batch (docs/bench-log/2026-12-03.md).
+    /// caller of its batch (docs/BENCHMARKS.md#current-figures).
     #[test]
     fn a_failed_fallback_checkpoint_does_not_fail_the_commit() {
         use std::sync::atomic::{AtomicBool, Ordering};

@@ -18,7 +18,7 @@ pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
 ///
 /// For every store: with `workers = 0` (connections on the shared
 /// runtime), replays in front of Redis run 0.69× as fast
-/// (docs/bench-log/2026-11-30.md).
+/// (docs/BENCHMARKS.md#current-figures).
 pub fn default_workers() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }

@@ -176,7 +176,7 @@ pub struct LimitsSettings {
     pub queue_wait: Duration,
     /// Time allowed for a request head (also the idle keep-alive limit);
     /// zero: no limit (behind a proxy that enforces its own). Turning it
-    /// off saves no measurable CPU (docs/bench-log/2026-11-30.md).
+    /// off saves no measurable CPU (docs/BENCHMARKS.md#current-figures).
     pub header_read_timeout: Duration,
     /// Longest pause allowed between chunks of a request body; zero: no
     /// limit.

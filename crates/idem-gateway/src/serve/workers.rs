@@ -11,7 +11,7 @@
 //! On a shared multi-threaded runtime every readiness event could land a
 //! task on either worker and wake the other one to steal it: there the
 //! kernel's wake-up path takes 15 % of a serving thread's samples
-//! (docs/bench-log/2026-11-30.md).
+//! (docs/BENCHMARKS.md#current-figures).
 
 use std::future::Future;
 use std::net::SocketAddr;

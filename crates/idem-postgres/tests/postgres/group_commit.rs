@@ -332,7 +332,7 @@ fn assert_small_table_batches(stats: GroupCommitStats, autovacuum: bool) {
 /// sequential scan of the whole table. With autovacuum off (as some CI
 /// servers run) nothing plans it again: at 30,000 records each batch reads
 /// all of them, and the gateway at 64 connections falls from about 5,000 to
-/// 700–900 req/s (docs/bench-log/2026-12-03.md). Here: batches while the
+/// 700–900 req/s (docs/BENCHMARKS.md#current-figures). Here: batches while the
 /// table is empty, then 100,000 records, then batches again; the table's
 /// own counters, read after the store's connections closed, say no
 /// statement read the grown table sequentially. They also count the early
@@ -395,7 +395,7 @@ async fn grouped_statements_use_the_key_index_however_the_table_has_grown() {
 /// Where autovacuum is off, grouped statements are planned each time they
 /// run while the records table is small, and keep their plans once it has
 /// grown (some 500 pages here): planning each batch costs a quarter of the
-/// rate at 64 connections (docs/bench-log/2026-12-05.md). The
+/// rate at 64 connections (docs/BENCHMARKS.md#current-figures). The
 /// kept plans, made on the grown table, still look every key up in the
 /// primary key. Where autovacuum runs, plans are kept from the start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -554,7 +554,7 @@ async fn grouped_plans_are_made_anew_after_the_table_is_emptied_and_grows_back()
 /// `idem_records_tenant_created` (tenant, created_at, operation, key): a
 /// walk over every record of the tenant. With autovacuum off nothing plans
 /// them again, and each lone resolution takes 45–80 ms at 300,000 records
-/// of one tenant (docs/bench-log/2026-12-05.md). Here: a store without
+/// of one tenant (docs/BENCHMARKS.md#current-figures). Here: a store without
 /// group commit (every operation a single statement) runs on the empty
 /// table, the table grows by 200,000 records of the same tenant, and after
 /// the store's next look at the size no operation walks them. (The index
