@@ -108,7 +108,7 @@ use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use idem::store::{Cursor, ExistingDecision, decide_existing};
+use idem::store::{ExistingDecision, decide_existing};
 use idem::{
     FinalOutcome, IdempotencyKey, Lease, ListFilter, ListRecords, Page, Purge, Record, Reservation,
     ReserveRequest, Scope, Store, StoreError, Timestamp,

@@ -388,18 +388,12 @@ impl ListRecords for PgStore {
             .fetch_all(self.pool())
             .await
             .map_err(error::to_store)?;
-        let mut records = rows
+        let records = rows
             .iter()
             .map(schema::record_from_row)
             .collect::<Result<Vec<_>, _>>()
             .map_err(pg)?;
-        let next = if records.len() > limit {
-            records.truncate(limit);
-            records.last().map(Cursor::after)
-        } else {
-            None
-        };
-        Ok(Page { records, next })
+        Ok(Page::from_read_ahead(records, limit))
     }
 }
 

@@ -88,7 +88,6 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use idem::store::Cursor;
 use idem::store::backend::QueryOptions;
 use idem::{
     CacheStore, FinalOutcome, IdempotencyKey, Lease, LeaseExpiry, ListFilter, ListRecords, Page,

@@ -256,13 +256,7 @@ impl ListRecords for RedisStore {
                 ))
         });
         let limit = filter.page_size();
-        let next = if records.len() > limit {
-            records.truncate(limit);
-            records.last().map(Cursor::after)
-        } else {
-            None
-        };
-        Ok(Page { records, next })
+        Ok(Page::from_read_ahead(records, limit))
     }
 }
 

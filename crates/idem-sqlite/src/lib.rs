@@ -40,7 +40,7 @@ use std::time::Duration;
 use idem::store::{ExistingDecision, decide_existing};
 use idem::{
     FinalOutcome, IdempotencyKey, Lease, ListFilter, ListRecords, Page, Purge, Record, Reservation,
-    ReserveRequest, Scope, Store, StoreError, Timestamp, store::Cursor,
+    ReserveRequest, Scope, Store, StoreError, Timestamp,
 };
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -57,7 +57,7 @@ use writer::{Batch, Job, Stats, Task};
 /// group commit. Measured with `bench/growth` (1M expired records, unique
 /// keys served at 64 connections, cleanup paced to a quarter of the time):
 /// serving p99 83 ms with 64-row jobs, 30 ms with 8-row jobs, against
-/// 9–10 ms without cleanup (docs/bench-log/2026-11-29.md).
+/// 9–10 ms without cleanup (docs/BENCHMARKS.md#current-figures).
 pub const PURGE_CHUNK: usize = 8;
 
 /// The embedded SQLite [`Store`]; see the [crate docs](crate).
@@ -586,14 +586,8 @@ impl ListRecords for SqliteStore {
                 ],
                 schema::record_from_row,
             )?;
-            let mut records = rows.collect::<Result<Vec<_>, _>>()?;
-            let next = if records.len() > limit {
-                records.truncate(limit);
-                records.last().map(Cursor::after)
-            } else {
-                None
-            };
-            Ok(Page { records, next })
+            let records = rows.collect::<Result<Vec<_>, _>>()?;
+            Ok(Page::from_read_ahead(records, limit))
         })
         .await
     }

@@ -25,7 +25,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::store::{
-    Cursor, ExistingDecision, FinalOutcome, ListFilter, ListRecords, Page, Purge, Reservation,
+    ExistingDecision, FinalOutcome, ListFilter, ListRecords, Page, Purge, Reservation,
     ReserveRequest, Store, StoreError, decide_existing,
 };
 use crate::tiered::CacheStore;
@@ -489,13 +489,7 @@ impl ListRecords for MemoryStore {
             (a.created_at, &a.scope, &a.key).cmp(&(b.created_at, &b.scope, &b.key))
         });
         let limit = filter.page_size();
-        let next = if records.len() > limit {
-            records.truncate(limit);
-            records.last().map(Cursor::after)
-        } else {
-            None
-        };
-        Ok(Page { records, next })
+        Ok(Page::from_read_ahead(records, limit))
     }
 }
 

@@ -234,6 +234,22 @@ pub struct Page {
     pub next: Option<Cursor>,
 }
 
+impl Page {
+    /// The page of `page_size` records out of `records`, read in listing
+    /// order with one more than the page when there is one: the extra
+    /// record only says that a next page exists, and the cursor points
+    /// after the page's last record.
+    pub fn from_read_ahead(mut records: Vec<Record>, page_size: usize) -> Self {
+        let next = if records.len() > page_size {
+            records.truncate(page_size);
+            records.last().map(Cursor::after)
+        } else {
+            None
+        };
+        Self { records, next }
+    }
+}
+
 /// The storage contract; see the [module docs](self) for the rules every
 /// implementation keeps.
 pub trait Store: Send + Sync + 'static {
