@@ -70,7 +70,7 @@ pub use key::{
 };
 pub use memory::MemoryStore;
 pub use policy::{
-    DEFAULT_RELEASE_STATUSES, FailMode, InFlight, LeaseExpiry, Policy, Resolution,
+    DEFAULT_RELEASE_STATUSES, FailMode, InFlight, LeaseExpiry, Policy, Resolution, ServerError,
     UNKNOWN_OUTCOME_STATUSES,
 };
 pub use record::{

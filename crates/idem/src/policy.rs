@@ -61,6 +61,31 @@ pub enum InFlight {
     Wait(Duration),
 }
 
+/// What a `5xx` answer does when no other rule names its status: the
+/// route's `release_statuses` and the trust rule's
+/// [`UNKNOWN_OUTCOME_STATUSES`] decide first.
+///
+/// A server error can come after the side effect (the charge went
+/// through, then writing the receipt failed), so only [`Store`] and
+/// [`Hold`] keep the promise that the work never runs twice.
+///
+/// [`Store`]: ServerError::Store
+/// [`Hold`]: ServerError::Hold
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ServerError {
+    /// Store it as a failure and replay it, as Stripe does.
+    #[default]
+    Store,
+    /// Hold the key as an unknown outcome ([`Resolution::Unknown`]):
+    /// nothing replays and nothing runs again until it is reconciled.
+    Hold,
+    /// Free the key so that a retry runs the work again, as the
+    /// IETF-aligned libraries do. **A `5xx` that came after the side
+    /// effect then runs it twice**: only for an upstream whose server
+    /// errors are known to come before any effect.
+    Release,
+}
+
 /// How a finished attempt is recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resolution {
@@ -111,6 +136,8 @@ pub struct Policy {
     pub on_in_flight: InFlight,
     /// Statuses recorded as nothing and answered as-is: the key is released.
     pub release_statuses: Vec<u16>,
+    /// What a `5xx` answer that no other rule names does.
+    pub on_server_error: ServerError,
     /// How many times recording a finished attempt's answer is tried at
     /// least; transient failures are tried again beyond that while half
     /// the lease is not spent (a store restarting or failing over still
@@ -128,6 +155,7 @@ impl Default for Policy {
             fail_mode: FailMode::Closed,
             on_in_flight: InFlight::Reject,
             release_statuses: DEFAULT_RELEASE_STATUSES.to_vec(),
+            on_server_error: ServerError::Store,
             record_attempts: 4,
         }
     }
@@ -176,14 +204,27 @@ impl Policy {
         self
     }
 
+    /// Sets what a `5xx` answer that no other rule names does.
+    pub fn with_on_server_error(mut self, on_server_error: ServerError) -> Self {
+        self.on_server_error = on_server_error;
+        self
+    }
+
     /// How an answer with this status is recorded: release statuses free the
-    /// key, [`UNKNOWN_OUTCOME_STATUSES`] hold it, other statuses from 400 up
-    /// are deterministic failures, the rest complete.
+    /// key, [`UNKNOWN_OUTCOME_STATUSES`] hold it, other `5xx` statuses do
+    /// what [`on_server_error`](Self::on_server_error) says, other statuses
+    /// from 400 up are deterministic failures, the rest complete.
     pub fn resolution_for(&self, status: u16) -> Resolution {
         if self.release_statuses.contains(&status) {
             Resolution::Release
         } else if UNKNOWN_OUTCOME_STATUSES.contains(&status) {
             Resolution::Unknown
+        } else if status >= 500 {
+            match self.on_server_error {
+                ServerError::Store => Resolution::Fail,
+                ServerError::Hold => Resolution::Unknown,
+                ServerError::Release => Resolution::Release,
+            }
         } else if status >= 400 {
             Resolution::Fail
         } else {
@@ -227,5 +268,32 @@ mod tests {
         assert_eq!(p.resolution_for(504), Resolution::Unknown);
         assert_eq!(p.resolution_for(503), Resolution::Fail);
         assert_eq!(Policy::default().with_record_attempts(0).record_attempts, 1);
+    }
+
+    /// `on_server_error` decides the 5xx answers no other rule names:
+    /// release statuses and the trust rule's 502/504 keep theirs.
+    #[test]
+    fn server_errors_are_stored_held_or_released_as_the_policy_says() {
+        let stored = Policy::default();
+        assert_eq!(stored.on_server_error, ServerError::Store);
+        for s in [500, 501, 505, 599] {
+            assert_eq!(stored.resolution_for(s), Resolution::Fail, "{s}");
+        }
+        let held = Policy::default().with_on_server_error(ServerError::Hold);
+        let released = Policy::default().with_on_server_error(ServerError::Release);
+        for s in [500, 501, 505, 599] {
+            assert_eq!(held.resolution_for(s), Resolution::Unknown, "{s}");
+            assert_eq!(released.resolution_for(s), Resolution::Release, "{s}");
+        }
+        for p in [&held, &released] {
+            assert_eq!(p.resolution_for(502), Resolution::Unknown);
+            assert_eq!(p.resolution_for(504), Resolution::Unknown);
+            assert_eq!(p.resolution_for(503), Resolution::Release);
+            assert_eq!(p.resolution_for(422), Resolution::Fail);
+            assert_eq!(p.resolution_for(201), Resolution::Complete);
+        }
+        let named = held.with_release_statuses(vec![500]);
+        assert_eq!(named.resolution_for(500), Resolution::Release);
+        assert_eq!(named.resolution_for(501), Resolution::Unknown);
     }
 }
