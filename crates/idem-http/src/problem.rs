@@ -1,4 +1,6 @@
-//! RFC 9457 problem details: every refusal has a stable `type`.
+//! RFC 9457 problem details: every refusal has a stable `type`, and a
+//! `code` member holding its slug, for clients and profiles that read a
+//! machine code rather than a URI. A published slug never changes.
 //!
 //! ```
 //! use idem_http::{Problem, ProblemKind};
@@ -83,6 +85,35 @@ pub enum ProblemKind {
 }
 
 impl ProblemKind {
+    /// Every kind, in the order the docs list them: the vocabulary of the
+    /// `code` member.
+    pub const ALL: [ProblemKind; 24] = [
+        Self::KeyMissing,
+        Self::KeyInvalid,
+        Self::KeyAmbiguous,
+        Self::KeyReused,
+        Self::InProgress,
+        Self::OutcomeReconciling,
+        Self::OutcomeHeld,
+        Self::BodyTooLarge,
+        Self::BodyUnreadable,
+        Self::BodyEncoding,
+        Self::BodyAmbiguous,
+        Self::BodyTimeout,
+        Self::Overloaded,
+        Self::TenantInvalid,
+        Self::TenantMissing,
+        Self::HostInvalid,
+        Self::PathNotCanonical,
+        Self::TenantUntrusted,
+        Self::StoreUnavailable,
+        Self::UpstreamUnreachable,
+        Self::UpstreamTimeout,
+        Self::UpstreamBroken,
+        Self::UpstreamTls,
+        Self::ResponseNotRetained,
+    ];
+
     /// The stable slug, last part of the `type` URI.
     pub const fn slug(self) -> &'static str {
         match self {
@@ -278,6 +309,7 @@ impl Problem {
     pub fn to_json(&self) -> Vec<u8> {
         let doc = serde_json::json!({
             "type": self.type_uri(),
+            "code": self.ty.slug,
             "title": self.ty.title,
             "status": self.status.as_u16(),
             "detail": self.detail,
@@ -328,6 +360,7 @@ mod tests {
         );
         assert_eq!(v["status"], 409);
         assert_eq!(v["detail"], "wait");
+        assert_eq!(v["code"], "idempotency-request-in-progress");
         let r = p.to_response();
         assert_eq!(r.headers()[header::RETRY_AFTER], "2");
         assert_eq!(r.headers()[header::CONTENT_TYPE], PROBLEM_JSON);
@@ -343,33 +376,8 @@ mod tests {
 
     #[test]
     fn slugs_are_unique() {
-        use ProblemKind::*;
-        let all = [
-            KeyMissing,
-            KeyInvalid,
-            KeyAmbiguous,
-            KeyReused,
-            InProgress,
-            OutcomeReconciling,
-            OutcomeHeld,
-            BodyTooLarge,
-            BodyUnreadable,
-            BodyEncoding,
-            BodyAmbiguous,
-            BodyTimeout,
-            Overloaded,
-            TenantInvalid,
-            TenantMissing,
-            TenantUntrusted,
-            HostInvalid,
-            StoreUnavailable,
-            UpstreamUnreachable,
-            UpstreamTimeout,
-            UpstreamBroken,
-            UpstreamTls,
-            ResponseNotRetained,
-        ];
-        let slugs: std::collections::HashSet<_> = all.iter().map(|k| k.slug()).collect();
-        assert_eq!(slugs.len(), all.len());
+        let slugs: std::collections::HashSet<_> =
+            ProblemKind::ALL.iter().map(|k| k.slug()).collect();
+        assert_eq!(slugs.len(), ProblemKind::ALL.len());
     }
 }
