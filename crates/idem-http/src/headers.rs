@@ -7,8 +7,17 @@ use std::sync::LazyLock;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, header};
 
-/// Response header marking a replayed answer.
+/// Response header marking a replayed answer, as Stripe and the Agentic
+/// Commerce Protocol spell it (the `stripe` profile's marker).
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// Response header marking a replayed answer, as the IETF-aligned
+/// libraries spell it (the `ietf` profile's marker).
+pub const IDEMPOTENCY_REPLAYED: HeaderName = HeaderName::from_static("idempotency-replayed");
+
+/// Response header saying how many seconds a route keeps a key's answer,
+/// after the IETF working group's proposal (`Idempotency-TTL: 86400`).
+pub const IDEMPOTENCY_TTL: HeaderName = HeaderName::from_static("idempotency-ttl");
 
 /// Response header marking a request forwarded without protection
 /// (store down under a fail-open policy).
@@ -30,15 +39,18 @@ pub(crate) const NOT_RETAINED: HeaderName = HeaderName::from_static("x-idem-body
 ///   `Authentication-Info`, `Proxy-Authentication-Info`): they belong to
 ///   one caller's session, and a replay would hand them to another;
 /// * the gateway's own marks (`Idempotent-Replayed`,
-///   `Idempotency-Status`): only the gateway says what a replay is.
-pub const NEVER_STORED: [HeaderName; 7] = [
+///   `Idempotency-Replayed`, `Idempotency-Status`, `Idempotency-TTL`):
+///   only the gateway says what a replay is and how long keys are kept.
+pub const NEVER_STORED: [HeaderName; 9] = [
     header::CONTENT_LENGTH,
     header::SET_COOKIE,
     HeaderName::from_static("set-cookie2"),
     HeaderName::from_static("authentication-info"),
     HeaderName::from_static("proxy-authentication-info"),
     IDEMPOTENT_REPLAYED,
+    IDEMPOTENCY_REPLAYED,
     IDEMPOTENCY_STATUS,
+    IDEMPOTENCY_TTL,
 ];
 
 /// Whether a response header may be stored and replayed: the one gate

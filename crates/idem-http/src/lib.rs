@@ -38,11 +38,13 @@
 //! ```
 
 mod body;
+pub mod contract;
 mod decision;
 mod headers;
 pub mod layer;
 pub mod lookup;
 pub mod metrics;
+pub mod openapi;
 mod pattern;
 mod pointer;
 mod problem;
@@ -52,9 +54,11 @@ pub mod routes;
 pub mod trace;
 
 pub use body::{BoxError, ResponseBody};
+pub use contract::{Contract, HELD_RETRY_AFTER, KeyFormat, NotRetained, Profile};
 pub use decision::Decision;
 pub use headers::{
-    HOP_BY_HOP, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED, NEVER_STORED, hop_by_hop_names, replayable,
+    HOP_BY_HOP, IDEMPOTENCY_REPLAYED, IDEMPOTENCY_STATUS, IDEMPOTENCY_TTL, IDEMPOTENT_REPLAYED,
+    NEVER_STORED, hop_by_hop_names, replayable,
 };
 pub use layer::{Idempotency, IdempotencyLayer, Reserved, UpstreamOutcome};
 pub use lookup::Lookup;

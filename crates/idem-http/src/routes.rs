@@ -28,7 +28,7 @@ use idem::Policy;
 
 use crate::lookup::Lookup;
 use crate::pattern::{PathPattern, PatternError, lenient_form, normalize_path};
-use crate::{BodyFields, IDEMPOTENCY_KEY, JsonPointer};
+use crate::{BodyFields, Contract, IDEMPOTENCY_KEY, JsonPointer};
 
 /// HTTP-level policy of one route, around the engine's [`Policy`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +70,9 @@ pub struct RoutePolicy {
     /// What a request whose path is not spelled as the route judges it
     /// gets (default: forwarded in the judged spelling).
     pub path_spelling: PathSpelling,
+    /// What the route's answers promise and the format of its keys
+    /// (default: the `stripe` profile, any key).
+    pub contract: Contract,
 }
 
 /// What a request on a route gets when its path is not spelled as the
@@ -119,6 +122,7 @@ impl Default for RoutePolicy {
             lookup: None,
             on_missing_tenant: MissingTenant::Refuse,
             path_spelling: PathSpelling::Normalise,
+            contract: Contract::default(),
         }
     }
 }
@@ -183,6 +187,12 @@ impl RoutePolicy {
     /// Sets which fields of a JSON body the fingerprint covers.
     pub fn with_fingerprint_body(mut self, fields: BodyFields) -> Self {
         self.fingerprint_body = fields;
+        self
+    }
+
+    /// Sets what the route's answers promise and the format of its keys.
+    pub fn with_contract(mut self, contract: Contract) -> Self {
+        self.contract = contract;
         self
     }
 
@@ -374,6 +384,15 @@ impl Routes {
     /// The path pattern of route `index` (`None` for the defaults).
     pub fn pattern(&self, index: usize) -> Option<&PathPattern> {
         self.routes.get(index).map(|r| &r.pattern)
+    }
+
+    /// Each configured route's method, pattern and policy, in order.
+    pub(crate) fn entries(
+        &self,
+    ) -> impl Iterator<Item = (&Method, &PathPattern, &Arc<RoutePolicy>)> {
+        self.routes
+            .iter()
+            .map(|r| (&r.method, &r.pattern, &r.policy))
     }
 
     /// Each configured route's operation and policy, in order.

@@ -105,7 +105,9 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                         normalized,
                     };
                     return Box::pin(async move {
-                        counted.record(Self::protect(&this, inner, req, key, protected).await)
+                        let policy = Arc::clone(&protected.policy);
+                        let answer = Self::protect(&this, inner, req, key, protected).await;
+                        counted.record(answer.map(|resp| advertise_retention(resp, &policy)))
                     });
                 }
             },
@@ -194,6 +196,10 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                 ProblemKind::KeyInvalid,
                 "this route's lookup puts the key in a path segment of its own, which cannot be '.' or '..'",
             );
+            tracing::info!(reason = "idempotency_invalid_key", %operation, detail = p.detail());
+            return Ok(problem(p, Decision::InvalidKey));
+        }
+        if let Err(p) = policy.contract.check_key(&key) {
             tracing::info!(reason = "idempotency_invalid_key", %operation, detail = p.detail());
             return Ok(problem(p, Decision::InvalidKey));
         }
@@ -369,7 +375,10 @@ where
         Ok(Begin::Replay(replay)) => {
             tracing::info!(reason = "idempotency_replay", tenant = scope.tenant(), operation = scope.operation(), %key, state = %replay.state, resource_id = replay.resource_id.as_deref(), status = replay.response.status);
             trace::record(trace::RECORD_STATE, replay.state.as_str());
-            Ok(with_decision(replayed(replay), Decision::Replayed))
+            Ok(with_decision(
+                replayed(replay, &policy.contract),
+                Decision::Replayed,
+            ))
         }
         Ok(Begin::InProgress {
             retry_after,
@@ -438,4 +447,28 @@ where
             ))
         }
     }
+}
+
+/// Adds `Idempotency-TTL` (the route's retention, in seconds) to an
+/// answer about a key the route keeps (run, replayed, reused, in flight,
+/// held), when its contract says so: not to a request refused before the
+/// store was asked, nor one that went through unprotected.
+fn advertise_retention<B>(mut resp: Response<B>, policy: &RoutePolicy) -> Response<B> {
+    let kept = matches!(
+        resp.extensions().get::<Decision>(),
+        Some(
+            Decision::Executed
+                | Decision::Replayed
+                | Decision::Mismatch
+                | Decision::InProgress
+                | Decision::OutcomeUnknown
+        )
+    );
+    if policy.contract.retention_header && kept {
+        resp.headers_mut().insert(
+            IDEMPOTENCY_TTL,
+            HeaderValue::from(policy.engine.retention.as_secs()),
+        );
+    }
+    resp
 }

@@ -135,10 +135,14 @@ pub(super) fn held<S: Store>(
         .with_retry_after(retry_after);
     }
     tracing::info!(reason = "idempotency_held", tenant = scope.tenant(), operation = scope.operation(), %key, "a held record: nothing reconciles it automatically");
-    Problem::new(
+    let answer = Problem::new(
         ProblemKind::OutcomeHeld,
         "an earlier attempt with this key may have taken effect and nothing can tell automatically whether it did; the request is held for an operator and will not run again. Retrying will not change the answer until it is resolved",
-    )
+    );
+    match policy.contract.held_retry_after {
+        Some(after) => answer.with_retry_after(after),
+        None => answer,
+    }
 }
 
 /// How lookups reach `inner`: a fresh clone per lookup, readied, called;

@@ -16,7 +16,9 @@
 //! **in a task of its own**, so a client that disconnects cancels neither
 //! the work nor the recording of its result (otherwise its retry would run
 //! the work again). The answer is stored as the route's policy says and
-//! returned; duplicates get it back with `Idempotent-Replayed: true`.
+//! returned; duplicates get it back marked as the route's
+//! [`Contract`] says (`Idempotent-Replayed: true` by
+//! default).
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -38,9 +40,12 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::body::{BoxError, Kept, RequestBodyError, ResponseBody, keep_response, read_request};
+use crate::contract::{Contract, NotRetained};
 use crate::decision::Decision;
+#[cfg(test)]
+use crate::headers::IDEMPOTENT_REPLAYED;
 use crate::headers::{
-    IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED, NOT_RETAINED, replayable_name, storable_headers,
+    IDEMPOTENCY_STATUS, IDEMPOTENCY_TTL, NOT_RETAINED, replayable_name, storable_headers,
 };
 use crate::metrics::RequestMetrics;
 use crate::pattern::normalize_path;

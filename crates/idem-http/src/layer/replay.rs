@@ -1,9 +1,21 @@
-//! Replays: the original answer rebuilt from its record.
+//! Replays: the original answer rebuilt from its record, marked as the
+//! route's contract says.
 
 use super::*;
 
+/// The headers that describe a body's bytes: an answer replayed without
+/// its body leaves them out, since no body matches them.
+const BODY_HEADERS: [HeaderName; 6] = [
+    header::CONTENT_TYPE,
+    header::CONTENT_ENCODING,
+    header::CONTENT_RANGE,
+    HeaderName::from_static("content-digest"),
+    HeaderName::from_static("repr-digest"),
+    HeaderName::from_static("digest"),
+];
+
 /// Rebuilds the original answer from the store.
-pub(super) fn replayed<B>(replay: Replay) -> Response<ResponseBody<B>> {
+pub(super) fn replayed<B>(replay: Replay, contract: &Contract) -> Response<ResponseBody<B>> {
     let StoredResponse {
         status,
         headers,
@@ -12,20 +24,32 @@ pub(super) fn replayed<B>(replay: Replay) -> Response<ResponseBody<B>> {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
     let tombstone = headers.iter().any(|(n, _)| n == NOT_RETAINED.as_str());
     let mut resp = if tombstone {
-        let (mut parts, body) = Problem::new(
-            ProblemKind::ResponseNotRetained,
-            "this request was already processed; its original response body was too large (or streamed) to keep",
-        )
-        .with_status(status)
-        .to_response()
-        .into_parts();
+        let mut resp = match contract.not_retained {
+            NotRetained::Problem => {
+                let (parts, body) = Problem::new(
+                    ProblemKind::ResponseNotRetained,
+                    "this request was already processed; its original response body was too large (or streamed) to keep",
+                )
+                .with_status(status)
+                .to_response()
+                .into_parts();
+                Response::from_parts(parts, ResponseBody::Full { body })
+            }
+            NotRetained::Empty => {
+                let mut resp = Response::new(ResponseBody::full(Bytes::new()));
+                *resp.status_mut() = status;
+                resp
+            }
+        };
         for (name, value) in &headers {
-            if name == NOT_RETAINED.as_str() || name == header::CONTENT_TYPE.as_str() {
+            if name == NOT_RETAINED.as_str() || BODY_HEADERS.iter().any(|h| h == name.as_str()) {
                 continue;
             }
-            append(&mut parts.headers, name, value);
+            append(resp.headers_mut(), name, value);
         }
-        Response::from_parts(parts, ResponseBody::Full { body })
+        resp.headers_mut()
+            .insert(IDEMPOTENCY_STATUS, HeaderValue::from_static("not-retained"));
+        resp
     } else {
         let mut resp = Response::new(ResponseBody::full(body));
         *resp.status_mut() = status;
@@ -34,8 +58,10 @@ pub(super) fn replayed<B>(replay: Replay) -> Response<ResponseBody<B>> {
         }
         resp
     };
-    resp.headers_mut()
-        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    for name in &contract.replay_headers {
+        resp.headers_mut()
+            .insert(name.clone(), HeaderValue::from_static("true"));
+    }
     resp
 }
 

@@ -47,7 +47,8 @@ fn replay_marks_and_restores() {
         response: StoredResponse::new(201, "made").with_header("location", "/x/1"),
         resource_id: None,
     };
-    let resp: Response<ResponseBody<http_body_util::Empty<Bytes>>> = replayed(replay);
+    let resp: Response<ResponseBody<http_body_util::Empty<Bytes>>> =
+        replayed(replay, &Contract::default());
     assert_eq!(resp.status(), 201);
     assert_eq!(resp.headers()["location"], "/x/1");
     assert_eq!(resp.headers()[IDEMPOTENT_REPLAYED], "true");
@@ -70,6 +71,8 @@ fn a_replay_carries_no_framing_session_or_marker_headers_whatever_was_stored() {
         ("proxy-authentication-info", "nextnonce=1"),
         ("idempotent-replayed", "false"),
         ("idempotency-status", "unprotected"),
+        ("idempotency-replayed", "false"),
+        ("idempotency-ttl", "1"),
     ] {
         stored = stored.with_header(name, value);
     }
@@ -78,7 +81,8 @@ fn a_replay_carries_no_framing_session_or_marker_headers_whatever_was_stored() {
         response: stored,
         resource_id: None,
     };
-    let resp: Response<ResponseBody<http_body_util::Empty<Bytes>>> = replayed(replay);
+    let resp: Response<ResponseBody<http_body_util::Empty<Bytes>>> =
+        replayed(replay, &Contract::default());
     let names: Vec<_> = resp.headers().keys().map(|n| n.as_str()).collect();
     assert_eq!(names, ["location", "idempotent-replayed"], "{names:?}");
     assert_eq!(resp.headers()[IDEMPOTENT_REPLAYED], "true");
@@ -94,9 +98,54 @@ fn tombstone_replays_as_problem_with_original_status() {
             .with_header(NOT_RETAINED.as_str(), "1"),
         resource_id: None,
     };
-    let resp: Response<ResponseBody<http_body_util::Empty<Bytes>>> = replayed(replay);
+    let resp: Response<ResponseBody<http_body_util::Empty<Bytes>>> =
+        replayed(replay, &Contract::default());
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()[header::CONTENT_TYPE], crate::PROBLEM_JSON);
     assert_eq!(resp.headers()["x-request-id"], "abc");
+    assert_eq!(resp.headers()[IDEMPOTENCY_STATUS], "not-retained");
     assert!(resp.headers().get(NOT_RETAINED).is_none());
+}
+
+/// The IETF profile replays an answer not kept as its status and headers
+/// with an empty body, without the headers that describe the absent
+/// body, and marks it in both its replay header and `Idempotency-Status`.
+#[test]
+fn the_ietf_profile_replays_a_tombstone_empty_and_marked() {
+    let replay = Replay {
+        state: idem::RecordState::Completed,
+        response: StoredResponse::new(201, "")
+            .with_header("content-type", "application/json")
+            .with_header("content-encoding", "gzip")
+            .with_header("content-digest", "sha-256=:x:")
+            .with_header("location", "/x/1")
+            .with_header(NOT_RETAINED.as_str(), "1"),
+        resource_id: None,
+    };
+    let contract = Contract::of(crate::Profile::Ietf);
+    let resp: Response<ResponseBody<http_body_util::Empty<Bytes>>> = replayed(replay, &contract);
+    assert_eq!(resp.status(), 201);
+    let names: Vec<_> = resp.headers().keys().map(|n| n.as_str()).collect();
+    assert_eq!(
+        names,
+        ["location", "idempotency-status", "idempotency-replayed"],
+        "{names:?}"
+    );
+    assert_eq!(resp.headers()[IDEMPOTENCY_STATUS], "not-retained");
+    assert!(http_body::Body::is_end_stream(resp.body()));
+}
+
+/// A route may send both spellings of the replay marker.
+#[test]
+fn a_replay_carries_every_marker_the_route_names() {
+    let replay = Replay {
+        state: idem::RecordState::Completed,
+        response: StoredResponse::new(200, "ok"),
+        resource_id: None,
+    };
+    let contract = Contract::default()
+        .with_replay_headers(vec![IDEMPOTENT_REPLAYED, crate::IDEMPOTENCY_REPLAYED]);
+    let resp: Response<ResponseBody<http_body_util::Empty<Bytes>>> = replayed(replay, &contract);
+    assert_eq!(resp.headers()[IDEMPOTENT_REPLAYED], "true");
+    assert_eq!(resp.headers()[crate::IDEMPOTENCY_REPLAYED], "true");
 }
