@@ -188,4 +188,17 @@ else
   status=1
 fi
 
+# The OpenAPI validator `idem openapi`'s document is checked with (PyPI):
+# the Python reference validator for OpenAPI 3.0 and 3.1.
+if ! python3 -c 'import openapi_spec_validator' >/dev/null 2>&1; then
+  echo "services: installing openapi-spec-validator"
+  python3 -m pip install --quiet --disable-pip-version-check 'openapi-spec-validator>=0.7,<0.8' >/dev/null 2>&1 || true
+fi
+if python3 -c 'import openapi_spec_validator' >/dev/null 2>&1; then
+  echo "services: openapi-spec-validator $(python3 -c 'import importlib.metadata as m; print(m.version("openapi-spec-validator"))') is installed"
+else
+  echo "services: openapi-spec-validator could not be installed" >&2
+  status=1
+fi
+
 exit $status

@@ -6,6 +6,7 @@ mod cleanup;
 mod demo;
 mod log_fields;
 mod migrate;
+mod openapi;
 mod outbox;
 mod records;
 // A build without any broker keeps the command, which then refuses every
@@ -70,6 +71,9 @@ enum Command {
     /// Publish the PostgreSQL outbox to a broker (NATS JetStream, RabbitMQ
     /// or Kafka), in order per aggregate; run several for availability.
     Relay(relay::RelayArgs),
+    /// Print the configured routes' idempotency contract as an OpenAPI 3.1
+    /// document (JSON), for SDK generators and API portals.
+    Openapi(openapi::OpenapiArgs),
     /// Inspect the outbox; replay or discard dead rows.
     #[command(subcommand)]
     Outbox(outbox::OutboxCommand),
@@ -110,6 +114,7 @@ pub async fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args).await,
         Command::Demo(args) => demo::run(args).await,
         Command::Migrate(args) => migrate::run(args).await,
+        Command::Openapi(args) => openapi::run(args),
         Command::Records(command) => records::run(command).await,
         Command::Relay(args) => relay::run(args).await,
         Command::Outbox(command) => outbox::run(command).await,

@@ -32,6 +32,7 @@ pub(super) struct FileConfig {
     pub(super) ignore_path_case: Option<bool>,
     pub(super) ignore_path_parameters: Option<bool>,
     pub(super) ignore_path_suffixes: Option<bool>,
+    pub(super) contract_path: Option<Spanned<String>>,
     pub(super) tenant: Option<TenantConfig>,
     pub(super) defaults: Option<PolicyConfig>,
     #[serde(default)]
@@ -132,10 +133,19 @@ pub(super) struct PolicyConfig {
     pub(super) fingerprint_exclude: Option<Spanned<Vec<String>>>,
     pub(super) unstored_headers: Option<Spanned<Vec<String>>>,
     pub(super) release_statuses: Option<Spanned<Vec<u16>>>,
+    pub(super) on_server_error: Option<Spanned<String>>,
+    pub(super) profile: Option<Spanned<String>>,
+    pub(super) replay_header: Option<Spanned<OneOrMany>>,
+    pub(super) not_retained: Option<Spanned<String>>,
+    pub(super) held_retry_after: Option<Spanned<String>>,
+    pub(super) retention_header: Option<bool>,
+    pub(super) key_format: Option<Spanned<String>>,
+    pub(super) key_min_length: Option<Spanned<i64>>,
     pub(super) reconcile: Option<ReconcileConfig>,
 }
 
-/// A value written as one string or a list of them (`key_header`).
+/// A value written as one string or a list of them (`key_header`,
+/// `replay_header`).
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub(super) enum OneOrMany {

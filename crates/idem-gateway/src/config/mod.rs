@@ -10,6 +10,7 @@ use idem_http::TenantSource;
 use toml::Spanned;
 
 mod cache;
+mod contract;
 pub mod defaults;
 mod error;
 mod file;
@@ -180,6 +181,7 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
     };
 
     let (routes, upstream_timeout) = routes::routes(src, &file, &tenant)?;
+    let contract_path = contract::path(src, file.contract_path.as_ref(), &routes)?;
     let longest_lease = routes
         .policies()
         .map(|p| p.engine.lease)
@@ -216,6 +218,7 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         admin_listen,
         admin_token,
         routes,
+        contract_path,
         tenant,
         upstream_timeout,
         shutdown_grace,

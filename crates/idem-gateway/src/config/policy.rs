@@ -381,5 +381,5 @@ pub(super) fn apply(
     if let Some(v) = &cfg.unstored_headers {
         p.unstored_headers = header_names(src, &key("unstored_headers"), v)?;
     }
-    Ok(p)
+    super::contract::apply(src, at, cfg, p)
 }

@@ -53,6 +53,9 @@ pub struct Settings {
     pub admin_token: Option<String>,
     /// Protected routes and their policies.
     pub routes: Routes,
+    /// Where the serving listener answers `GET` with the routes' contract
+    /// as an OpenAPI document, unauthenticated (`None`: nowhere).
+    pub contract_path: Option<String>,
     /// Where tenants come from.
     pub tenant: TenantSource,
     /// How long to wait for the upstream's response headers.

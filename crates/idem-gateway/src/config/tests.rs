@@ -921,3 +921,127 @@ fn sizes() {
     assert!(parse_size("1.5MiB").is_err());
     assert!(parse_size("99999999999999GiB").is_err());
 }
+
+/// A route takes its profile, then changes one switch; `[defaults]`'
+/// profile is what routes inherit.
+#[test]
+fn profiles_and_their_switches() {
+    let s = from_text(
+        r#"
+upstream = "http://127.0.0.1:1"
+[defaults]
+profile = "ietf"
+[[route]]
+method = "POST"
+path = "/a"
+[[route]]
+method = "POST"
+path = "/b"
+profile = "stripe"
+not_retained = "empty"
+on_server_error = "hold"
+key_format = "ulid"
+key_min_length = 26
+[[route]]
+method = "POST"
+path = "/c"
+replay_header = ["Idempotent-Replayed", "Idempotency-Replayed"]
+held_retry_after = "none"
+retention_header = false
+"#,
+    )
+    .expect("valid");
+    let policy = |path: &str| {
+        s.routes
+            .matching(&Method::POST, path)
+            .expect("route")
+            .policy
+            .clone()
+    };
+    let a = policy("/a");
+    assert_eq!(
+        a.contract,
+        idem_http::Contract::of(idem_http::Profile::Ietf)
+    );
+    let b = policy("/b");
+    assert_eq!(b.contract.not_retained, idem_http::NotRetained::Empty);
+    assert_eq!(
+        b.contract.replay_headers,
+        vec![idem_http::IDEMPOTENT_REPLAYED]
+    );
+    assert_eq!(b.contract.held_retry_after, None);
+    assert_eq!(b.contract.key_format, Some(idem_http::KeyFormat::Ulid));
+    assert_eq!(b.contract.key_min_length, 26);
+    assert_eq!(b.engine.on_server_error, idem::ServerError::Hold);
+    let c = policy("/c");
+    assert_eq!(c.contract.replay_headers.len(), 2);
+    assert_eq!(c.contract.held_retry_after, None);
+    assert!(!c.contract.retention_header);
+    assert_eq!(a.engine.on_server_error, idem::ServerError::Store);
+}
+
+#[test]
+fn bad_contract_keys_are_refused_with_their_line() {
+    let route = |body: &str| {
+        format!(
+            "upstream = \"http://127.0.0.1:1\"\n[[route]]\nmethod = \"POST\"\npath = \"/a\"\n{body}\n"
+        )
+    };
+    for (body, why) in [
+        ("profile = \"IETF\"", "expected \"stripe\" or \"ietf\""),
+        ("replay_header = \"X-Replayed\"", "not a replay marker"),
+        ("replay_header = []", "a replay is always marked"),
+        (
+            "not_retained = \"drop\"",
+            "expected \"problem\" or \"empty\"",
+        ),
+        ("held_retry_after = \"0s\"", "greater than zero"),
+        (
+            "on_server_error = \"retry\"",
+            "expected \"store\", \"hold\" or \"release\"",
+        ),
+        ("key_format = \"(\"", "regular expression"),
+        ("key_min_length = 0", "must be 1 to 255"),
+        ("key_min_length = 256", "must be 1 to 255"),
+    ] {
+        let err = from_text(&route(body)).expect_err(body).to_string();
+        assert!(err.contains(why), "{body}: {err}");
+        assert!(err.contains("idem.toml:5"), "{body}: {err}");
+    }
+}
+
+#[test]
+fn the_contract_path_is_a_plain_path_no_route_takes() {
+    let with = |path: &str, routes: &str| {
+        from_text(&format!(
+            "upstream = \"http://127.0.0.1:1\"\ncontract_path = \"{path}\"\n{routes}"
+        ))
+    };
+    assert_eq!(
+        with("/.well-known/idempotency", "")
+            .expect("valid")
+            .contract_path
+            .as_deref(),
+        Some("/.well-known/idempotency")
+    );
+    assert_eq!(
+        from_text("upstream = \"http://127.0.0.1:1\"")
+            .expect("valid")
+            .contract_path,
+        None
+    );
+    for bad in ["well-known", "/a/../b", "/a?x=1", "/a//b"] {
+        let err = with(bad, "").expect_err(bad).to_string();
+        assert!(err.contains("normal form"), "{bad}: {err}");
+    }
+    let taken = with(
+        "/v1/contract",
+        "[[route]]\nmethod = \"GET\"\npath = \"/v1/{any}\"",
+    )
+    .expect_err("a route protects it")
+    .to_string();
+    assert!(
+        taken.contains("GET /v1/{any} protects this path"),
+        "{taken}"
+    );
+}

@@ -1,6 +1,7 @@
 //! `idem serve`: the listener, the admin listener, graceful shutdown.
 
 pub mod body;
+mod contract;
 pub mod deadlines;
 pub mod limits;
 pub mod workers;
@@ -26,6 +27,7 @@ use tower::{Layer, ServiceExt};
 use tracing::Instrument;
 
 use self::body::ClientBody;
+use self::contract::Published;
 use self::deadlines::{Activity, Deadlines, Tracked};
 use self::limits::{Admission, ConnectionPlace, PerPeer};
 use self::workers::{ServeConnection, Workers, close_within};
@@ -190,8 +192,11 @@ impl Server {
             all: Arc::new(Semaphore::new(limits.max_bodies.max(1))),
             per_peer: PerPeer::new(limits.max_bodies_per_peer),
         };
+        let published =
+            Published::new(settings.contract_path.as_deref(), &settings.routes).map(Arc::new);
         let serve = client_connections(
             gateway.clone(),
+            published,
             admission,
             receiving,
             builder.clone(),
@@ -340,6 +345,7 @@ impl Receiving {
 /// work the gateway and the upstream do.
 fn client_connections(
     gateway: Gateway,
+    published: Option<Arc<Published>>,
     admission: Admission,
     receiving: Receiving,
     builder: auto::Builder<TokioExecutor>,
@@ -352,11 +358,13 @@ fn client_connections(
     let idle = Some(limits.idle_timeout).filter(|t| !t.is_zero());
     Arc::new(move |stream, peer, graceful| {
         let gateway = gateway.clone();
+        let published = published.clone();
         let admission = admission.clone();
         let receiving = receiving.clone();
         let (stream, activity) = Deadlines::for_connection(stream, first_bytes, idle);
         let svc = service_fn(move |req: Request<Incoming>| {
             let gateway = gateway.clone();
+            let published = published.clone();
             let admission = admission.clone();
             let receiving = receiving.clone();
             // In flight until the answer's body is done.
@@ -366,6 +374,9 @@ fn client_connections(
                 if let Some(problem) = host_problem(&req) {
                     tracing::debug!(reason = "host_invalid", %peer, detail = problem.detail());
                     return Ok(track(ResponseBody::problem(&problem)));
+                }
+                if let Some(resp) = published.as_ref().and_then(|p| p.answer(&req)) {
+                    return Ok(track(resp));
                 }
                 let (parts, body) = req.into_parts();
                 let mut body = ClientBody::new(body, body_timeout, body_total);

@@ -13,6 +13,7 @@ mod faults;
 mod first_hour;
 mod hostile_upstream;
 mod limits;
+mod profiles;
 mod redis_failover;
 // The relay tests run `idem relay` against every broker.
 #[cfg(all(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
