@@ -4,5 +4,12 @@
 //! its own tenant or database, so they run side by side. One binary links
 //! the workspace once, not once per file.
 
+mod clock;
 mod common;
 mod conformance;
+mod connect_errors;
+mod corrupt;
+mod inbox;
+mod keys;
+mod migrations;
+mod transaction;
