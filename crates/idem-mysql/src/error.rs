@@ -106,7 +106,7 @@ pub(crate) const DUPLICATE_KEY: u16 = 1062;
 /// ER_LOCK_DEADLOCK: InnoDB rolled the transaction back to break a cycle.
 pub(crate) const DEADLOCK: u16 = 1213;
 /// ER_LOCK_WAIT_TIMEOUT: a row lock was not granted in time.
-const LOCK_WAIT_TIMEOUT: u16 = 1205;
+pub(crate) const LOCK_WAIT_TIMEOUT: u16 = 1205;
 /// ER_NO_SUCH_TABLE.
 const NO_SUCH_TABLE: u16 = 1146;
 

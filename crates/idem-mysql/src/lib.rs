@@ -22,7 +22,11 @@
 //!   roll back together;
 //! * **migrations**: versioned, in `migrations/*.sql`, applied under a
 //!   named lock (`GET_LOCK`) at connect (or by [`MySqlStore::migrate`]);
-//! * a **bounded pool**: maximum size, acquire timeout, connect timeout.
+//! * a **bounded pool**: maximum size, acquire timeout, connect timeout;
+//! * **group commit**: concurrent reservations share one transaction and
+//!   one commit, and so do concurrent resolutions (see
+//!   [`MySqlOptions::group_commit`]); operations inside a caller's
+//!   transaction are never grouped.
 //!
 //! ```no_run
 //! use idem::{Engine, Fingerprint, Scope, StoredResponse};
@@ -87,6 +91,8 @@
 //! between transactions by rolling one back with a deadlock error
 //! ([`StoreError::Unavailable`]): retry the transaction.
 
+mod batch;
+mod batched;
 mod error;
 pub mod inbox;
 mod ops;
@@ -95,6 +101,7 @@ mod schema;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use idem::store::{ExistingDecision, decide_existing};
@@ -106,6 +113,7 @@ use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection, MySql, Transaction};
 
+use batched::{ReserveItem, Reserved, ResolveItem, reserve_batch, resolve_batch};
 use ops::*;
 
 pub use error::{MessagingError, MySqlError};
@@ -127,6 +135,32 @@ const MAX_DURATION_MS: i64 = 100 * 365 * 86_400 * 1_000;
 #[derive(Debug, Clone)]
 pub struct MySqlStore {
     pool: MySqlPool,
+    /// How operations are grouped; `None`: group commit is off.
+    group: Option<batch::GroupCommit>,
+    /// The collectors, started by the first operation (inside a runtime).
+    batches: Arc<OnceLock<Batches>>,
+    /// What the collectors ran.
+    counts: Arc<batch::Counts>,
+}
+
+/// What group commit did so far ([`MySqlStore::group_commit_stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct GroupCommitStats {
+    /// Grouped transactions run (of reservations and of resolutions).
+    pub transactions: u64,
+    /// Operations they carried; over `transactions`, the mean group size.
+    pub operations: u64,
+    /// Operations that found a slot free and ran alone, as plain
+    /// statements.
+    pub alone: u64,
+}
+
+/// The collector of each kind of grouped operation.
+#[derive(Debug)]
+struct Batches {
+    reserve: batch::Batcher<ReserveItem, Reserved>,
+    resolve: batch::Batcher<ResolveItem, bool>,
 }
 
 impl MySqlStore {
@@ -174,17 +208,60 @@ impl MySqlStore {
             .idle_timeout(opts.idle_timeout())
             .test_before_acquire(opts.test_before_acquire())
             .connect_lazy_with(connect);
-        let store = Self { pool };
+        let store = Self {
+            pool,
+            group: opts.group(),
+            batches: Arc::default(),
+            counts: Arc::default(),
+        };
         if opts.migrate() {
             store.migrate().await?;
         }
         Ok(store)
     }
 
-    /// Uses an existing pool, whose database must hold the idem tables.
-    /// Applies no migration: call [`migrate`](Self::migrate) if needed.
+    /// Uses an existing pool, whose database must hold the idem tables,
+    /// with group commit at its defaults. Applies no migration: call
+    /// [`migrate`](Self::migrate) if needed.
     pub fn from_pool(pool: MySqlPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            group: Some(batch::GroupCommit::DEFAULT),
+            batches: Arc::default(),
+            counts: Arc::default(),
+        }
+    }
+
+    /// How many grouped transactions ran, how many operations they
+    /// carried, and how many operations ran alone, since this store (and
+    /// its clones) started.
+    pub fn group_commit_stats(&self) -> GroupCommitStats {
+        let (transactions, operations, alone) = self.counts.read();
+        GroupCommitStats {
+            transactions,
+            operations,
+            alone,
+        }
+    }
+
+    /// The grouped-operation collectors, when group commit is on; started
+    /// on first use, from inside the runtime.
+    fn batches(&self) -> Option<&Batches> {
+        let group = self.group?;
+        Some(self.batches.get_or_init(|| Batches {
+            reserve: batch::Batcher::start(
+                self.pool.clone(),
+                group,
+                Arc::clone(&self.counts),
+                reserve_batch,
+            ),
+            resolve: batch::Batcher::start(
+                self.pool.clone(),
+                group,
+                Arc::clone(&self.counts),
+                resolve_batch,
+            ),
+        }))
     }
 
     /// Brings the schema to the version this build writes. Safe to run from

@@ -268,8 +268,29 @@ pub(crate) async fn release_on(
 
 impl Store for MySqlStore {
     async fn reserve(&self, req: ReserveRequest<'_>) -> Result<Reservation, StoreError> {
+        let slot = match self.batches() {
+            Some(batches) => match batches.reserve.turn(|| ReserveItem::new(&req)).await? {
+                batch::Answer::Done(Reserved::Acquired(lease)) => {
+                    return Ok(Reservation::Acquired(lease));
+                }
+                batch::Answer::Done(Reserved::Existing(row)) => {
+                    let mut conn = self.acquire().await?;
+                    if let Some(reservation) = settle(&mut conn, &req, &row).await? {
+                        return Ok(reservation);
+                    }
+                    // Changed since the batch read it: the plain
+                    // statements decide.
+                    None
+                }
+                batch::Answer::Done(Reserved::Vanished) => None,
+                batch::Answer::Alone(slot) => slot,
+            },
+            None => None,
+        };
         let mut conn = self.acquire().await?;
-        reserve_on(&mut conn, &req, Within::Own).await
+        let reserved = reserve_on(&mut conn, &req, Within::Own).await;
+        drop(slot);
+        reserved
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
@@ -293,8 +314,20 @@ impl Store for MySqlStore {
         lease: &Lease,
         outcome: &FinalOutcome,
     ) -> Result<(), StoreError> {
+        let slot = match self.batches() {
+            Some(batches) => {
+                let item = || ResolveItem::new(scope, key, lease, outcome);
+                match batches.resolve.turn(item).await? {
+                    batch::Answer::Done(matched) => return fenced(u64::from(matched)),
+                    batch::Answer::Alone(slot) => slot,
+                }
+            }
+            None => None,
+        };
         let mut conn = self.acquire().await?;
-        resolve_on(&mut conn, scope, key, lease, outcome).await
+        let resolved = resolve_on(&mut conn, scope, key, lease, outcome).await;
+        drop(slot);
+        resolved
     }
 
     async fn release(

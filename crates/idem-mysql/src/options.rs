@@ -7,17 +7,21 @@ use idem::store::backend::{QueryOption, QueryOptionError, QueryOptions};
 use sqlx::ConnectOptions;
 use sqlx::mysql::MySqlConnectOptions;
 
+use crate::batch;
 use crate::error::MySqlError;
 
 /// The options idem reads from a store URL; every other one is the
 /// driver's.
-const OURS: [&str; 6] = [
+const OURS: [&str; 9] = [
     "max_connections",
     "min_connections",
     "acquire_timeout_ms",
     "connect_timeout_ms",
     "migrate",
     "test_before_acquire",
+    "group_commit",
+    "group_commit_max",
+    "group_commit_in_flight",
 ];
 
 /// Options for [`MySqlStore::connect_with`](crate::MySqlStore::connect_with).
@@ -50,6 +54,9 @@ pub struct MySqlOptions {
     idle_timeout: Option<Duration>,
     migrate: bool,
     test_before_acquire: bool,
+    group_commit: bool,
+    group_commit_max: u32,
+    group_commit_in_flight: u32,
 }
 
 impl std::fmt::Debug for MySqlOptions {
@@ -63,6 +70,9 @@ impl std::fmt::Debug for MySqlOptions {
             .field("idle_timeout", &self.idle_timeout)
             .field("migrate", &self.migrate)
             .field("test_before_acquire", &self.test_before_acquire)
+            .field("group_commit", &self.group_commit)
+            .field("group_commit_max", &self.group_commit_max)
+            .field("group_commit_in_flight", &self.group_commit_in_flight)
             .finish_non_exhaustive()
     }
 }
@@ -89,6 +99,9 @@ impl MySqlOptions {
             idle_timeout: Some(Duration::from_secs(600)),
             migrate: true,
             test_before_acquire: true,
+            group_commit: true,
+            group_commit_max: batch::GroupCommit::DEFAULT.max_batch,
+            group_commit_in_flight: batch::GroupCommit::DEFAULT.in_flight,
         }
     }
 
@@ -96,7 +109,9 @@ impl MySqlOptions {
     /// `mariadb://…`). Besides the driver's own options (`ssl-mode`,
     /// `charset`, `socket`…), idem reads `max_connections=N`,
     /// `min_connections=N`, `acquire_timeout_ms=N`, `connect_timeout_ms=N`,
-    /// `migrate=true|false` and `test_before_acquire=true|false`.
+    /// `migrate=true|false`, `test_before_acquire=true|false`,
+    /// `group_commit=true|false`, `group_commit_max=N` and
+    /// `group_commit_in_flight=N`.
     ///
     /// Fails with [`MySqlError::Url`] (password redacted) on another
     /// scheme, a URL without a database, an option without a value, a URL
@@ -157,6 +172,9 @@ impl MySqlOptions {
             "connect_timeout_ms" => self.connect_timeout = millis(option.positive_u32()?),
             "migrate" => self.migrate = option.flag()?,
             "test_before_acquire" => self.test_before_acquire = option.flag()?,
+            "group_commit" => self.group_commit = option.flag()?,
+            "group_commit_max" => self.group_commit_max = option.positive_u32()?,
+            "group_commit_in_flight" => self.group_commit_in_flight = option.positive_u32()?,
             _ => {}
         }
         Ok(())
@@ -270,10 +288,68 @@ impl MySqlOptions {
         self
     }
 
+    /// Whether concurrent reservations (and concurrent resolutions) are
+    /// grouped into one transaction and one commit (on by default). While
+    /// fewer than [`group_commit_in_flight`](Self::group_commit_in_flight)
+    /// transactions of a kind run, an operation runs alone, as it comes;
+    /// when they all run, operations queue and the next free slot runs
+    /// them together. Off, every operation commits on its own.
+    pub fn group_commit(&self) -> bool {
+        self.group_commit
+    }
+
+    /// Turns group commit on or off (see
+    /// [`group_commit`](Self::group_commit)).
+    pub fn with_group_commit(mut self, on: bool) -> Self {
+        self.group_commit = on;
+        self
+    }
+
+    /// Most operations one grouped transaction carries (default 64).
+    pub fn group_commit_max(&self) -> u32 {
+        self.group_commit_max
+    }
+
+    /// Sets how many operations one grouped transaction carries at most.
+    pub fn with_group_commit_max(mut self, n: u32) -> Self {
+        self.group_commit_max = n;
+        self
+    }
+
+    /// Most grouped transactions of one kind (reservations, resolutions)
+    /// running at once, each on a connection of the pool (default 2). A
+    /// grouped transaction that waits (on a row another transaction holds
+    /// uncommitted, say a caller's own
+    /// [`MySqlStore::reserve_in`](crate::MySqlStore::reserve_in)) holds up
+    /// the operations queued behind it.
+    pub fn group_commit_in_flight(&self) -> u32 {
+        self.group_commit_in_flight
+    }
+
+    /// Sets how many grouped transactions of one kind run at once (see
+    /// [`group_commit_in_flight`](Self::group_commit_in_flight)).
+    pub fn with_group_commit_in_flight(mut self, n: u32) -> Self {
+        self.group_commit_in_flight = n;
+        self
+    }
+
+    /// How operations are grouped; `None` when group commit is off.
+    pub(crate) fn group(&self) -> Option<batch::GroupCommit> {
+        self.group_commit.then_some(batch::GroupCommit {
+            max_batch: self.group_commit_max,
+            in_flight: self.group_commit_in_flight,
+        })
+    }
+
     /// Whether the settings fit together; the reason when not.
     pub(crate) fn validate(&self) -> Result<(), String> {
         if self.max_connections == 0 {
             return Err("max_connections must be at least 1".to_owned());
+        }
+        if self.group_commit_max == 0 || self.group_commit_in_flight == 0 {
+            return Err(
+                "group_commit_max and group_commit_in_flight must be at least 1".to_owned(),
+            );
         }
         if self.min_connections > self.max_connections {
             return Err(format!(
@@ -310,6 +386,22 @@ mod tests {
         assert!(!o.migrate());
         assert!(!o.test_before_acquire());
         assert_eq!(o.connect_options().get_database(), Some("idem"));
+        assert!(o.group_commit(), "default");
+        assert_eq!((o.group_commit_max(), o.group_commit_in_flight()), (64, 2));
+        let o = MySqlOptions::from_url(
+            "mysql://db/idem?group_commit=false&group_commit_max=8&group_commit_in_flight=3",
+        )
+        .expect("valid");
+        assert!(!o.group_commit());
+        assert_eq!(o.group(), None);
+        let o = o.with_group_commit(true);
+        assert_eq!(
+            o.group(),
+            Some(batch::GroupCommit {
+                max_batch: 8,
+                in_flight: 3
+            })
+        );
     }
 
     #[test]
@@ -323,6 +415,12 @@ mod tests {
             ("mysql://db/idem?max_connections=x", "positive integer"),
             ("mysql://db/idem?migrate=maybe", "true or false"),
             ("mysql://db/idem?pool", "has no value"),
+            ("mysql://db/idem?group_commit=yes", "true or false"),
+            ("mysql://db/idem?group_commit_max=0", "positive integer"),
+            (
+                "mysql://db/idem?group_commit_in_flight=-1",
+                "positive integer",
+            ),
             ("mysql://u:s3cret@db:port/idem", "invalid MySQL store URL"),
             (
                 "mysql://u:s3cret@db/idem?ssl-mode=sometimes",

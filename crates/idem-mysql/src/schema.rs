@@ -116,6 +116,11 @@ pub(crate) const RESOLVE: &str = include_str!("../queries/resolve.sql");
 pub(crate) const RELEASE: &str = include_str!("../queries/release.sql");
 pub(crate) const MARK_UNKNOWN: &str = include_str!("../queries/mark_unknown.sql");
 pub(crate) const RENEW: &str = include_str!("../queries/renew.sql");
+pub(crate) const READ_BATCH: &str = include_str!("../queries/read_batch.sql");
+/// One record of `READ_BATCH`: binds its tenant, operation and key in
+/// between.
+pub(crate) const READ_BATCH_RECORD: [&str; 4] =
+    ["(tenant = ", " AND operation = ", " AND idem_key = ", ")"];
 pub(crate) const GET: &str = include_str!("../queries/get.sql");
 pub(crate) const LIST: &str = include_str!("../queries/list.sql");
 /// `LIST` filters: each is followed by its bind, then by its `_END` (if any).

@@ -9,6 +9,7 @@ mod common;
 mod conformance;
 mod connect_errors;
 mod corrupt;
+mod group_commit;
 mod inbox;
 mod keys;
 mod migrations;
