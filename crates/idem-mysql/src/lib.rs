@@ -201,12 +201,24 @@ impl MySqlStore {
                 ));
             }
         }
+        let (ping, ping_after_idle) = (opts.test_before_acquire(), opts.ping_after_idle());
         let pool = MySqlPoolOptions::new()
             .max_connections(opts.max_connections())
             .min_connections(opts.min_connections())
             .acquire_timeout(opts.acquire_timeout())
             .idle_timeout(opts.idle_timeout())
-            .test_before_acquire(opts.test_before_acquire())
+            // sqlx's own test pings before every acquire, a second round
+            // trip for each operation; ours only after an idle spell (see
+            // `ping_after_idle`).
+            .test_before_acquire(false)
+            .before_acquire(move |conn, meta| {
+                Box::pin(async move {
+                    if ping && meta.idle_for >= ping_after_idle {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_lazy_with(connect);
         let store = Self {
             pool,

@@ -12,13 +12,14 @@ use crate::error::MySqlError;
 
 /// The options idem reads from a store URL; every other one is the
 /// driver's.
-const OURS: [&str; 9] = [
+const OURS: [&str; 10] = [
     "max_connections",
     "min_connections",
     "acquire_timeout_ms",
     "connect_timeout_ms",
     "migrate",
     "test_before_acquire",
+    "ping_after_idle_ms",
     "group_commit",
     "group_commit_max",
     "group_commit_in_flight",
@@ -54,6 +55,7 @@ pub struct MySqlOptions {
     idle_timeout: Option<Duration>,
     migrate: bool,
     test_before_acquire: bool,
+    ping_after_idle: Duration,
     group_commit: bool,
     group_commit_max: u32,
     group_commit_in_flight: u32,
@@ -70,6 +72,7 @@ impl std::fmt::Debug for MySqlOptions {
             .field("idle_timeout", &self.idle_timeout)
             .field("migrate", &self.migrate)
             .field("test_before_acquire", &self.test_before_acquire)
+            .field("ping_after_idle", &self.ping_after_idle)
             .field("group_commit", &self.group_commit)
             .field("group_commit_max", &self.group_commit_max)
             .field("group_commit_in_flight", &self.group_commit_in_flight)
@@ -81,7 +84,8 @@ impl MySqlOptions {
     /// Default options for explicit connection options.
     pub fn new(connect: MySqlConnectOptions) -> Self {
         let display_url = format!(
-            "mysql://{}:{}/{}",
+            "mysql://{}@{}:{}/{}",
+            connect.get_username(),
             connect.get_host(),
             connect.get_port(),
             connect.get_database().unwrap_or_default()
@@ -99,6 +103,7 @@ impl MySqlOptions {
             idle_timeout: Some(Duration::from_secs(600)),
             migrate: true,
             test_before_acquire: true,
+            ping_after_idle: Duration::from_secs(1),
             group_commit: true,
             group_commit_max: batch::GroupCommit::DEFAULT.max_batch,
             group_commit_in_flight: batch::GroupCommit::DEFAULT.in_flight,
@@ -110,6 +115,7 @@ impl MySqlOptions {
     /// `charset`, `socket`…), idem reads `max_connections=N`,
     /// `min_connections=N`, `acquire_timeout_ms=N`, `connect_timeout_ms=N`,
     /// `migrate=true|false`, `test_before_acquire=true|false`,
+    /// `ping_after_idle_ms=N` (0 pings before every operation),
     /// `group_commit=true|false`, `group_commit_max=N` and
     /// `group_commit_in_flight=N`.
     ///
@@ -172,6 +178,7 @@ impl MySqlOptions {
             "connect_timeout_ms" => self.connect_timeout = millis(option.positive_u32()?),
             "migrate" => self.migrate = option.flag()?,
             "test_before_acquire" => self.test_before_acquire = option.flag()?,
+            "ping_after_idle_ms" => self.ping_after_idle = option.millis()?,
             "group_commit" => self.group_commit = option.flag()?,
             "group_commit_max" => self.group_commit_max = option.positive_u32()?,
             "group_commit_in_flight" => self.group_commit_in_flight = option.positive_u32()?,
@@ -275,7 +282,9 @@ impl MySqlOptions {
     /// Whether the pool pings a connection before handing it out (on by
     /// default), so that a connection the server closed while idle (a
     /// restart, `wait_timeout`) is replaced instead of failing an
-    /// operation. Off, a dead connection fails one operation with
+    /// operation. Only connections idle for at least
+    /// [`ping_after_idle`](Self::ping_after_idle) are pinged. Off, a dead
+    /// connection fails one operation with
     /// [`StoreError::Unavailable`](idem::StoreError::Unavailable) before
     /// the pool replaces it.
     pub fn test_before_acquire(&self) -> bool {
@@ -285,6 +294,21 @@ impl MySqlOptions {
     /// Sets whether connections are pinged before use.
     pub fn with_test_before_acquire(mut self, ping: bool) -> Self {
         self.test_before_acquire = ping;
+        self
+    }
+
+    /// How long a connection must have sat idle to be pinged before use
+    /// (default 1 s; zero pings before every operation). Under load
+    /// connections go straight back to work, and no round trip is spent
+    /// on a ping beside each operation's own.
+    pub fn ping_after_idle(&self) -> Duration {
+        self.ping_after_idle
+    }
+
+    /// Sets how long a connection must have sat idle to be pinged before
+    /// use (see [`ping_after_idle`](Self::ping_after_idle)).
+    pub fn with_ping_after_idle(mut self, idle: Duration) -> Self {
+        self.ping_after_idle = idle;
         self
     }
 
@@ -375,6 +399,9 @@ mod tests {
         assert!(!format!("{o:?}").contains("pw"), "Debug redacts");
         assert!(o.migrate());
         assert!(o.test_before_acquire());
+        assert_eq!(o.ping_after_idle(), Duration::from_secs(1), "default");
+        let o = MySqlOptions::from_url("mysql://db/idem?ping_after_idle_ms=0").expect("valid");
+        assert_eq!(o.ping_after_idle(), Duration::ZERO);
         let o = MySqlOptions::from_url(
             "mariadb://db/idem?max_connections=4&min_connections=2&acquire_timeout_ms=250&connect_timeout_ms=100&migrate=false&test_before_acquire=false&charset=utf8mb4",
         )
@@ -416,6 +443,10 @@ mod tests {
             ("mysql://db/idem?migrate=maybe", "true or false"),
             ("mysql://db/idem?pool", "has no value"),
             ("mysql://db/idem?group_commit=yes", "true or false"),
+            (
+                "mysql://db/idem?ping_after_idle_ms=soon",
+                "whole number of milliseconds",
+            ),
             ("mysql://db/idem?group_commit_max=0", "positive integer"),
             (
                 "mysql://db/idem?group_commit_in_flight=-1",

@@ -13,4 +13,5 @@ mod group_commit;
 mod inbox;
 mod keys;
 mod migrations;
+mod pool;
 mod transaction;
