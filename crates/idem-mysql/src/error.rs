@@ -245,10 +245,19 @@ fn connect_reason(err: &sqlx::Error) -> String {
     }
 }
 
+/// ER_NET_PACKET_TOO_LARGE: a statement larger than the server's
+/// `max_allowed_packet` (an answer too large to store). Its SQLSTATE is
+/// of the connection class, but the same statement fails again.
+const PACKET_TOO_LARGE: u16 = 1153;
+
 /// Server errors that mean "try again later": deadlocks and lock wait
 /// timeouts, too many connections (1040), a server shutting down (1053),
-/// lost connections (2006, 2013), and the connection-class SQLSTATE 08.
+/// lost connections (2006, 2013), and the connection-class SQLSTATE 08
+/// except a statement too large for the server.
 fn transient_error(number: u16, sqlstate: Option<&str>) -> bool {
+    if number == PACKET_TOO_LARGE {
+        return false;
+    }
     matches!(
         number,
         DEADLOCK | LOCK_WAIT_TIMEOUT | 1040 | 1053 | 2006 | 2013
@@ -315,6 +324,7 @@ mod tests {
             assert!(transient_error(number, None), "{number}");
         }
         assert!(transient_error(1999, Some("08S01")));
+        assert!(!transient_error(1153, Some("08S01")), "too large stays so");
         for number in [1062, 1146, 1049, 1045] {
             assert!(!transient_error(number, Some("42S02")), "{number}");
         }

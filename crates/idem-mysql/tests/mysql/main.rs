@@ -12,6 +12,7 @@ mod corrupt;
 mod group_commit;
 mod inbox;
 mod keys;
+mod limits;
 mod migrations;
 mod pool;
 mod transaction;
