@@ -19,7 +19,7 @@ const FROZEN_S: i64 = 946_684_800;
 
 /// A store whose connections see the server's clock stopped at
 /// [`FROZEN_S`], in a time zone five hours east of UTC.
-async fn frozen_store(t: &common::Isolated) -> MySqlStore {
+pub(crate) async fn frozen_store(t: &common::Isolated) -> MySqlStore {
     let pool = MySqlPoolOptions::new()
         .max_connections(2)
         .after_connect(|conn, _meta| {

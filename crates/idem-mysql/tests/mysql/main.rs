@@ -15,4 +15,5 @@ mod keys;
 mod limits;
 mod migrations;
 mod pool;
+mod races;
 mod transaction;
