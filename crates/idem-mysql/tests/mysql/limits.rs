@@ -1,6 +1,7 @@
-//! An answer larger than the server's `max_allowed_packet` is refused as
-//! a lasting store error (retrying cannot help), never stored cut short,
-//! and the record stays in progress for its owner.
+//! The store's limits: an answer larger than the server's
+//! `max_allowed_packet` is refused as a lasting store error (retrying
+//! cannot help), never stored cut short, and the record stays in progress
+//! for its owner; leases and retentions are capped at a hundred years.
 
 use crate::common;
 
@@ -63,4 +64,44 @@ async fn an_answer_over_max_allowed_packet_is_refused_whole() {
         .expect("a smaller answer is stored");
     let record = store.get(&scope, &key).await.expect("get").expect("record");
     assert_eq!(record.state, RecordState::Completed);
+}
+
+#[tokio::test]
+async fn the_longest_durations_are_capped_at_a_hundred_years() {
+    let Some(t) = common::Isolated::new("limits_long").await else {
+        return;
+    };
+    let store = &t.store;
+    let scope = Scope::new("acme", "op").expect("scope");
+    let key: IdempotencyKey = "forever".parse().expect("key");
+    let Reservation::Acquired(lease) = store
+        .reserve(ReserveRequest {
+            scope: &scope,
+            key: &key,
+            fingerprint: Fingerprint::builder().part("k", b"forever").finish(),
+            owner: OwnerToken::random(),
+            lease: Duration::MAX,
+            retention: Duration::MAX,
+            on_lease_expiry: LeaseExpiry::Retry,
+        })
+        .await
+        .expect("reserve with the longest durations")
+    else {
+        panic!("acquired");
+    };
+    let record = store.get(&scope, &key).await.expect("get").expect("record");
+    let century_ms = 100 * 365 * 86_400 * 1_000;
+    assert_eq!(
+        lease.locked_until.as_millis() - record.created_at.as_millis(),
+        century_ms
+    );
+    assert_eq!(
+        record.expires_at.as_millis() - record.created_at.as_millis(),
+        century_ms
+    );
+    let renewed = store
+        .renew(&scope, &key, &lease, Duration::MAX)
+        .await
+        .expect("renew");
+    assert!(renewed >= lease.locked_until);
 }
