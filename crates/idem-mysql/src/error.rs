@@ -165,7 +165,7 @@ impl MySqlError {
     }
 }
 
-/// What went wrong in the inbox.
+/// What went wrong in the inbox or the ordering guard.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum MessagingError {

@@ -23,6 +23,8 @@
 //! * **migrations**: versioned, in `migrations/*.sql`, applied under a
 //!   named lock (`GET_LOCK`) at connect (or by [`MySqlStore::migrate`]);
 //! * a **bounded pool**: maximum size, acquire timeout, connect timeout;
+//! * for consumers whose data lives in MySQL, the transactional
+//!   [`inbox`] and the ordering [`guard`];
 //! * **group commit**: concurrent reservations share one transaction and
 //!   one commit, and so do concurrent resolutions (see
 //!   [`MySqlOptions::group_commit`]); operations inside a caller's
@@ -94,6 +96,7 @@
 mod batch;
 mod batched;
 mod error;
+pub mod guard;
 pub mod inbox;
 mod ops;
 mod options;

@@ -26,6 +26,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../migrations/0001_records.sql"),
     ),
     ("inbox", include_str!("../migrations/0002_inbox.sql")),
+    (
+        "aggregate versions for the ordering guard",
+        include_str!("../migrations/0003_aggregate_versions.sql"),
+    ),
 ];
 
 /// The schema version this build writes.

@@ -10,6 +10,7 @@ mod conformance;
 mod connect_errors;
 mod corrupt;
 mod group_commit;
+mod guard;
 mod inbox;
 mod keys;
 mod limits;
