@@ -38,11 +38,13 @@ pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// How long a migrator waits for another one to finish, in seconds.
 const MIGRATION_LOCK_WAIT_S: i64 = 60;
 
-/// The named lock every migrating process takes (per database: lock names
-/// are server-wide), so that gateways starting together migrate one after
-/// the other.
-const TAKE_MIGRATION_LOCK: &str = "SELECT GET_LOCK(CONCAT('idem_migrate:', DATABASE()), ?)";
-const RELEASE_MIGRATION_LOCK: &str = "SELECT RELEASE_LOCK(CONCAT('idem_migrate:', DATABASE()))";
+/// The named lock every migrating process takes, so that gateways
+/// starting together migrate one after the other. Lock names are
+/// server-wide, so the name is per database, and MySQL refuses names
+/// over 64 characters, so the database's name enters it hashed.
+const TAKE_MIGRATION_LOCK: &str = "SELECT GET_LOCK(CONCAT('idem_migrate:', SHA1(DATABASE())), ?)";
+const RELEASE_MIGRATION_LOCK: &str =
+    "SELECT RELEASE_LOCK(CONCAT('idem_migrate:', SHA1(DATABASE())))";
 
 const CREATE_VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migrations (\
      version INT PRIMARY KEY, \
