@@ -1,7 +1,8 @@
 //! The store's limits: an answer larger than the server's
 //! `max_allowed_packet` is refused as a lasting store error (retrying
 //! cannot help), never stored cut short, and the record stays in progress
-//! for its owner; leases and retentions are capped at a hundred years.
+//! for its owner; so is a resource id longer than its column; leases and
+//! retentions are capped at a hundred years.
 
 use crate::common;
 
@@ -104,4 +105,45 @@ async fn the_longest_durations_are_capped_at_a_hundred_years() {
         .await
         .expect("renew");
     assert!(renewed >= lease.locked_until);
+}
+
+#[tokio::test]
+async fn a_resource_id_over_its_column_is_refused_not_cut_short() {
+    let Some(t) = common::Isolated::new("limits_text").await else {
+        return;
+    };
+    let store = &t.store;
+    let scope = Scope::new("acme", "op").expect("scope");
+    let key: IdempotencyKey = "long-id".parse().expect("key");
+    let Reservation::Acquired(lease) = store
+        .reserve(ReserveRequest {
+            scope: &scope,
+            key: &key,
+            fingerprint: Fingerprint::builder().part("k", b"long-id").finish(),
+            owner: OwnerToken::random(),
+            lease: Duration::from_secs(60),
+            retention: Duration::from_secs(3600),
+            on_lease_expiry: LeaseExpiry::Retry,
+        })
+        .await
+        .expect("reserve")
+    else {
+        panic!("acquired");
+    };
+    // TEXT holds 65,535 bytes; the server's strict mode (its default)
+    // refuses more rather than truncating.
+    let outcome = FinalOutcome {
+        verdict: Verdict::Completed,
+        response: StoredResponse::new(201, "created"),
+        resource_id: Some("r".repeat(65_536)),
+        error_code: None,
+        retention: Duration::from_secs(3600),
+    };
+    let err = store
+        .resolve(&scope, &key, &lease, &outcome)
+        .await
+        .expect_err("longer than TEXT");
+    assert!(!err.is_transient(), "{err}");
+    let record = store.get(&scope, &key).await.expect("get").expect("record");
+    assert_eq!(record.state, RecordState::Processing, "nothing stored");
 }
