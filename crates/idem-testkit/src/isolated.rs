@@ -1,5 +1,6 @@
-//! Room of a test's own on a shared server: a PostgreSQL schema and a
-//! Redis key prefix that no other test uses, removed when dropped.
+//! Room of a test's own on a shared server: a PostgreSQL schema, a MySQL
+//! database and a Redis key prefix that no other test uses, removed when
+//! dropped.
 //!
 //! The tests of a binary run side by side against the same loopback
 //! servers, so each keeps to its own schema or prefix. Both clean up in
@@ -120,6 +121,95 @@ impl Drop for PgSchema {
     }
 }
 
+/// A MySQL (or MariaDB) database of one test's own on the test server,
+/// created here and dropped with everything in it when this is dropped.
+///
+/// MySQL has no schemas inside a database, and a store's URL names its
+/// database, so a test's own room is a database: [`MysqlDatabase::url`]
+/// is the test server's URL pointed at it.
+#[derive(Debug)]
+pub struct MysqlDatabase {
+    server: String,
+    name: String,
+}
+
+impl MysqlDatabase {
+    /// A fresh database (`idem_test_{label}_…`) on the test server, or
+    /// `None` when there is no server (the test skips, loudly; see
+    /// [`crate::services`]). Panics if the server refuses to create it.
+    pub fn new(label: &str) -> Option<Self> {
+        let server = crate::services::mysql()?;
+        Some(Self::on(&server, label))
+    }
+
+    /// A fresh database on `server`, a `mysql://` URL.
+    pub fn on(server: &str, label: &str) -> Self {
+        let db = Self {
+            server: server.to_owned(),
+            name: unique(&format!("idem_test_{label}")),
+        };
+        let statement = format!("CREATE DATABASE `{}`", db.name);
+        if let Err(err) = mysql_admin(server, statement) {
+            panic!("creating the test database {}: {err}", db.name);
+        }
+        db
+    }
+
+    /// The database's name (it needs no quoting).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The server's URL, as the environment gives it.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// The server's URL with its database replaced by this one, its query
+    /// kept: what a store is given to keep its tables there.
+    pub fn url(&self) -> String {
+        with_database(&self.server, &self.name)
+    }
+}
+
+/// `url` (`mysql://user@host:port/db?query`) naming `database` instead.
+fn with_database(url: &str, database: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("mysql", url));
+    let (before_query, query) = rest
+        .split_once('?')
+        .map_or((rest, None), |(b, q)| (b, Some(q)));
+    let authority = before_query.split('/').next().unwrap_or(before_query);
+    match query {
+        Some(query) => format!("{scheme}://{authority}/{database}?{query}"),
+        None => format!("{scheme}://{authority}/{database}"),
+    }
+}
+
+/// Runs one statement on `server` on a connection of its own.
+fn mysql_admin(server: &str, statement: String) -> Result<(), String> {
+    let server = server.to_owned();
+    on_own_runtime(async move {
+        use sqlx::Connection as _;
+        let mut conn = sqlx::MySqlConnection::connect(&server)
+            .await
+            .map_err(|e| e.to_string())?;
+        sqlx::query(&statement)
+            .execute(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        conn.close().await.map_err(|e| e.to_string())
+    })
+}
+
+impl Drop for MysqlDatabase {
+    fn drop(&mut self) {
+        let statement = format!("DROP DATABASE IF EXISTS `{}`", self.name);
+        if let Err(err) = mysql_admin(&self.server, statement) {
+            eprintln!("dropping the test database {}: {err}", self.name);
+        }
+    }
+}
+
 /// A Redis key prefix of one test's own, every key under which is deleted
 /// on every node the URL names when this is dropped (records in flight
 /// have no time to live, and would otherwise stay in the shared Redis).
@@ -228,6 +318,53 @@ mod tests {
             format!("redis://127.0.0.1:1/0?prefix={}", p.name())
         );
         std::mem::forget(p);
+    }
+
+    #[test]
+    fn a_mysql_url_is_pointed_at_the_test_database() {
+        assert_eq!(
+            with_database("mysql://root@127.0.0.1:3306/test", "idem_test_x"),
+            "mysql://root@127.0.0.1:3306/idem_test_x"
+        );
+        assert_eq!(
+            with_database("mysql://u:p@db/test?ssl-mode=disabled", "d"),
+            "mysql://u:p@db/d?ssl-mode=disabled"
+        );
+        assert_eq!(with_database("mysql://db", "d"), "mysql://db/d");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_mysql_database_is_gone_with_its_tables() {
+        use sqlx::Connection as _;
+        let Some(db) = MysqlDatabase::new("isolated") else {
+            return;
+        };
+        let mut conn = sqlx::MySqlConnection::connect(&db.url())
+            .await
+            .expect("connect to the test database");
+        sqlx::query("CREATE TABLE t (id int)")
+            .execute(&mut conn)
+            .await
+            .expect("create a table in it");
+        let name = db.name().to_owned();
+        let count = "SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = ?";
+        let before: i64 = sqlx::query_scalar(count)
+            .bind(&name)
+            .fetch_one(&mut conn)
+            .await
+            .expect("count");
+        conn.close().await.expect("close");
+        drop(db);
+        let server = crate::services::mysql().expect("the same server");
+        let mut conn = sqlx::MySqlConnection::connect(&server)
+            .await
+            .expect("connect");
+        let after: i64 = sqlx::query_scalar(count)
+            .bind(&name)
+            .fetch_one(&mut conn)
+            .await
+            .expect("count");
+        assert_eq!((before, after), (1, 0), "{name}");
     }
 
     #[test]

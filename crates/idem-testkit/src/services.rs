@@ -2,7 +2,7 @@
 //!
 //! One rule for every test that talks to a real server: the server's URL
 //! comes from the environment at run time (`IDEM_TEST_PG_URL`,
-//! `IDEM_TEST_REDIS_URL`, `IDEM_TEST_REDIS_CLUSTER_URL`,
+//! `IDEM_TEST_MYSQL_URL`, `IDEM_TEST_REDIS_URL`, `IDEM_TEST_REDIS_CLUSTER_URL`,
 //! `IDEM_TEST_NATS_URL`, `IDEM_TEST_AMQP_URL`, `IDEM_TEST_KAFKA_URL`),
 //! defaulting to the machine's loopback services. If the server does not
 //! answer, the test **skips with a loud notice** — unless
@@ -30,6 +30,16 @@ pub fn postgres() -> Option<String> {
         "PostgreSQL",
         "IDEM_TEST_PG_URL",
         "postgres://postgres@127.0.0.1:5432/test",
+    )
+}
+
+/// MySQL or MariaDB (`IDEM_TEST_MYSQL_URL`, default
+/// `mysql://root@127.0.0.1:3306/test`).
+pub fn mysql() -> Option<String> {
+    require(
+        "MySQL",
+        "IDEM_TEST_MYSQL_URL",
+        "mysql://root@127.0.0.1:3306/test",
     )
 }
 
@@ -226,6 +236,7 @@ fn host_port(url: &str) -> Option<String> {
     let host_port = host_port.split(',').next()?;
     let default_port = match url.split_once("://")?.0 {
         "postgres" | "postgresql" => 5432,
+        "mysql" | "mariadb" => 3306,
         "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => 6379,
         "nats" => 4222,
         "amqp" | "amqps" => 5672,
@@ -282,6 +293,10 @@ mod tests {
         assert_eq!(
             host_port("postgres://localhost/db").as_deref(),
             Some("localhost:5432")
+        );
+        assert_eq!(
+            host_port("mysql://root@127.0.0.1/test").as_deref(),
+            Some("127.0.0.1:3306")
         );
         assert_eq!(
             host_port("redis://127.0.0.1").as_deref(),
