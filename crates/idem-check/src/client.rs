@@ -212,6 +212,7 @@ impl Sender {
         };
         let headers = [
             "idempotent-replayed",
+            "idempotency-replayed",
             "retry-after",
             "location",
             "content-type",

@@ -131,9 +131,18 @@ impl Exchange {
         self.header_map.get(name).and_then(|v| v.to_str().ok())
     }
 
-    /// Whether the answer says it is a replay (`Idempotent-Replayed: true`).
+    /// Whether the answer says it is a replay: `Idempotent-Replayed:
+    /// true` as Stripe spells it, or `Idempotency-Replayed: true` as the
+    /// IETF-aligned servers do.
     pub(crate) fn replayed(&self) -> bool {
-        self.header("idempotent-replayed") == Some("true")
+        self.replay_marker().is_some()
+    }
+
+    /// The replay marker the answer carries (`true`), by its name.
+    pub(crate) fn replay_marker(&self) -> Option<&'static str> {
+        ["Idempotent-Replayed", "Idempotency-Replayed"]
+            .into_iter()
+            .find(|name| self.header(&name.to_ascii_lowercase()) == Some("true"))
     }
 
     /// Whether the status is 2xx.

@@ -61,6 +61,10 @@ pub enum GatewayError {
     /// PostgreSQL failed (connect, migrate, a query of the outbox).
     #[error(transparent)]
     Postgres(#[from] idem_postgres::PgError),
+    /// MySQL or MariaDB failed (connect, migrate, parse its URL).
+    #[cfg(feature = "mysql")]
+    #[error(transparent)]
+    MySql(#[from] idem_mysql::MySqlError),
     /// The outbox could not be read or changed.
     #[error(transparent)]
     Outbox(#[from] idem_postgres::MessagingError),
@@ -112,6 +116,8 @@ impl GatewayError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Postgres(err) => err.is_transient(),
+            #[cfg(feature = "mysql")]
+            Self::MySql(err) => err.is_transient(),
             Self::Redis(err) => err.is_transient(),
             Self::Store(err) => err.is_transient(),
             _ => false,

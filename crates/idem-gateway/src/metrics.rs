@@ -32,15 +32,59 @@ const LATENCY_BUCKETS: [f64; 17] = [
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
-/// PostgreSQL stores whose group-commit counts `/metrics` reports.
-static GROUP_COMMIT: Mutex<Vec<idem_postgres::PgStore>> = Mutex::new(Vec::new());
+/// Group-commit counts of one store, as `/metrics` reports them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GroupCounts {
+    /// Statements (PostgreSQL) or transactions (MySQL) that carried a group.
+    pub statements: u64,
+    /// Operations those carried.
+    pub operations: u64,
+    /// Operations that ran alone.
+    pub alone: u64,
+    /// Statements run from a prepared plan (PostgreSQL only).
+    pub planned: u64,
+}
+
+/// A store that groups its operations and counts them.
+pub trait GroupCommit: Send + 'static {
+    /// Its counts so far.
+    fn group_counts(&self) -> GroupCounts;
+}
+
+impl GroupCommit for idem_postgres::PgStore {
+    fn group_counts(&self) -> GroupCounts {
+        let s = self.group_commit_stats();
+        GroupCounts {
+            statements: s.statements,
+            operations: s.operations,
+            alone: s.alone,
+            planned: s.planned,
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl GroupCommit for idem_mysql::MySqlStore {
+    fn group_counts(&self) -> GroupCounts {
+        let s = self.group_commit_stats();
+        GroupCounts {
+            statements: s.transactions,
+            operations: s.operations,
+            alone: s.alone,
+            planned: 0,
+        }
+    }
+}
+
+/// Stores whose group-commit counts `/metrics` reports.
+static GROUP_COMMIT: Mutex<Vec<Box<dyn GroupCommit>>> = Mutex::new(Vec::new());
 
 /// Reports `store`'s group-commit counts in `/metrics` from now on.
-pub fn watch_group_commit(store: &idem_postgres::PgStore) {
+pub fn watch_group_commit<S: GroupCommit + Clone>(store: &S) {
     GROUP_COMMIT
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .push(store.clone());
+        .push(Box::new(store.clone()));
 }
 
 /// Sets the group-commit counters to the watched stores' totals.
@@ -51,7 +95,7 @@ fn publish_group_commit() {
     }
     let (mut statements, mut operations, mut alone, mut planned) = (0, 0, 0, 0);
     for store in stores.iter() {
-        let s = store.group_commit_stats();
+        let s = store.group_counts();
         statements += s.statements;
         operations += s.operations;
         alone += s.alone;

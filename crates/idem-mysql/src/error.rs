@@ -87,7 +87,7 @@ impl From<sqlx::Error> for MySqlError {
 /// missing, and how to create it.
 fn not_migrated(table: &str) -> String {
     format!(
-        "the idem schema is not in this database (table {table:?} does not exist): create it once with MySqlStore::migrate (or connect with migrate=true)"
+        "the idem schema is not in this database (table {table:?} does not exist): create it once with `idem migrate --store URL` (or MySqlStore::migrate, or connect with migrate=true)"
     )
 }
 

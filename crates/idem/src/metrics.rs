@@ -181,23 +181,23 @@ pub const GROUPED_STATEMENTS_TOTAL: Metric = metric(
     Counter,
     &[],
     false,
-    "PostgreSQL statements that carried a group of queued reservations or resolutions.",
+    "PostgreSQL statements (MySQL transactions) that carried a group of queued reservations or resolutions.",
 );
-/// Operations carried by grouped PostgreSQL statements.
+/// Operations carried by grouped PostgreSQL statements (MySQL transactions).
 pub const GROUPED_OPERATIONS_TOTAL: Metric = metric(
     "idem_store_grouped_operations_total",
     Counter,
     &[],
     false,
-    "Reservations and resolutions carried by grouped PostgreSQL statements.",
+    "Reservations and resolutions carried by grouped PostgreSQL statements (MySQL transactions).",
 );
-/// PostgreSQL operations that ran alone.
+/// PostgreSQL and MySQL operations that ran alone.
 pub const ALONE_OPERATIONS_TOTAL: Metric = metric(
     "idem_store_alone_operations_total",
     Counter,
     &[],
     false,
-    "PostgreSQL reservations and resolutions that found a statement slot free and ran alone.",
+    "PostgreSQL and MySQL reservations and resolutions that found a slot free and ran alone.",
 );
 /// Grouped PostgreSQL statements planned as they ran, without a kept plan.
 pub const PLANNED_STATEMENTS_TOTAL: Metric = metric(

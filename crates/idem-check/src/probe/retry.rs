@@ -14,10 +14,9 @@ pub(super) async fn judge(s: &Sender) -> Judged {
         return failed_baseline(vec![first]);
     }
     let second = s.send(keyed(s, PROBE, 0)).await;
-    let marker = if second.replayed() {
-        "the retry is marked Idempotent-Replayed: true"
-    } else {
-        "the retry is not marked Idempotent-Replayed"
+    let marker = match second.replay_marker() {
+        Some(name) => format!("the retry is marked {name}: true"),
+        None => "the retry is not marked Idempotent-Replayed (nor Idempotency-Replayed)".to_owned(),
     };
     let verdict = if same_answer(&first, &second) {
         (Verdict::Pass, format!("same status and body; {marker}"))

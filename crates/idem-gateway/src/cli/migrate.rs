@@ -30,6 +30,13 @@ pub(super) async fn run(args: MigrateArgs) -> Result<(), GatewayError> {
             store.close().await;
             format!("{}: {migrated}", redact(url))
         }
+        #[cfg(feature = "mysql")]
+        StoreUrl::MySql(o) => {
+            let store = idem_mysql::MySqlStore::connect_with((*o).with_migrate(false)).await?;
+            let migrated = store.migrate().await?;
+            store.close().await;
+            format!("{}: {migrated}", redact(url))
+        }
         StoreUrl::Redis(_) => format!("{}: Redis keeps no schema; nothing to migrate", redact(url)),
         StoreUrl::Memory => "memory://: nothing to migrate".to_owned(),
     };

@@ -60,7 +60,7 @@ enum Command {
     /// Start a toy payments upstream, the gateway in front of it on the
     /// embedded store, and a retry storm; print what happened.
     Demo(demo::DemoArgs),
-    /// Create or upgrade the store's schema (PostgreSQL, SQLite) and exit.
+    /// Create or upgrade the store's schema (PostgreSQL, MySQL, SQLite) and exit.
     Migrate(migrate::MigrateArgs),
     /// Inspect and act on idempotency records in a store.
     #[command(subcommand)]

@@ -304,6 +304,24 @@ mod tests {
             StoreUrl::parse("redis://127.0.0.1:6379/2"),
             Ok(StoreUrl::Redis(_))
         ));
+        #[cfg(feature = "mysql")]
+        for mysql in [
+            "mysql://u@127.0.0.1/test",
+            "mariadb://u@127.0.0.1:3306/test",
+        ] {
+            let url = StoreUrl::parse(mysql).expect(mysql);
+            assert!(matches!(url, StoreUrl::MySql(_)), "{mysql}");
+            assert_eq!(url.kind(), "mysql");
+            assert!(url.is_remote() && url.lists_cheaply());
+            // Shared by every gateway on it: never without the hash secret.
+            let refused = url
+                .hashing(None, None, std::time::Duration::from_secs(60))
+                .expect_err("a shared store needs the secret");
+            assert!(
+                refused.to_string().contains("a mysql store is shared"),
+                "{refused}"
+            );
+        }
         assert!(matches!(
             StoreUrl::parse("tiered:redis://127.0.0.1:6379,postgres://u@127.0.0.1/test"),
             Ok(StoreUrl::Tiered(..))
@@ -321,7 +339,8 @@ mod tests {
             Ok(StoreUrl::Tiered(..))
         ));
         for (url, needle) in [
-            ("mysql://u:pw@h/db", "unknown store URL scheme"),
+            ("oracle://u:pw@h/db", "unknown store URL scheme"),
+            ("mysql://u:pw@h", "mysql://"),
             (
                 "idem.db",
                 "a store is a URL with a scheme (for the embedded store's database file idem.db, write sqlite://idem.db)",

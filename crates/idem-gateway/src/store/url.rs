@@ -7,6 +7,8 @@ use std::time::{Duration, SystemTime};
 use idem::HashSecret;
 use idem::{DynStore, MemoryStore, Tiered};
 use idem_http::Hashing;
+#[cfg(feature = "mysql")]
+use idem_mysql::{MySqlOptions, MySqlStore};
 use idem_postgres::{PgOptions, PgStore};
 use idem_redis::{RedisOptions, RedisStore};
 use idem_sqlite::SqliteStore;
@@ -25,6 +27,9 @@ pub enum StoreUrl {
     Memory,
     /// `postgres://…`.
     Postgres(Box<PgOptions>),
+    /// `mysql://…` or `mariadb://…`.
+    #[cfg(feature = "mysql")]
+    MySql(Box<MySqlOptions>),
     /// `redis://…`.
     Redis(Box<RedisOptions>),
     /// `tiered:redis://…,postgres://…`.
@@ -58,16 +63,25 @@ impl StoreUrl {
             "postgres" | "postgresql" => PgOptions::from_url(url)
                 .map(|o| Self::Postgres(Box::new(o)))
                 .map_err(GatewayError::from),
+            #[cfg(feature = "mysql")]
+            "mysql" | "mariadb" => MySqlOptions::from_url(url)
+                .map(|o| Self::MySql(Box::new(o)))
+                .map_err(GatewayError::from),
+            #[cfg(not(feature = "mysql"))]
+            "mysql" | "mariadb" => Err(GatewayError::StoreUrl(format!(
+                "store {}: this idem was built without the MySQL store (cargo feature mysql)",
+                redact(url)
+            ))),
             "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => RedisOptions::from_url(url)
                 .map(|o| Self::Redis(Box::new(o)))
                 .map_err(GatewayError::from),
             "" => Err(GatewayError::StoreUrl(format!(
-                "store {}: a store is a URL with a scheme{}; expected sqlite://, postgres://, redis://, tiered:redis://…,postgres://… or memory://",
+                "store {}: a store is a URL with a scheme{}; expected sqlite://, postgres://, mysql://, redis://, tiered:redis://…,postgres://… or memory://",
                 redact(url),
                 Self::meant(url)
             ))),
             _ => Err(GatewayError::StoreUrl(format!(
-                "store {}: unknown store URL scheme {scheme:?}; expected sqlite://, postgres://, redis://, tiered:redis://…,postgres://… or memory://",
+                "store {}: unknown store URL scheme {scheme:?}; expected sqlite://, postgres://, mysql://, redis://, tiered:redis://…,postgres://… or memory://",
                 redact(url)
             ))),
         }
@@ -78,7 +92,10 @@ impl StoreUrl {
     fn meant(url: &str) -> String {
         let url = url.trim();
         match url.split_once(':') {
-            Some(("postgres" | "postgresql" | "redis" | "sqlite" | "memory", _)) => {
+            Some((
+                "postgres" | "postgresql" | "mysql" | "mariadb" | "redis" | "sqlite" | "memory",
+                _,
+            )) => {
                 format!(
                     " (write it with ://, as in {}://…)",
                     url.split(':').next().unwrap_or("")
@@ -98,12 +115,15 @@ impl StoreUrl {
         format!("sqlite://{}", path.display())
     }
 
-    /// The backend's name: `sqlite`, `memory`, `postgres`, `redis`, `tiered`.
+    /// The backend's name: `sqlite`, `memory`, `postgres`, `mysql`,
+    /// `redis`, `tiered`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Sqlite(_) => "sqlite",
             Self::Memory => "memory",
             Self::Postgres(_) => "postgres",
+            #[cfg(feature = "mysql")]
+            Self::MySql(_) => "mysql",
             Self::Redis(_) => "redis",
             Self::Tiered(..) => "tiered",
         }
@@ -135,7 +155,7 @@ impl StoreUrl {
 
     /// The same store, opened only if it already exists: an SQLite file
     /// that is not there is an error (instead of a new empty database), and
-    /// a PostgreSQL schema is not migrated. For operator commands.
+    /// a PostgreSQL or MySQL schema is not migrated. For operator commands.
     pub fn existing(self) -> Result<Self, GatewayError> {
         Ok(match self {
             Self::Sqlite(url) => {
@@ -149,6 +169,8 @@ impl StoreUrl {
                 Self::Sqlite(url)
             }
             Self::Postgres(o) => Self::Postgres(Box::new((*o).with_migrate(false))),
+            #[cfg(feature = "mysql")]
+            Self::MySql(o) => Self::MySql(Box::new((*o).with_migrate(false))),
             Self::Tiered(fast, durable) => {
                 Self::Tiered(fast, Box::new((*durable).with_migrate(false)))
             }
@@ -166,7 +188,7 @@ impl StoreUrl {
     /// Whether the store is a server that may come and go (retried), as
     /// opposed to a file or memory (opened once, fatal on error).
     pub fn is_remote(&self) -> bool {
-        matches!(self, Self::Postgres(_) | Self::Redis(_) | Self::Tiered(..))
+        !matches!(self, Self::Sqlite(_) | Self::Memory)
     }
 
     /// How this store's tenants and fingerprints are hashed, given the
@@ -241,12 +263,21 @@ impl StoreUrl {
         })?
     }
 
-    /// Connects (and, for PostgreSQL, migrates unless `migrate=false`).
+    /// Connects (and, for PostgreSQL and MySQL, migrates unless
+    /// `migrate=false`).
     pub async fn connect(&self) -> Result<DynStore, GatewayError> {
         match self {
             Self::Sqlite(url) => Self::open_embedded(url).await.map(DynStore::new),
             Self::Memory => Ok(DynStore::new(MemoryStore::new())),
             Self::Postgres(o) => PgStore::connect_with((**o).clone())
+                .await
+                .map(|store| {
+                    crate::metrics::watch_group_commit(&store);
+                    DynStore::new(store)
+                })
+                .map_err(GatewayError::from),
+            #[cfg(feature = "mysql")]
+            Self::MySql(o) => MySqlStore::connect_with((**o).clone())
                 .await
                 .map(|store| {
                     crate::metrics::watch_group_commit(&store);

@@ -57,18 +57,18 @@ const FULL: [&str; 7] = [
     "json",
 ];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_probe_passes_behind_idem_serve() {
-    let dir = tempfile::tempdir().expect("temp dir");
+/// Every probe of `idem check` passes against `idem serve` on `store`
+/// with `config`; returns the probed URL and the upstream for more.
+async fn every_probe_passes(
+    dir: &Path,
+    store: &str,
+    config: &str,
+) -> (String, CountingUpstream, Gateway) {
     let up = CountingUpstream::start().await;
-    let store = format!(
-        "sqlite://{}",
-        Path::new(dir.path()).join("idem.db").display()
-    );
-    let gw = Gateway::builder(IDEM, dir.path())
-        .config(CONFIG)
+    let gw = Gateway::builder(IDEM, dir)
+        .config(config)
         .upstream(&up.url())
-        .store(&store)
+        .store(store)
         .start()
         .await;
     let url = format!("http://{}/v1/payments", gw.addr);
@@ -83,6 +83,17 @@ async fn every_probe_passes_behind_idem_serve() {
     // execution per fresh key (retry, concurrent, reuse, equivalent-json:
     // 1 each; distinct-keys: 2; tenants: 2), nothing for refused requests.
     assert_eq!(up.total(), 8, "{out}");
+    (url, up, gw)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_probe_passes_behind_idem_serve() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = format!(
+        "sqlite://{}",
+        Path::new(dir.path()).join("idem.db").display()
+    );
+    let (url, _up, _gw) = every_probe_passes(dir.path(), &store, CONFIG).await;
 
     // The human report says the same, and the Idempotent-Replayed marker.
     let (code, out, _) = check(&url, &["--probes", "retry,malformed-key"]);
@@ -90,6 +101,22 @@ async fn every_probe_passes_behind_idem_serve() {
     assert!(out.contains("PASS  retry"), "{out}");
     assert!(out.contains("marked Idempotent-Replayed: true"), "{out}");
     assert!(out.contains("2 passed, 0 failed"), "{out}");
+}
+
+/// The same black-box probes on MySQL (MariaDB here), under the IETF
+/// profile: the retry probe reads its `Idempotency-Replayed` marker.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_probe_passes_behind_idem_serve_on_mysql() {
+    let Some(db) = idem_testkit::isolated::MysqlDatabase::new("check") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = format!("[defaults]\nprofile = \"ietf\"\n{CONFIG}");
+    let (url, _up, _gw) = every_probe_passes(dir.path(), &db.url(), &config).await;
+    let (code, out, _) = check(&url, &["--probes", "retry"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("marked Idempotency-Replayed: true"), "{out}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! Gateways sharing PostgreSQL, Redis, a Redis Cluster or tiered stores on
+//! Gateways sharing PostgreSQL, MySQL, Redis, a Redis Cluster or tiered stores on
 //! loopback: several instances behind one "load balancer", and the store
 //! going away and coming back.
 
@@ -58,8 +58,8 @@ fn unique(label: &str) -> String {
 
 /// Three gateways on one store; 200 keys, each sent 10 times at once,
 /// spread over the three: exactly 200 executions, identical answers. On
-/// PostgreSQL (alone or tiered), `/metrics` accounts for the store's
-/// reservations and resolutions as grouped or alone.
+/// PostgreSQL (alone or tiered) and MySQL, `/metrics` accounts for the
+/// store's reservations and resolutions as grouped or alone.
 async fn three_gateways_one_store(store: &str) {
     const KEYS: usize = 200;
     const COPIES: usize = 10;
@@ -117,7 +117,7 @@ async fn three_gateways_one_store(store: &str) {
             "key {k}: answers differ"
         );
     }
-    if store.contains("postgres") {
+    if store.contains("postgres") || store.starts_with("mysql") {
         let (mut statements, mut grouped, mut alone, mut planned) = (0.0, 0.0, 0.0, 0.0);
         for gw in &running {
             statements += metric(gw.admin, "idem_store_grouped_statements_total", "").await;
@@ -129,7 +129,7 @@ async fn three_gateways_one_store(store: &str) {
             "group commit over 3 gateways: {statements} statements carried {grouped} operations \
              ({planned} of them planned as they ran); {alone} alone"
         );
-        // Each key's winner reserved and resolved in PostgreSQL.
+        // Each key's winner reserved and resolved in the database.
         assert!(
             grouped + alone >= 2.0 * KEYS as f64,
             "{grouped} grouped + {alone} alone"
@@ -145,6 +145,15 @@ async fn three_gateways_share_postgres() {
         return;
     };
     three_gateways_one_store(&pg).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_gateways_share_mysql() {
+    let Some(db) = idem_testkit::isolated::MysqlDatabase::new("shared") else {
+        return;
+    };
+    three_gateways_one_store(&db.url()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -315,6 +324,46 @@ async fn migrate_reports_success_or_fails_with_one_line() {
             "migrate",
             "--store",
             "postgres://app:hunter2@127.0.0.1:1/test?connect_timeout_ms=300",
+        ])
+        .output()
+        .await
+        .expect("runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("127.0.0.1:1") && !err.contains("hunter2"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+}
+
+/// `idem migrate` creates the MySQL schema, then finds it in place; an
+/// unreachable server is one line, its password never shown.
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn migrate_creates_the_mysql_schema_or_fails_with_one_line() {
+    let Some(db) = idem_testkit::isolated::MysqlDatabase::new("migrate") else {
+        return;
+    };
+    for expected in ["schema created", "schema already at version"] {
+        let out = Command::new(IDEM)
+            .args(["migrate", "--store", &db.url()])
+            .output()
+            .await
+            .expect("runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(said.contains(expected), "{said}");
+    }
+    let out = Command::new(IDEM)
+        .args([
+            "migrate",
+            "--store",
+            "mysql://app:hunter2@127.0.0.1:1/test?connect_timeout_ms=300",
         ])
         .output()
         .await
