@@ -30,6 +30,15 @@ if command -v psql >/dev/null && up 127.0.0.1 5432; then
   fi
 fi
 
+# MariaDB for the MySQL store's tests (root, no password, database test).
+if ! up 127.0.0.1 3306 && [ -x /usr/sbin/mariadbd ]; then
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd || true
+fi
+wait_for MariaDB 127.0.0.1 3306 30 || status=1
+if command -v mariadb >/dev/null && up 127.0.0.1 3306; then
+  mariadb -h 127.0.0.1 -u root -e "CREATE DATABASE IF NOT EXISTS test" 2>/dev/null || true
+fi
+
 if ! up 127.0.0.1 6379 && command -v redis-server >/dev/null; then
   redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no || true
 fi
