@@ -26,6 +26,8 @@ SCENARIOS = [
     ("idem_replays_redis_cluster", "idem serve, replays, Redis Cluster (3+3)"),
     ("idem_unique_keys_redis_cluster_wait", "idem serve, unique keys, Redis Cluster, min_replicas=1"),
     ("idem_replays_redis_cluster_wait", "idem serve, replays, Redis Cluster, min_replicas=1"),
+    ("idem_unique_keys_mysql", "idem serve, unique keys, MySQL (MariaDB)"),
+    ("idem_replays_mysql", "idem serve, replays, MySQL (MariaDB)"),
     ("idem_unique_keys_tiered", "idem serve, unique keys, tiered Redis+PostgreSQL"),
     ("idem_replays_tiered", "idem serve, replays, tiered Redis+PostgreSQL"),
 ]
@@ -95,9 +97,10 @@ def floors(path):
     """The stores' own floors from bench/stores.sh's output: the fdatasync
     pair's p50, SQLite's own commit pair's p50 (and its version), pgbench's
     rate and latency per client count (and the count it really ran at),
-    redis-benchmark's p50 and rate per client count."""
+    mysqlslap's rate and average latency per client count, redis-benchmark's
+    p50 and rate per client count."""
     raw = open(path).read() if os.path.exists(path) else ""
-    out = {"raw": raw, "pg": {}, "redis": {}}
+    out = {"raw": raw, "pg": {}, "mysql": {}, "redis": {}}
     m = re.search(r"^fdatasync pairs=(\d+) p50_ms=([\d.]+)", raw, re.M)
     if m:
         out["fsync_pair_ms"] = float(m.group(2))
@@ -114,6 +117,8 @@ def floors(path):
             "what": "p50" if m.group(5) else "average",
             "ran": m.group(6) or m.group(2),
         }
+    for m in re.finditer(r"^mysqlslap (\S+)\s+clients=(\d+)\s+tps=([\d.]+) latency_ms=([\d.]+)", raw, re.M):
+        out["mysql"][(m.group(1), m.group(2))] = {"tps": float(m.group(3)), "ms": float(m.group(4))}
     for m in re.finditer(r"^clients=(\d+) SET .*?: ([\d.]+) requests per second, p50=([\d.]+) msec", raw, re.M):
         out["redis"][m.group(1)] = {"rps": float(m.group(2)), "p50": float(m.group(3))}
     return out
@@ -141,6 +146,9 @@ def targets(data, have, conns, floor, rss):
     if ("reserve_complete", "1") in floor["pg"]:
         pg1 = floor["pg"][("reserve_complete", "1")]
         lat_floor["idem_unique_keys_postgres"] = ("PostgreSQL", pg1["ms"], f"pgbench reserve + complete, 1 client ({pg1['what']})")
+    if ("reserve_complete", "1") in floor["mysql"]:
+        my1 = floor["mysql"][("reserve_complete", "1")]
+        lat_floor["idem_unique_keys_mysql"] = ("MySQL", my1["ms"], "mysqlslap reserve + complete, 1 client (average)")
     if "1" in floor["redis"]:
         lat_floor["idem_unique_keys_redis"] = (
             "Redis", 2 * floor["redis"]["1"]["p50"], "two round trips (2 × redis-benchmark p50, `-c 1`)")
@@ -162,7 +170,17 @@ def targets(data, have, conns, floor, rss):
         also["idem_unique_keys_postgres"] = [(
             "PostgreSQL: unique-key p50 − pass-through p50 ≤ 1.25 × the store's own statements, 1 conn",
             pg1["ms"], f"pgbench of the store's reserve + resolve SQL, 1 client ({pg1['what']})")]
-    for s, name in (("idem_unique_keys", "SQLite"), ("idem_unique_keys_postgres", "PostgreSQL"), ("idem_unique_keys_redis", "Redis")):
+    if ("store_statements", "1") in floor["mysql"]:
+        my1 = floor["mysql"][("store_statements", "1")]
+        also["idem_unique_keys_mysql"] = [(
+            "MySQL: unique-key p50 − pass-through p50 ≤ 1.25 × the store's own statements, 1 conn",
+            my1["ms"], "mysqlslap of the store's insert + lease read + resolve SQL, 1 client (average)")]
+    for s, name in (
+        ("idem_unique_keys", "SQLite"),
+        ("idem_unique_keys_postgres", "PostgreSQL"),
+        ("idem_unique_keys_mysql", "MySQL"),
+        ("idem_unique_keys_redis", "Redis"),
+    ):
         target = f"{name}: unique-key p50 − pass-through p50 ≤ 1.25 × floor, 1 conn"
         if s not in have or one not in conns or "idem_pass_through" not in have:
             missing(target, "no 1-connection run of this store")
@@ -195,6 +213,13 @@ def targets(data, have, conns, floor, rss):
             ours = data[("idem_unique_keys_postgres", c)]["rps"]
             at = f"{pg['ran']} clients (the server's bound)" if pg["ran"] != c else f"{c} clients"
             row(target, f"{ours:,.0f} req/s", f"pgbench {pg['tps']:,.0f} tps at {at}", f"{ours / pg['tps']:.2f}×", ours >= pg["tps"])
+        target = f"MySQL unique keys ≥ 1.0 × mysqlslap reserve + complete, {c} conn"
+        my = floor["mysql"].get(("reserve_complete", c))
+        if "idem_unique_keys_mysql" not in have or not my:
+            missing(target, "gateway or mysqlslap not run")
+        else:
+            ours = data[("idem_unique_keys_mysql", c)]["rps"]
+            row(target, f"{ours:,.0f} req/s", f"mysqlslap {my['tps']:,.0f} tps at {c} clients", f"{ours / my['tps']:.2f}×", ours >= my["tps"])
 
     # The no-store floor itself, against nginx.
     for s, name, want, at in (

@@ -6,6 +6,12 @@
 #                  reserve-and-complete (that INSERT, then the UPDATE that
 #                  records the answer) straight on idem_records, in a schema
 #                  of its own (idem_bench_raw, dropped at the end);
+#   mysqlslap      the same two on MySQL (MariaDB here): reserve (the
+#                  INSERT) and reserve-and-complete (INSERT, then UPDATE),
+#                  and the store's own insert + lease read + resolve
+#                  statements at one client, on idem_records in a database
+#                  of its own (idem_bench_raw, dropped at the end); each
+#                  operation first draws its key (SET @k = UUID());
 #   redis-benchmark SET key val NX EX 60 on random keys (database 9, keys
 #                  expire by themselves);
 #   cargo bench    idem-postgres and idem-redis `reserve` benches (criterion),
@@ -21,10 +27,11 @@
 #
 # Servers: IDEM_TEST_PG_URL (default postgres://postgres@127.0.0.1:5432/test)
 # and REDIS_HOST/REDIS_PORT (default 127.0.0.1:6379).
+# MySQL: the local MariaDB as root (127.0.0.1:3306, no password).
 # Knobs: SECONDS_PER_RUN (default 10), PG_CLIENTS (default "1 16 64 256";
 # a count above the server's max_connections less 10 runs at that bound
-# and says so), REDIS_CLIENTS (default "1 16 64 256"), SKIP_PG=1,
-# SKIP_REDIS=1.
+# and says so), MYSQL_CLIENTS (default "1 16 64 256"), REDIS_CLIENTS
+# (default "1 16 64 256"), SKIP_PG=1, SKIP_MYSQL=1, SKIP_REDIS=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +41,9 @@ REDIS_PORT=${REDIS_PORT:-6379}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
 PG_CLIENTS=${PG_CLIENTS:-"1 16 64 256"}
 REDIS_CLIENTS=${REDIS_CLIENTS:-"1 16 64 256"}
+MYSQL_CLIENTS=${MYSQL_CLIENTS:-"1 16 64 256"}
+MYSQL=(mariadb -h 127.0.0.1 -P 3306 -u root)
+MYSQL_DB=idem_bench_raw
 FSYNC_DIR=${FSYNC_DIR:-target/tmp}
 SCHEMA=idem_bench_raw
 
@@ -47,6 +57,9 @@ if [ "${SKIP_PG:-0}" != 1 ]; then
   psql "$PG_URL" -Atc 'SHOW max_connections' | sed 's/^/postgres max_connections: /'
   psql "$PG_URL" -Atc 'SHOW synchronous_commit' | sed 's/^/postgres synchronous_commit: /'
 fi
+if [ "${SKIP_MYSQL:-0}" != 1 ]; then
+  "${MYSQL[@]}" -Ne "SELECT CONCAT('mysql: ', VERSION(), ', innodb_flush_log_at_trx_commit=', @@innodb_flush_log_at_trx_commit, ', log_bin=', @@log_bin)"
+fi
 if [ "${SKIP_REDIS:-0}" != 1 ]; then
   redis-cli -h "$REDIS_HOST" -p "$REDIS_PORT" INFO server | grep -E '^redis_version' | tr -d '\r'
   redis-cli -h "$REDIS_HOST" -p "$REDIS_PORT" CONFIG GET appendonly | paste -sd' '
@@ -56,6 +69,7 @@ date -u
 work=$(mktemp -d)
 cleanup() {
   psql "$PG_URL" -qc "DROP SCHEMA IF EXISTS $SCHEMA CASCADE" >/dev/null 2>&1 || true
+  "${MYSQL[@]}" -e "DROP DATABASE IF EXISTS $MYSQL_DB" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -165,6 +179,65 @@ for script in reserve reserve_complete; do
 done
 pgpoint store_statements 1
 echo "pgbench command: PGOPTIONS='-c search_path=$SCHEMA' pgbench -n -M prepared -f <script> -c <clients> -j <1|2> -T $SECONDS_PER_RUN $PG_URL"
+fi
+
+if [ "${SKIP_MYSQL:-0}" != 1 ]; then
+echo
+echo "== mysqlslap on idem_records (database $MYSQL_DB)"
+"${MYSQL[@]}" -e "DROP DATABASE IF EXISTS $MYSQL_DB; CREATE DATABASE $MYSQL_DB"
+"${MYSQL[@]}" "$MYSQL_DB" < crates/idem-mysql/migrations/0001_records.sql
+
+# One operation per line's statements, `;`-separated; @k is its key.
+KEY="SET @k = UUID()"
+INSERT="INSERT INTO idem_records (tenant, operation, idem_key, fingerprint, state, created_at, updated_at, expires_at, locked_until, owner, attempt) VALUES ('bench', 'POST /v1/payments', @k, UNHEX(REPEAT('ab', 32)), 'processing', UTC_TIMESTAMP(3), UTC_TIMESTAMP(3), UTC_TIMESTAMP(3) + INTERVAL 1 DAY, UTC_TIMESTAMP(3) + INTERVAL 30 SECOND, UNHEX(REPEAT('cd', 16)), 1)"
+COMPLETE="UPDATE idem_records SET state = 'completed', updated_at = UTC_TIMESTAMP(3), expires_at = UTC_TIMESTAMP(3) + INTERVAL 1 DAY, response_status = 201, response_headers = '', response_body = 'ok' WHERE tenant = 'bench' AND operation = 'POST /v1/payments' AND idem_key = @k AND owner = UNHEX(REPEAT('cd', 16)) AND attempt = 1"
+declare -A MYSQL_OP=(
+  [reserve]="$KEY;$INSERT"
+  [reserve_complete]="$KEY;$INSERT;$COMPLETE"
+)
+# The store's own statements (crates/idem-mysql/queries), their
+# parameters filled in: insert, read of the lease, resolve.
+MYSQL_OP[store_statements]=$(python3 - <<'PY'
+import re
+def fill(path, vals):
+    sql = "\n".join(l for l in open(path).read().splitlines() if not l.lstrip().startswith("--"))
+    it = iter(vals)
+    return " ".join(re.sub(r"\?", lambda m: next(it), sql).split())
+owner, fp, scope = "UNHEX(REPEAT('cd', 16))", "UNHEX(REPEAT('ab', 32))", ["'bench'", "'POST /v1/payments'", "@k"]
+q = "crates/idem-mysql/queries/"
+print(";".join([
+    "SET @k = UUID()",
+    fill(q + "insert.sql", scope + [fp, "86400000", "30000", owner]),
+    fill(q + "read_lease.sql", scope + [owner, "1"]),
+    fill(q + "resolve.sql", ["'completed'", "86400000", "201", "''", "'ok'", "'pay_1'", "NULL"] + scope + [owner, "1"]),
+]))
+PY
+)
+
+# mysqlslap runs a number of queries, not a time: a short run finds the
+# rate, then the measured one runs about SECONDS_PER_RUN.
+myslap() { # script clients operations-per-client
+  mariadb-slap -h 127.0.0.1 -P 3306 -u root --create-schema="$MYSQL_DB" \
+    --concurrency="$2" --iterations=1 --number-of-queries=$(( $2 * $3 * $4 )) \
+    --delimiter=";" --query="${MYSQL_OP[$1]}" 2>&1 |
+    awk '/Average number of seconds to run all queries/ {print $9}'
+}
+mypoint() { # script clients
+  local script=$1 c=$2 per
+  per=$(awk -F';' '{print NF}' <<<"${MYSQL_OP[$script]}")
+  local probe=$(( c < 16 ? 200 : 20 ))
+  local secs
+  secs=$(myslap "$script" "$c" "$probe" "$per")
+  local ops=$(awk -v s="$secs" -v n="$probe" -v t="$SECONDS_PER_RUN" 'BEGIN {r = n / (s > 0 ? s : 0.001); printf "%d", (r * t < n ? n : r * t)}')
+  secs=$(myslap "$script" "$c" "$ops" "$per")
+  awk -v s="$secs" -v n="$ops" -v c="$c" -v name="$script" \
+    'BEGIN {printf "mysqlslap %-17s clients=%-4s tps=%.1f latency_ms=%.3f\n", name, c, c * n / s, 1000 * s / n}'
+}
+for script in reserve reserve_complete; do
+  for c in $MYSQL_CLIENTS; do mypoint "$script" "$c"; done
+done
+mypoint store_statements 1
+echo "mysqlslap command: mariadb-slap --create-schema=$MYSQL_DB --concurrency=<clients> --iterations=1 --number-of-queries=<clients × operations × statements> --delimiter=';' --query='<SET @k = UUID(); the operation's statements>' (operations per client sized to about ${SECONDS_PER_RUN} s by a short first run; latency is the mean per operation)"
 fi
 
 if [ "${SKIP_REDIS:-0}" != 1 ]; then
