@@ -6,3 +6,6 @@
 
 mod common;
 mod conformance;
+mod expiry;
+mod limits;
+mod races;
