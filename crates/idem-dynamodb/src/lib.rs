@@ -210,6 +210,25 @@ impl DynamoStore {
         Ok(store)
     }
 
+    /// Uses a client built elsewhere (with `aws-config`'s credential
+    /// chain, say) on `table`, with the default `max_skew` of 1 s.
+    /// Applies no migration and checks no clock: call
+    /// [`migrate`](Self::migrate) and [`check_clock`](Self::check_clock)
+    /// as needed.
+    pub fn from_client(client: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
+        let endpoint = client.config().region().map_or_else(
+            || "the client's endpoint".to_owned(),
+            |region| format!("the client's endpoint in {region}"),
+        );
+        Self {
+            client,
+            table: Arc::from(table.into()),
+            endpoint: Arc::from(endpoint),
+            max_skew: DynamoOptions::new("idem").max_skew(),
+            counts: Arc::default(),
+        }
+    }
+
     /// Asks the endpoint for the table once, without retries, and checks
     /// this clock against the answer's `Date`: the first request, whose
     /// failure explains what is wrong with the endpoint.

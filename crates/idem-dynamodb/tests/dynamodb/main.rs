@@ -4,8 +4,11 @@
 //! each test keeps to its own tenant or table, so they run side by side.
 //! One binary links the workspace once, not once per file.
 
+mod clock;
 mod common;
 mod conformance;
+mod connect_errors;
 mod expiry;
 mod limits;
+mod migrations;
 mod races;
