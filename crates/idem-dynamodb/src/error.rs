@@ -97,12 +97,13 @@ pub enum DynamoError {
     /// An answer does not fit in one DynamoDB item (400 KB): it is not
     /// retained, and never truncated.
     #[error(
-        "the answer is not retained: its record would be {size} bytes, over DynamoDB's item limit of {limit} bytes (a smaller answer, or another store, keeps it)"
+        "the answer is not retained: its record would be {}, over DynamoDB's item limit of {limit} bytes (a smaller answer, or another store, keeps it)",
+        .size.map_or_else(|| "larger".to_owned(), |size| format!("{size} bytes"))
     )]
     ItemTooLarge {
-        /// The record's size as DynamoDB counts it (attribute names and
-        /// values).
-        size: usize,
+        /// The record's size as the store counts it (attribute names and
+        /// values), when it counted it.
+        size: Option<usize>,
         /// DynamoDB's limit.
         limit: usize,
     },
@@ -273,7 +274,7 @@ mod tests {
         let busy: StoreError = DynamoError::Contention(3).into();
         assert!(matches!(busy, StoreError::Unavailable(_)));
         let big: StoreError = DynamoError::ItemTooLarge {
-            size: 500_000,
+            size: Some(500_000),
             limit: 409_600,
         }
         .into();

@@ -104,6 +104,8 @@ enum Written {
     Done,
     /// The condition did not hold; nothing changed.
     ConditionFailed,
+    /// DynamoDB refused the item as over its size limit; nothing changed.
+    TooLarge,
 }
 
 impl DynamoStore {
@@ -156,6 +158,7 @@ impl DynamoStore {
         match put {
             Ok(_) => Ok(Written::Done),
             Err(err) if is_condition_failed(&err) => Ok(Written::ConditionFailed),
+            Err(err) if is_item_too_large(&err) => Ok(Written::TooLarge),
             Err(err) => Err(DynamoError::sdk("PutItem", err).into()),
         }
     }
@@ -183,14 +186,7 @@ impl DynamoStore {
         match updated {
             Ok(_) => Ok(Written::Done),
             Err(err) if is_condition_failed(&err) => Ok(Written::ConditionFailed),
-            Err(err) if is_item_too_large(&err) => {
-                self.count_too_large();
-                Err(DynamoError::ItemTooLarge {
-                    size: item::MAX_ITEM_BYTES + 1,
-                    limit: item::MAX_ITEM_BYTES,
-                }
-                .into())
-            }
+            Err(err) if is_item_too_large(&err) => Ok(Written::TooLarge),
             Err(err) => Err(DynamoError::sdk("UpdateItem", err).into()),
         }
     }
@@ -223,6 +219,7 @@ impl DynamoStore {
                         locked_until: now.plus(req.lease),
                     })),
                     Written::ConditionFailed => None,
+                    Written::TooLarge => return Err(Self::refused_size(None)),
                 }
             }
             ExistingDecision::TakeOver => {
@@ -256,6 +253,7 @@ impl DynamoStore {
                         locked_until,
                     })),
                     Written::ConditionFailed => None,
+                    Written::TooLarge => return Err(Self::refused_size(None)),
                 }
             }
             ExistingDecision::Replay => Some(Reservation::Existing(Box::new(existing))),
@@ -277,7 +275,18 @@ impl DynamoStore {
         match written {
             Written::Done => Ok(()),
             Written::ConditionFailed => Err(StoreError::Fenced),
+            Written::TooLarge => Err(Self::refused_size(None)),
         }
+    }
+
+    /// DynamoDB refused an item as too large: `size` as the store
+    /// counted it, when it did.
+    fn refused_size(size: Option<usize>) -> StoreError {
+        DynamoError::ItemTooLarge {
+            size,
+            limit: item::MAX_ITEM_BYTES,
+        }
+        .into()
     }
 }
 
@@ -287,12 +296,16 @@ impl Store for DynamoStore {
             let now = self.now();
             let mut expr = Expr::default();
             let absent = format!("attribute_not_exists({})", expr.name(item::PK));
-            if let Written::Done = self.put_fresh(&req, now, absent, expr).await? {
-                return Ok(Reservation::Acquired(Lease {
-                    owner: req.owner,
-                    attempt: 1,
-                    locked_until: now.plus(req.lease),
-                }));
+            match self.put_fresh(&req, now, absent, expr).await? {
+                Written::Done => {
+                    return Ok(Reservation::Acquired(Lease {
+                        owner: req.owner,
+                        attempt: 1,
+                        locked_until: now.plus(req.lease),
+                    }));
+                }
+                Written::ConditionFailed => {}
+                Written::TooLarge => return Err(Self::refused_size(None)),
             }
             let Some(found) = self.read(req.scope, req.key).await? else {
                 // Deleted since the put failed.
@@ -359,11 +372,7 @@ impl Store for DynamoStore {
         let size = resolved_size(scope, key, lease, &sets);
         if size > item::MAX_ITEM_BYTES {
             self.count_too_large();
-            return Err(DynamoError::ItemTooLarge {
-                size,
-                limit: item::MAX_ITEM_BYTES,
-            }
-            .into());
+            return Err(Self::refused_size(Some(size)));
         }
         let mut expr = Expr::default();
         let condition = expr.fence(lease, false);
@@ -376,7 +385,14 @@ impl Store for DynamoStore {
             let removed: Vec<String> = removes.iter().map(|name| expr.name(name)).collect();
             update.push_str(&format!(" REMOVE {}", removed.join(", ")));
         }
-        Self::fenced(self.update(scope, key, update, condition, expr).await?)
+        match self.update(scope, key, update, condition, expr).await? {
+            // DynamoDB counted more than the store did: refused all the same.
+            Written::TooLarge => {
+                self.count_too_large();
+                Err(Self::refused_size(Some(size)))
+            }
+            written => Self::fenced(written),
+        }
     }
 
     async fn release(
