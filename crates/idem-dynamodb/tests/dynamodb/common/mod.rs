@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
+use idem::{ListRecords, Purge, Store};
 use idem_dynamodb::{DynamoOptions, DynamoStore};
+use idem_testkit::conformance::Fixture;
 use idem_testkit::isolated::DynamoTable;
 
 /// Options for the test server, or `None` (skip).
@@ -22,22 +24,30 @@ pub async fn shared_store() -> Option<Arc<DynamoStore>> {
     ))
 }
 
-/// A store whose table is its own, deleted when this is dropped (when
-/// the test fails too).
-pub struct Isolated {
-    pub store: DynamoStore,
-    pub opts: DynamoOptions,
-    /// Dropped last: the table goes after the store.
-    pub guard: DynamoTable,
+/// A store (or a store over one) on a table of its own, deleted with this:
+/// a conformance fixture. A listing filtered by tenant and a purge read
+/// the whole table, so on a shared table that grows run after run every
+/// check would slow down; a table per check keeps each check's cost its
+/// own.
+pub struct OwnTable<S> {
+    pub store: Arc<S>,
+    /// Dropped after the store.
+    pub table: DynamoTable,
 }
 
-impl Isolated {
-    pub async fn new(label: &str) -> Option<Self> {
-        let guard = DynamoTable::new(label)?;
-        let opts = DynamoOptions::from_url(&guard.url()).expect("valid URL");
-        let store = DynamoStore::connect_with(opts.clone())
-            .await
-            .expect("connect");
-        Some(Self { store, opts, guard })
+impl<S: Store + ListRecords + Purge> Fixture for OwnTable<S> {
+    type Store = S;
+    fn store(&self) -> Arc<S> {
+        Arc::clone(&self.store)
     }
+}
+
+/// A store on a fresh table of its own, wrapped by `wrap`.
+pub async fn own_table<S>(label: &str, wrap: impl FnOnce(DynamoStore) -> S) -> Option<OwnTable<S>> {
+    let table = DynamoTable::new(label)?;
+    let store = DynamoStore::connect(&table.url()).await.expect("connect");
+    Some(OwnTable {
+        store: Arc::new(wrap(store)),
+        table,
+    })
 }
