@@ -39,6 +39,30 @@ if command -v mariadb >/dev/null && up 127.0.0.1 3306; then
   mariadb -h 127.0.0.1 -u root -e "CREATE DATABASE IF NOT EXISTS test" 2>/dev/null || true
 fi
 
+# A DynamoDB-compatible server for the DynamoDB store's tests: moto's
+# server mode (PyPI, pinned), keeping its tables in memory, on
+# 127.0.0.1:8000. It checks no signature, so any credentials do. Its
+# output goes to /tmp/idem-moto.log (IDEM_MOTO_LOG).
+MOTO_VERSION=5.2.5
+MOTO_LOG=${IDEM_MOTO_LOG:-/tmp/idem-moto.log}
+moto_ok() {
+  python3 -c "import importlib.metadata as m, sys, moto.server; sys.exit(m.version('moto') != '$MOTO_VERSION')" >/dev/null 2>&1
+}
+if ! moto_ok; then
+  echo "services: installing moto $MOTO_VERSION (a DynamoDB emulator)"
+  python3 -m pip install --quiet --disable-pip-version-check "moto[server]==$MOTO_VERSION" >/dev/null 2>&1 || true
+fi
+if moto_ok; then
+  if ! up 127.0.0.1 8000; then
+    # Its own session, so it outlives the shell that started it.
+    (cd /tmp && exec setsid python3 -m moto.server -H 127.0.0.1 -p 8000 </dev/null >"$MOTO_LOG" 2>&1 &)
+  fi
+  wait_for "moto $MOTO_VERSION (DynamoDB)" 127.0.0.1 8000 30 || { tail -n 5 "$MOTO_LOG" >&2 2>/dev/null; status=1; }
+else
+  echo "services: moto $MOTO_VERSION could not be installed" >&2
+  status=1
+fi
+
 if ! up 127.0.0.1 6379 && command -v redis-server >/dev/null; then
   redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no || true
 fi

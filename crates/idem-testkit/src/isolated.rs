@@ -1,6 +1,6 @@
 //! Room of a test's own on a shared server: a PostgreSQL schema, a MySQL
-//! database and a Redis key prefix that no other test uses, removed when
-//! dropped.
+//! database, a DynamoDB table and a Redis key prefix that no other test
+//! uses, removed when dropped.
 //!
 //! The tests of a binary run side by side against the same loopback
 //! servers, so each keeps to its own schema or prefix. Both clean up in
@@ -206,6 +206,117 @@ impl Drop for MysqlDatabase {
         let statement = format!("DROP DATABASE IF EXISTS `{}`", self.name);
         if let Err(err) = mysql_admin(&self.server, statement) {
             eprintln!("dropping the test database {}: {err}", self.name);
+        }
+    }
+}
+
+/// A DynamoDB table of one test's own on the test server (an emulator),
+/// deleted when this is dropped.
+///
+/// The table is not made here: a store made from [`DynamoTable::url`]
+/// creates it (`migrate`). The clean-up is a plain `DeleteTable` request
+/// with a placeholder signature, which an emulator accepts; against AWS
+/// itself it is refused, and the drop says so.
+#[derive(Debug)]
+pub struct DynamoTable {
+    server: String,
+    name: String,
+}
+
+impl DynamoTable {
+    /// A fresh table name (`idem_test_{label}_…`) on the test server, or
+    /// `None` when there is no server (see [`crate::services`]).
+    pub fn new(label: &str) -> Option<Self> {
+        let server = crate::services::dynamodb()?;
+        Some(Self::on(&server, label))
+    }
+
+    /// A fresh table name on `server`, a `dynamodb://` URL.
+    pub fn on(server: &str, label: &str) -> Self {
+        Self {
+            server: server.to_owned(),
+            name: unique(&format!("idem_test_{label}")),
+        }
+    }
+
+    /// The table's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The server's URL with its table replaced by this one, its query
+    /// (region, endpoint) kept.
+    pub fn url(&self) -> String {
+        let query = self.server.split_once('?').map_or("", |(_, query)| query);
+        if query.is_empty() {
+            format!("dynamodb://{}", self.name)
+        } else {
+            format!("dynamodb://{}?{query}", self.name)
+        }
+    }
+}
+
+/// The `endpoint=` and `region=` of a `dynamodb://` URL.
+fn dynamo_endpoint(url: &str) -> Option<(String, String)> {
+    let query = url.split_once('?')?.1;
+    let option = |name: &str| {
+        query
+            .split('&')
+            .find_map(|pair| pair.strip_prefix(name))
+            .map(str::to_owned)
+    };
+    Some((
+        option("endpoint=")?,
+        option("region=").unwrap_or_else(|| "us-east-1".to_owned()),
+    ))
+}
+
+impl Drop for DynamoTable {
+    fn drop(&mut self) {
+        let Some((endpoint, region)) = dynamo_endpoint(&self.server) else {
+            eprintln!(
+                "the test table {} is left: {} names no endpoint",
+                self.name, self.server
+            );
+            return;
+        };
+        let name = self.name.clone();
+        let deleted = on_own_runtime(async move {
+            use http_body_util::{BodyExt as _, Full};
+            use hyper_util::client::legacy::Client;
+            use hyper_util::rt::TokioExecutor;
+            let client: Client<_, Full<bytes::Bytes>> =
+                Client::builder(TokioExecutor::new()).build_http();
+            let body = serde_json::json!({ "TableName": name }).to_string();
+            let request = http::Request::post(endpoint.as_str())
+                .header("content-type", "application/x-amz-json-1.0")
+                .header("x-amz-target", "DynamoDB_20120810.DeleteTable")
+                .header(
+                    "authorization",
+                    format!(
+                        "AWS4-HMAC-SHA256 Credential=idem-test/20000101/{region}/dynamodb/aws4_request, SignedHeaders=host, Signature=0"
+                    ),
+                )
+                .body(Full::new(bytes::Bytes::from(body)))
+                .map_err(|e| e.to_string())?;
+            let answer = client.request(request).await.map_err(|e| e.to_string())?;
+            let status = answer.status();
+            let text = answer
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes();
+            let text = String::from_utf8_lossy(&text);
+            // A table never created (the test failed before) is no error.
+            if status.is_success() || text.contains("ResourceNotFoundException") {
+                Ok(())
+            } else {
+                Err(format!("{status}: {text}"))
+            }
+        });
+        if let Err(err) = deleted {
+            eprintln!("deleting the test table {}: {err}", self.name);
         }
     }
 }

@@ -6,8 +6,8 @@
 //!   demand, to test what the engine does when the store breaks mid-flight;
 //! * [`mod@bench`]: the shared harness of the store benchmarks;
 //! * [`client`]: one-call HTTP requests with the answer fully read;
-//! * [`isolated`]: a PostgreSQL schema and a Redis key prefix of a test's
-//!   own, removed when dropped;
+//! * [`isolated`]: a PostgreSQL schema, a MySQL database, a DynamoDB
+//!   table and a Redis key prefix of a test's own, removed when dropped;
 //! * [`fault`]: a TCP proxy that cuts, black-holes, resets, slows or
 //!   throttles the line to a server;
 //! * [`kafka`]: a plain Kafka client (topics, produce, read back);
@@ -16,8 +16,8 @@
 //!   (Tansu) broker a test may crash and restart;
 //! * [`upstream`]: a counting HTTP upstream on loopback for gateway tests;
 //! * [`wait`]: polling for a state the product reaches on its own time;
-//! * [`services`]: finds the loopback servers (PostgreSQL, Redis, NATS,
-//!   RabbitMQ, Kafka); skips loudly when one is absent, or fails under
+//! * [`services`]: finds the loopback servers (PostgreSQL, MySQL, Redis,
+//!   NATS, RabbitMQ, Kafka, a DynamoDB emulator); skips loudly when one is absent, or fails under
 //!   `IDEM_REQUIRE_SERVICES=1`.
 
 pub mod bench;

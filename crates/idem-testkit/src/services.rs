@@ -3,7 +3,8 @@
 //! One rule for every test that talks to a real server: the server's URL
 //! comes from the environment at run time (`IDEM_TEST_PG_URL`,
 //! `IDEM_TEST_MYSQL_URL`, `IDEM_TEST_REDIS_URL`, `IDEM_TEST_REDIS_CLUSTER_URL`,
-//! `IDEM_TEST_NATS_URL`, `IDEM_TEST_AMQP_URL`, `IDEM_TEST_KAFKA_URL`),
+//! `IDEM_TEST_NATS_URL`, `IDEM_TEST_AMQP_URL`, `IDEM_TEST_KAFKA_URL`,
+//! `IDEM_TEST_DYNAMODB_URL`),
 //! defaulting to the machine's loopback services. If the server does not
 //! answer, the test **skips with a loud notice** — unless
 //! `IDEM_REQUIRE_SERVICES=1` (CI sets it), in which case it **fails**.
@@ -40,6 +41,19 @@ pub fn mysql() -> Option<String> {
         "MySQL",
         "IDEM_TEST_MYSQL_URL",
         "mysql://root@127.0.0.1:3306/test",
+    )
+}
+
+/// A DynamoDB-compatible server (`IDEM_TEST_DYNAMODB_URL`, default
+/// `dynamodb://idem-test?region=us-east-1&endpoint=http://127.0.0.1:8000`,
+/// the moto server `scripts/services.sh` starts). The URL's `endpoint`
+/// is what must answer; its table is the shared one tests use with
+/// tenants of their own.
+pub fn dynamodb() -> Option<String> {
+    require(
+        "DynamoDB-compatible server",
+        "IDEM_TEST_DYNAMODB_URL",
+        "dynamodb://idem-test?region=us-east-1&endpoint=http://127.0.0.1:8000",
     )
 }
 
@@ -227,8 +241,16 @@ pub fn via(url: &str, addr: SocketAddr, extra: &str) -> String {
     format!("{scheme}://{creds}{addr}{tail}{sep}{extra}")
 }
 
-/// `host:port` of a URL like `scheme://user:pass@host:port/path?query`.
+/// `host:port` of a URL like `scheme://user:pass@host:port/path?query`;
+/// for a `dynamodb://table?endpoint=URL`, the endpoint's.
 fn host_port(url: &str) -> Option<String> {
+    if url.starts_with("dynamodb://") {
+        let query = url.split_once('?')?.1;
+        let endpoint = query
+            .split('&')
+            .find_map(|pair| pair.strip_prefix("endpoint="))?;
+        return host_port(endpoint);
+    }
     let rest = url.split_once("://")?.1;
     let authority = rest.split(['/', '?']).next()?;
     let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
@@ -241,6 +263,8 @@ fn host_port(url: &str) -> Option<String> {
         "nats" => 4222,
         "amqp" | "amqps" => 5672,
         "kafka" => 9092,
+        "http" => 80,
+        "https" => 443,
         _ => return None,
     };
     Some(
@@ -310,6 +334,11 @@ mod tests {
             host_port("kafka://127.0.0.1").as_deref(),
             Some("127.0.0.1:9092")
         );
+        assert_eq!(
+            host_port("dynamodb://t?region=us-east-1&endpoint=http://127.0.0.1:8000").as_deref(),
+            Some("127.0.0.1:8000")
+        );
+        assert_eq!(host_port("dynamodb://t?region=us-east-1"), None);
         assert_eq!(host_port("nonsense"), None);
     }
 
