@@ -151,6 +151,35 @@ impl DynamoStore {
     /// answer's `Date`, and creates the table unless `migrate` is false
     /// (then a missing table is [`DynamoError::NotMigrated`]).
     pub async fn connect_with(opts: DynamoOptions) -> Result<Self, DynamoError> {
+        let (store, found) = Self::reach(&opts).await?;
+        if opts.migrate() {
+            store.migrate().await?;
+        } else {
+            match found {
+                schema::Found::Missing => {
+                    return Err(DynamoError::NotMigrated {
+                        table: opts.table().to_owned(),
+                        what: "does not exist",
+                    });
+                }
+                schema::Found::Table(description) => schema::check(opts.table(), &description)?,
+            }
+        }
+        Ok(store)
+    }
+
+    /// Connects as [`connect_with`](Self::connect_with) does, whatever
+    /// its `migrate`, and brings the table to this build's layout,
+    /// saying what that did (`idem migrate`).
+    pub async fn connect_and_migrate(opts: DynamoOptions) -> Result<(Self, Migrated), DynamoError> {
+        let (store, _) = Self::reach(&opts).await?;
+        let migrated = store.migrate().await?;
+        Ok((store, migrated))
+    }
+
+    /// Builds the client, asks the endpoint for the table and checks
+    /// this clock against the answer's `Date`.
+    async fn reach(opts: &DynamoOptions) -> Result<(Self, schema::Found), DynamoError> {
         let bad = |reason: String| DynamoError::Url {
             url: opts.display_url().to_owned(),
             reason,
@@ -168,7 +197,7 @@ impl DynamoStore {
             || format!("https://dynamodb.{region}.amazonaws.com"),
             str::to_owned,
         );
-        let credentials = credentials(&opts, &endpoint)?;
+        let credentials = credentials(opts, &endpoint)?;
         let http = aws_smithy_http_client::Builder::new()
             .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
             .build_https();
@@ -194,20 +223,7 @@ impl DynamoStore {
             counts: Arc::default(),
         };
         let (found, _) = store.probe().await?;
-        if opts.migrate() {
-            store.migrate().await?;
-        } else {
-            match found {
-                schema::Found::Missing => {
-                    return Err(DynamoError::NotMigrated {
-                        table: opts.table().to_owned(),
-                        what: "does not exist",
-                    });
-                }
-                schema::Found::Table(description) => schema::check(opts.table(), &description)?,
-            }
-        }
-        Ok(store)
+        Ok((store, found))
     }
 
     /// Uses a client built elsewhere (with `aws-config`'s credential

@@ -65,6 +65,10 @@ pub enum GatewayError {
     #[cfg(feature = "mysql")]
     #[error(transparent)]
     MySql(#[from] idem_mysql::MySqlError),
+    /// DynamoDB failed (connect, the clock check, migrate, parse its URL).
+    #[cfg(feature = "dynamodb")]
+    #[error(transparent)]
+    Dynamo(#[from] idem_dynamodb::DynamoError),
     /// The outbox could not be read or changed.
     #[error(transparent)]
     Outbox(#[from] idem_postgres::MessagingError),
@@ -118,6 +122,8 @@ impl GatewayError {
             Self::Postgres(err) => err.is_transient(),
             #[cfg(feature = "mysql")]
             Self::MySql(err) => err.is_transient(),
+            #[cfg(feature = "dynamodb")]
+            Self::Dynamo(err) => err.is_transient(),
             Self::Redis(err) => err.is_transient(),
             Self::Store(err) => err.is_transient(),
             _ => false,

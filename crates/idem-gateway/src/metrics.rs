@@ -76,6 +76,32 @@ impl GroupCommit for idem_mysql::MySqlStore {
     }
 }
 
+/// DynamoDB stores whose refused oversized answers `/metrics` reports.
+#[cfg(feature = "dynamodb")]
+static ITEM_LIMITS: Mutex<Vec<idem_dynamodb::DynamoStore>> = Mutex::new(Vec::new());
+
+/// Reports `store`'s answers refused for DynamoDB's item limit in
+/// `/metrics` from now on.
+#[cfg(feature = "dynamodb")]
+pub fn watch_items_too_large(store: &idem_dynamodb::DynamoStore) {
+    ITEM_LIMITS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(store.clone());
+}
+
+/// Sets the items-too-large counter to the watched stores' total.
+fn publish_items_too_large() {
+    #[cfg(feature = "dynamodb")]
+    {
+        let stores = ITEM_LIMITS.lock().unwrap_or_else(|p| p.into_inner());
+        if !stores.is_empty() {
+            let total: u64 = stores.iter().map(|s| s.stats().items_too_large).sum();
+            metrics::counter!(idem::metrics::ITEMS_TOO_LARGE_TOTAL.name).absolute(total);
+        }
+    }
+}
+
 /// Stores whose group-commit counts `/metrics` reports.
 static GROUP_COMMIT: Mutex<Vec<Box<dyn GroupCommit>>> = Mutex::new(Vec::new());
 
@@ -149,6 +175,7 @@ pub fn install() -> &'static PrometheusHandle {
 pub fn render() -> String {
     let handle = install();
     publish_group_commit();
+    publish_items_too_large();
     handle.render()
 }
 

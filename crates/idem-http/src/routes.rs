@@ -347,6 +347,16 @@ impl Routes {
             .position(|r| r.method == method && r.pattern.covers(pattern, self.ignore_case))
     }
 
+    /// The table with `change` applied to every policy, the defaults'
+    /// too (what a store's limits impose on every route, say).
+    pub fn map_policies(mut self, mut change: impl FnMut(&mut RoutePolicy)) -> Self {
+        for route in &mut self.routes {
+            change(Arc::make_mut(&mut route.policy));
+        }
+        change(Arc::make_mut(&mut self.defaults));
+        self
+    }
+
     /// The default policy.
     pub fn defaults(&self) -> &Arc<RoutePolicy> {
         &self.defaults

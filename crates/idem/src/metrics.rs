@@ -207,6 +207,15 @@ pub const PLANNED_STATEMENTS_TOTAL: Metric = metric(
     false,
     "Grouped PostgreSQL statements planned as they ran: the records table was small on a server without autovacuum.",
 );
+/// Answers a store could not keep because their record would exceed its
+/// item limit (DynamoDB's 400 KB).
+pub const ITEMS_TOO_LARGE_TOTAL: Metric = metric(
+    "idem_store_items_too_large_total",
+    Counter,
+    &[],
+    false,
+    "Answers not retained because their record would exceed the store's item limit (DynamoDB: 400 KB).",
+);
 /// Outbox rows published.
 pub const OUTBOX_PUBLISHED_TOTAL: Metric = metric(
     "idem_outbox_published_total",
@@ -268,6 +277,7 @@ pub const ALL: &[Metric] = &[
     GROUPED_OPERATIONS_TOTAL,
     ALONE_OPERATIONS_TOTAL,
     PLANNED_STATEMENTS_TOTAL,
+    ITEMS_TOO_LARGE_TOTAL,
     OUTBOX_PUBLISHED_TOTAL,
     OUTBOX_DEAD_TOTAL,
     OUTBOX_PENDING,

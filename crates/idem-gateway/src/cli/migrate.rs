@@ -37,6 +37,11 @@ pub(super) async fn run(args: MigrateArgs) -> Result<(), GatewayError> {
             store.close().await;
             format!("{}: {migrated}", redact(url))
         }
+        #[cfg(feature = "dynamodb")]
+        StoreUrl::Dynamo(o) => {
+            let (_, migrated) = idem_dynamodb::DynamoStore::connect_and_migrate(*o).await?;
+            format!("{}: {migrated}", redact(url))
+        }
         StoreUrl::Redis(_) => format!("{}: Redis keeps no schema; nothing to migrate", redact(url)),
         StoreUrl::Memory => "memory://: nothing to migrate".to_owned(),
     };

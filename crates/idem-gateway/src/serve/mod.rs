@@ -79,6 +79,7 @@ pub async fn bind(settings: &Settings) -> Result<Server, GatewayError> {
         .unwrap_or(idem::Policy::default().retention);
     let url = StoreUrl::parse(&settings.store)?;
     let mut settings = settings.clone();
+    settings.routes = url.fit_routes(settings.routes)?;
     settings.monitor.enabled = Some(settings.monitor.enabled.unwrap_or(url.lists_cheaply()));
     let lock = url.serving_lock()?;
     let hashing = url.hashing(

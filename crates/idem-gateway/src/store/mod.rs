@@ -304,6 +304,21 @@ mod tests {
             StoreUrl::parse("redis://127.0.0.1:6379/2"),
             Ok(StoreUrl::Redis(_))
         ));
+        #[cfg(feature = "dynamodb")]
+        {
+            let url =
+                StoreUrl::parse("dynamodb://idem?region=us-east-1&endpoint=http://127.0.0.1:8000")
+                    .expect("dynamodb");
+            assert_eq!(url.kind(), "dynamodb");
+            assert!(url.is_remote());
+            let refused = url
+                .hashing(None, None, std::time::Duration::from_secs(60))
+                .expect_err("a shared store needs the secret");
+            assert!(
+                refused.to_string().contains("a dynamodb store is shared"),
+                "{refused}"
+            );
+        }
         #[cfg(feature = "mysql")]
         for mysql in [
             "mysql://u@127.0.0.1/test",
@@ -385,5 +400,56 @@ mod tests {
             "{}",
             error_chain(&err)
         );
+    }
+
+    /// DynamoDB's clock bound and item limit reach every route: a lease
+    /// it cannot cover is refused, stored bodies are capped to fit.
+    #[cfg(feature = "dynamodb")]
+    #[test]
+    fn dynamodb_fits_the_routes_to_its_clock_bound_and_item_limit() {
+        use http::Method;
+        use idem_http::{RoutePolicy, Routes};
+        let url =
+            StoreUrl::parse("dynamodb://idem?region=us-east-1&max_skew_ms=1000").expect("dynamodb");
+        let lease = |secs| {
+            RoutePolicy::default().with_engine(
+                idem::Policy::default().with_lease(std::time::Duration::from_secs(secs)),
+            )
+        };
+        let short = Routes::default()
+            .route(Method::POST, "/a", lease(2))
+            .expect("route");
+        let err = url
+            .fit_routes(short)
+            .expect_err("2 s is not over twice 1 s");
+        assert!(
+            err.to_string().contains("lease of 2s is too short"),
+            "{err}"
+        );
+        let routes = Routes::default()
+            .route(
+                Method::POST,
+                "/a",
+                lease(30).with_max_stored_response(1024 * 1024),
+            )
+            .expect("route")
+            .route(Method::POST, "/b", lease(30).with_max_stored_response(1024))
+            .expect("route");
+        let fitted = url.fit_routes(routes).expect("fits");
+        let limits: Vec<usize> = fitted.policies().map(|p| p.max_stored_response).collect();
+        assert_eq!(
+            limits,
+            [
+                url::DYNAMO_MAX_STORED_RESPONSE,
+                1024,
+                url::DYNAMO_MAX_STORED_RESPONSE
+            ]
+        );
+        // Other stores leave the routes as they are.
+        let pg = StoreUrl::parse("postgres://u@h/db").expect("pg");
+        let routes = Routes::default()
+            .route(Method::POST, "/a", lease(1))
+            .expect("route");
+        assert!(pg.fit_routes(routes).is_ok());
     }
 }

@@ -6,6 +6,8 @@ use std::time::{Duration, SystemTime};
 
 use idem::HashSecret;
 use idem::{DynStore, MemoryStore, Tiered};
+#[cfg(feature = "dynamodb")]
+use idem_dynamodb::{DynamoOptions, DynamoStore};
 use idem_http::Hashing;
 #[cfg(feature = "mysql")]
 use idem_mysql::{MySqlOptions, MySqlStore};
@@ -17,6 +19,11 @@ use idem::store::redact_url as redact;
 
 use super::hashing::embedded_secret;
 use crate::error::GatewayError;
+
+/// The largest answer body a DynamoDB record keeps: its item holds 400 KB
+/// in all, and the key, fingerprint, times and headers take the rest.
+#[cfg(feature = "dynamodb")]
+pub(crate) const DYNAMO_MAX_STORED_RESPONSE: usize = 350 * 1024;
 
 /// A store URL, understood but not yet connected.
 #[derive(Debug, Clone)]
@@ -30,6 +37,9 @@ pub enum StoreUrl {
     /// `mysql://…` or `mariadb://…`.
     #[cfg(feature = "mysql")]
     MySql(Box<MySqlOptions>),
+    /// `dynamodb://TABLE?…`.
+    #[cfg(feature = "dynamodb")]
+    Dynamo(Box<DynamoOptions>),
     /// `redis://…`.
     Redis(Box<RedisOptions>),
     /// `tiered:redis://…,postgres://…`.
@@ -72,16 +82,25 @@ impl StoreUrl {
                 "store {}: this idem was built without the MySQL store (cargo feature mysql)",
                 redact(url)
             ))),
+            #[cfg(feature = "dynamodb")]
+            "dynamodb" => DynamoOptions::from_url(url)
+                .map(|o| Self::Dynamo(Box::new(o)))
+                .map_err(GatewayError::from),
+            #[cfg(not(feature = "dynamodb"))]
+            "dynamodb" => Err(GatewayError::StoreUrl(format!(
+                "store {}: this idem was built without the DynamoDB store (cargo feature dynamodb)",
+                redact(url)
+            ))),
             "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => RedisOptions::from_url(url)
                 .map(|o| Self::Redis(Box::new(o)))
                 .map_err(GatewayError::from),
             "" => Err(GatewayError::StoreUrl(format!(
-                "store {}: a store is a URL with a scheme{}; expected sqlite://, postgres://, mysql://, redis://, tiered:redis://…,postgres://… or memory://",
+                "store {}: a store is a URL with a scheme{}; expected sqlite://, postgres://, mysql://, dynamodb://, redis://, tiered:redis://…,postgres://… or memory://",
                 redact(url),
                 Self::meant(url)
             ))),
             _ => Err(GatewayError::StoreUrl(format!(
-                "store {}: unknown store URL scheme {scheme:?}; expected sqlite://, postgres://, mysql://, redis://, tiered:redis://…,postgres://… or memory://",
+                "store {}: unknown store URL scheme {scheme:?}; expected sqlite://, postgres://, mysql://, dynamodb://, redis://, tiered:redis://…,postgres://… or memory://",
                 redact(url)
             ))),
         }
@@ -116,7 +135,7 @@ impl StoreUrl {
     }
 
     /// The backend's name: `sqlite`, `memory`, `postgres`, `mysql`,
-    /// `redis`, `tiered`.
+    /// `dynamodb`, `redis`, `tiered`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Sqlite(_) => "sqlite",
@@ -124,6 +143,8 @@ impl StoreUrl {
             Self::Postgres(_) => "postgres",
             #[cfg(feature = "mysql")]
             Self::MySql(_) => "mysql",
+            #[cfg(feature = "dynamodb")]
+            Self::Dynamo(_) => "dynamodb",
             Self::Redis(_) => "redis",
             Self::Tiered(..) => "tiered",
         }
@@ -153,6 +174,45 @@ impl StoreUrl {
         }
     }
 
+    /// `routes` as this store can keep their promises, or why it cannot.
+    /// DynamoDB has no clock of its own, so each gateway's clock may be
+    /// off by up to `max_skew`: a lease must outlast twice that, or two
+    /// gateways could both hold one key. Its items hold at most 400 KB,
+    /// so an answer body larger than 350 KiB is
+    /// kept as a record without its body (replayed as not retained),
+    /// whatever a route's `max_stored_response` says.
+    pub fn fit_routes(&self, routes: idem_http::Routes) -> Result<idem_http::Routes, GatewayError> {
+        match self {
+            #[cfg(feature = "dynamodb")]
+            Self::Dynamo(o) => {
+                let skew = o.max_skew();
+                if let Some(short) = routes.policies().find(|p| p.engine.lease <= 2 * skew) {
+                    return Err(GatewayError::StoreUrl(format!(
+                        "a lease of {} is too short for dynamodb:// with max_skew_ms={}: each gateway's clock may be off by max_skew, so every lease must exceed twice it (raise lease, or lower max_skew_ms)",
+                        humantime::format_duration(short.engine.lease),
+                        skew.as_millis()
+                    )));
+                }
+                let mut lowered = 0;
+                let routes = routes.map_policies(|p| {
+                    if p.max_stored_response > DYNAMO_MAX_STORED_RESPONSE {
+                        p.max_stored_response = DYNAMO_MAX_STORED_RESPONSE;
+                        lowered += 1;
+                    }
+                });
+                if lowered > 0 {
+                    tracing::info!(
+                        routes = lowered,
+                        max_stored_response = DYNAMO_MAX_STORED_RESPONSE,
+                        "dynamodb:// keeps answer bodies up to 350 KiB (an item holds 400 KB): larger ones are recorded without their body and replayed as not retained"
+                    );
+                }
+                Ok(routes)
+            }
+            _ => Ok(routes),
+        }
+    }
+
     /// The same store, opened only if it already exists: an SQLite file
     /// that is not there is an error (instead of a new empty database), and
     /// a PostgreSQL or MySQL schema is not migrated. For operator commands.
@@ -171,6 +231,8 @@ impl StoreUrl {
             Self::Postgres(o) => Self::Postgres(Box::new((*o).with_migrate(false))),
             #[cfg(feature = "mysql")]
             Self::MySql(o) => Self::MySql(Box::new((*o).with_migrate(false))),
+            #[cfg(feature = "dynamodb")]
+            Self::Dynamo(o) => Self::Dynamo(Box::new((*o).with_migrate(false))),
             Self::Tiered(fast, durable) => {
                 Self::Tiered(fast, Box::new((*durable).with_migrate(false)))
             }
@@ -263,7 +325,7 @@ impl StoreUrl {
         })?
     }
 
-    /// Connects (and, for PostgreSQL and MySQL, migrates unless
+    /// Connects (and, for PostgreSQL, MySQL and DynamoDB, migrates unless
     /// `migrate=false`).
     pub async fn connect(&self) -> Result<DynStore, GatewayError> {
         match self {
@@ -273,6 +335,14 @@ impl StoreUrl {
                 .await
                 .map(|store| {
                     crate::metrics::watch_group_commit(&store);
+                    DynStore::new(store)
+                })
+                .map_err(GatewayError::from),
+            #[cfg(feature = "dynamodb")]
+            Self::Dynamo(o) => DynamoStore::connect_with((**o).clone())
+                .await
+                .map(|store| {
+                    crate::metrics::watch_items_too_large(&store);
                     DynStore::new(store)
                 })
                 .map_err(GatewayError::from),

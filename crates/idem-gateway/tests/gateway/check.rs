@@ -105,6 +105,17 @@ async fn every_probe_passes_behind_idem_serve() {
 
 /// The same black-box probes on MySQL (MariaDB here), under the IETF
 /// profile: the retry probe reads its `Idempotency-Replayed` marker.
+/// The same black-box probes on DynamoDB (the moto emulator here).
+#[cfg(feature = "dynamodb")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_probe_passes_behind_idem_serve_on_dynamodb() {
+    let Some(table) = idem_testkit::isolated::DynamoTable::new("check") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    every_probe_passes(dir.path(), &table.url(), CONFIG).await;
+}
+
 #[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_probe_passes_behind_idem_serve_on_mysql() {

@@ -1,4 +1,4 @@
-//! Gateways sharing PostgreSQL, MySQL, Redis, a Redis Cluster or tiered stores on
+//! Gateways sharing PostgreSQL, MySQL, DynamoDB, Redis, a Redis Cluster or tiered stores on
 //! loopback: several instances behind one "load balancer", and the store
 //! going away and coming back.
 
@@ -154,6 +154,15 @@ async fn three_gateways_share_mysql() {
         return;
     };
     three_gateways_one_store(&db.url()).await;
+}
+
+#[cfg(feature = "dynamodb")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_gateways_share_dynamodb() {
+    let Some(table) = idem_testkit::isolated::DynamoTable::new("shared") else {
+        return;
+    };
+    three_gateways_one_store(&table.url()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -375,4 +384,80 @@ async fn migrate_creates_the_mysql_schema_or_fails_with_one_line() {
         "{err}"
     );
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+}
+
+/// `idem migrate` creates the DynamoDB table (with its TTL on), then finds
+/// it in place; a gateway whose lease the store's clock bound cannot
+/// cover refuses to start, saying why.
+#[cfg(feature = "dynamodb")]
+#[tokio::test]
+async fn migrate_creates_the_dynamodb_table_and_short_leases_are_refused() {
+    let Some(table) = idem_testkit::isolated::DynamoTable::new("migrate") else {
+        return;
+    };
+    for expected in ["schema created", "schema already at version"] {
+        let out = Command::new(IDEM)
+            .args(["migrate", "--store", &table.url()])
+            .output()
+            .await
+            .expect("runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(said.contains(expected), "{said}");
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("idem.toml");
+    std::fs::write(&config, "[defaults]\nlease = \"2s\"\n").expect("config");
+    let out = Command::new(IDEM)
+        .args([
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--admin-listen", "127.0.0.1:0", "--store"])
+        .arg(format!("{}&max_skew_ms=1000", table.url()))
+        .arg("--config")
+        .arg(&config)
+        .env(
+            idem_testkit::gateway::HASH_SECRET_ENV,
+            idem_testkit::gateway::TEST_HASH_SECRET,
+        )
+        .output()
+        .await
+        .expect("runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("lease of 2s is too short") && err.contains("twice"),
+        "{err}"
+    );
+}
+
+/// On DynamoDB an answer larger than an item can hold is recorded
+/// without its body: its retry gets the original status, marked not
+/// retained, and never runs again.
+#[cfg(feature = "dynamodb")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_larger_than_a_dynamodb_item_replays_as_not_retained() {
+    let Some(table) = idem_testkit::isolated::DynamoTable::new("large") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let up = CountingUpstream::start().await;
+    let gw = start(dir.path(), &up.url(), &table.url()).await;
+    let big = [("idempotency-key", "big-1"), ("x-size", "600000")];
+    let first = gw.post("/v1/payments", &big, "{}").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(first.body.len(), 600_000);
+    let retry = gw.post("/v1/payments", &big, "{}").await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(retry.header("idempotency-status"), Some("not-retained"));
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(up.executions("big-1"), 1);
 }
