@@ -28,6 +28,8 @@ SCENARIOS = [
     ("idem_replays_redis_cluster_wait", "idem serve, replays, Redis Cluster, min_replicas=1"),
     ("idem_unique_keys_mysql", "idem serve, unique keys, MySQL (MariaDB)"),
     ("idem_replays_mysql", "idem serve, replays, MySQL (MariaDB)"),
+    ("idem_unique_keys_dynamodb", "idem serve, unique keys, DynamoDB (moto, an emulator)"),
+    ("idem_replays_dynamodb", "idem serve, replays, DynamoDB (moto, an emulator)"),
     ("idem_unique_keys_tiered", "idem serve, unique keys, tiered Redis+PostgreSQL"),
     ("idem_replays_tiered", "idem serve, replays, tiered Redis+PostgreSQL"),
 ]
@@ -100,7 +102,7 @@ def floors(path):
     mysqlslap's rate and average latency per client count, redis-benchmark's
     p50 and rate per client count."""
     raw = open(path).read() if os.path.exists(path) else ""
-    out = {"raw": raw, "pg": {}, "mysql": {}, "redis": {}}
+    out = {"raw": raw, "pg": {}, "mysql": {}, "dynamo": {}, "redis": {}}
     m = re.search(r"^fdatasync pairs=(\d+) p50_ms=([\d.]+)", raw, re.M)
     if m:
         out["fsync_pair_ms"] = float(m.group(2))
@@ -120,6 +122,8 @@ def floors(path):
     for m in re.finditer(r"^mysqlslap (\S+)\s+clients=(\d+)\s+tps=([\d.]+) latency_ms=([\d.]+)(?: ran=(\d+))?", raw, re.M):
         out["mysql"][(m.group(1), m.group(2))] = {
             "tps": float(m.group(3)), "ms": float(m.group(4)), "ran": m.group(5) or m.group(2)}
+    for m in re.finditer(r"^dynamodb (\S+)\s+clients=(\d+)\s+tps=([\d.]+) latency_ms=([\d.]+) p50_ms=([\d.]+)", raw, re.M):
+        out["dynamo"][(m.group(1), m.group(2))] = {"tps": float(m.group(3)), "ms": float(m.group(5))}
     for m in re.finditer(r"^clients=(\d+) SET .*?: ([\d.]+) requests per second, p50=([\d.]+) msec", raw, re.M):
         out["redis"][m.group(1)] = {"rps": float(m.group(2)), "p50": float(m.group(3))}
     return out
@@ -150,6 +154,10 @@ def targets(data, have, conns, floor, rss):
     if ("reserve_complete", "1") in floor["mysql"]:
         my1 = floor["mysql"][("reserve_complete", "1")]
         lat_floor["idem_unique_keys_mysql"] = ("MySQL", my1["ms"], "mysqlslap reserve + complete, 1 client (average)")
+    if ("reserve_complete", "1") in floor["dynamo"]:
+        dy1 = floor["dynamo"][("reserve_complete", "1")]
+        lat_floor["idem_unique_keys_dynamodb"] = (
+            "DynamoDB", dy1["ms"], "the emulator's PutItem + UpdateItem, 1 client (p50; moto)")
     if "1" in floor["redis"]:
         lat_floor["idem_unique_keys_redis"] = (
             "Redis", 2 * floor["redis"]["1"]["p50"], "two round trips (2 × redis-benchmark p50, `-c 1`)")
@@ -180,6 +188,7 @@ def targets(data, have, conns, floor, rss):
         ("idem_unique_keys", "SQLite"),
         ("idem_unique_keys_postgres", "PostgreSQL"),
         ("idem_unique_keys_mysql", "MySQL"),
+        ("idem_unique_keys_dynamodb", "DynamoDB (emulator)"),
         ("idem_unique_keys_redis", "Redis"),
     ):
         target = f"{name}: unique-key p50 − pass-through p50 ≤ 1.25 × floor, 1 conn"
@@ -214,6 +223,13 @@ def targets(data, have, conns, floor, rss):
             ours = data[("idem_unique_keys_postgres", c)]["rps"]
             at = f"{pg['ran']} clients (the server's bound)" if pg["ran"] != c else f"{c} clients"
             row(target, f"{ours:,.0f} req/s", f"pgbench {pg['tps']:,.0f} tps at {at}", f"{ours / pg['tps']:.2f}×", ours >= pg["tps"])
+        target = f"DynamoDB (emulator) unique keys ≥ 1.0 × its PutItem + UpdateItem, {c} conn"
+        dy = floor["dynamo"].get(("reserve_complete", c))
+        if "idem_unique_keys_dynamodb" not in have or not dy:
+            missing(target, "gateway or the emulator's floor not run")
+        else:
+            ours = data[("idem_unique_keys_dynamodb", c)]["rps"]
+            row(target, f"{ours:,.0f} req/s", f"moto {dy['tps']:,.0f} ops/s at {c} clients", f"{ours / dy['tps']:.2f}×", ours >= dy["tps"])
         target = f"MySQL unique keys ≥ 1.0 × mysqlslap reserve + complete, {c} conn"
         my = floor["mysql"].get(("reserve_complete", c))
         if "idem_unique_keys_mysql" not in have or not my:

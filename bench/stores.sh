@@ -12,6 +12,9 @@
 #                  statements at one client, on idem_records in a database
 #                  of its own (idem_bench_raw, dropped at the end); each
 #                  operation first draws its key (SET @k = UUID());
+#   dynamodb       the DynamoDB emulator's own round trips (moto, from
+#                  bench/dynamodb-floor.py): a conditional PutItem, then
+#                  that and the conditional UpdateItem of the answer;
 #   redis-benchmark SET key val NX EX 60 on random keys (database 9, keys
 #                  expire by themselves);
 #   cargo bench    idem-postgres and idem-redis `reserve` benches (criterion),
@@ -31,7 +34,8 @@
 # Knobs: SECONDS_PER_RUN (default 10), PG_CLIENTS (default "1 16 64 256";
 # a count above the server's max_connections less 10 runs at that bound
 # and says so), MYSQL_CLIENTS (default "1 16 64 256"), REDIS_CLIENTS
-# (default "1 16 64 256"), SKIP_PG=1, SKIP_MYSQL=1, SKIP_REDIS=1.
+# (default "1 16 64 256"), DYNAMODB_CLIENTS (default "1 16 64"),
+# SKIP_PG=1, SKIP_MYSQL=1, SKIP_DYNAMODB=1, SKIP_REDIS=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -256,6 +260,13 @@ for c in $REDIS_CLIENTS; do
     | tr '\r' '\n' | grep -E 'requests per second' | tail -1 | sed "s/^/clients=$c /"
 done
 echo "redis-benchmark command: redis-benchmark -h $REDIS_HOST -p $REDIS_PORT --dbnum 9 -q -n <50000|200000> -c <clients> -r 1000000000 SET idembench-raw:__rand_int__ v NX EX 60"
+fi
+
+if [ "${SKIP_DYNAMODB:-0}" != 1 ]; then
+echo
+echo "== the DynamoDB emulator's own round trips (bench/dynamodb-floor.py)"
+# shellcheck disable=SC2086
+python3 bench/dynamodb-floor.py "$SECONDS_PER_RUN" ${DYNAMODB_CLIENTS:-1 16 64}
 fi
 
 if [ "${SKIP_CARGO_BENCH:-0}" != 1 ]; then
