@@ -692,7 +692,7 @@ async fn bad_configuration_is_refused_with_the_line_that_is_wrong() {
             "--upstream",
             "http://127.0.0.1:3000",
             "--store",
-            "mysql://app:hunter2@db/idem",
+            "oracle://app:hunter2@db/idem",
         ],
         None,
     )
