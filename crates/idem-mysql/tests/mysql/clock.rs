@@ -14,7 +14,8 @@ use idem::{
 use idem_mysql::MySqlStore;
 use idem_mysql::sqlx::mysql::MySqlPoolOptions;
 
-/// 2000-01-01T00:00:00Z, far from any client's clock.
+/// A moment decades before any client's clock (946,684,800 s after the
+/// Unix epoch), where the frozen sessions' server clock stands.
 const FROZEN_S: i64 = 946_684_800;
 
 /// A store whose connections see the server's clock stopped at
@@ -81,15 +82,15 @@ async fn times_come_from_the_servers_clock_in_utc() {
         .expect("renew");
     assert_eq!(renewed, Timestamp::from_millis(FROZEN_S * 1000 + 60_000));
 
-    // The same record seen by a session on the real clock: still a
-    // 2000-01-01 record, whose lease lapsed long ago.
+    // The same record seen by a session on the real clock: a record of
+    // the frozen moment, whose lease lapsed long ago.
     let Reservation::Acquired(taken) = t
         .store
         .reserve(request(&scope, &key))
         .await
         .expect("reserve on the real clock")
     else {
-        panic!("a lease of 2000 has lapsed on the real clock: taken over");
+        panic!("a lease of the frozen moment has lapsed on the real clock: taken over");
     };
     assert_eq!(taken.attempt, 2);
     assert!(taken.locked_until > renewed);
