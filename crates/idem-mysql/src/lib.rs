@@ -269,12 +269,14 @@ impl MySqlStore {
                 group,
                 Arc::clone(&self.counts),
                 reserve_batch,
+                batch::classify,
             ),
             resolve: batch::Batcher::start(
                 self.pool.clone(),
                 group,
                 Arc::clone(&self.counts),
                 resolve_batch,
+                batch::classify,
             ),
         }))
     }

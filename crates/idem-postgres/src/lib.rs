@@ -301,12 +301,14 @@ impl PgStore {
                     group,
                     Arc::clone(&self.counts),
                     move |conns, items| reserve_batch(conns, items, Arc::clone(&reserve_plans)),
+                    batch::classify,
                 ),
                 resolve: batch::Batcher::start(
                     self.conns.clone(),
                     group,
                     Arc::clone(&self.counts),
                     move |conns, items| resolve_batch(conns, items, Arc::clone(&resolve_plans)),
+                    batch::classify,
                 ),
             }
         }))

@@ -602,6 +602,7 @@ mod tests {
                     std::future::ready(Ok(vec![(); ops.len()]))
                 }
             },
+            batch::classify,
         );
         let mut slots = Vec::new();
         for n in 0..3 {

@@ -20,6 +20,7 @@
 
 pub mod around;
 pub mod backend;
+pub mod group;
 pub mod local;
 pub mod op;
 
