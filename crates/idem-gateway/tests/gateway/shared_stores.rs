@@ -39,8 +39,12 @@ on_store_error = "open"
 "#;
 
 async fn start(dir: &Path, upstream: &str, store: &str) -> Gateway {
+    start_with(dir, upstream, store, CONFIG).await
+}
+
+async fn start_with(dir: &Path, upstream: &str, store: &str, config: &str) -> Gateway {
     Gateway::builder(IDEM, dir)
-        .config(CONFIG)
+        .config(config)
         .upstream(upstream)
         .store(store)
         .log("error")
@@ -61,13 +65,18 @@ fn unique(label: &str) -> String {
 /// PostgreSQL (alone or tiered) and MySQL, `/metrics` accounts for the
 /// store's reservations and resolutions as grouped or alone.
 async fn three_gateways_one_store(store: &str) {
+    three_gateways_one_store_with(store, CONFIG).await;
+}
+
+/// [`three_gateways_one_store`] with a config of its own.
+async fn three_gateways_one_store_with(store: &str, config: &str) {
     const KEYS: usize = 200;
     const COPIES: usize = 10;
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
     let mut running = Vec::new();
     for _ in 0..3 {
-        running.push(start(dir.path(), &up.url(), store).await);
+        running.push(start_with(dir.path(), &up.url(), store, config).await);
     }
     let gateways: Vec<SocketAddr> = running.iter().map(|g| g.addr).collect();
     let auth = format!("Bearer {}", unique("tenant"));
@@ -162,7 +171,13 @@ async fn three_gateways_share_dynamodb() {
     let Some(table) = idem_testkit::isolated::DynamoTable::new("shared") else {
         return;
     };
-    three_gateways_one_store(&table.url()).await;
+    // The emulator is one Python process that the other DynamoDB tests
+    // use at the same time: the storm's 2,000 requests may wait on it
+    // longer than the default 5 s a store operation may take, and a
+    // gateway then rightly answers 503. The test is about one execution
+    // per key, so the store gets the time it needs.
+    let config = format!("store_timeout = \"60s\"\n{CONFIG}");
+    three_gateways_one_store_with(&format!("{}&timeout_ms=60000", table.url()), &config).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
