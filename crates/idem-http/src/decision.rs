@@ -27,11 +27,14 @@ pub enum Decision {
     StoreError,
     /// Sent upstream, outcome unknown (timeout after send).
     OutcomeUnknown,
+    /// A webhook delivery refused by its signature, timestamp or id:
+    /// nothing forwarded, nothing recorded.
+    Unverified,
 }
 
 impl Decision {
     /// Every decision, in declaration order (`d as usize` indexes it).
-    pub const ALL: [Decision; 11] = [
+    pub const ALL: [Decision; 12] = [
         Self::PassThrough,
         Self::Executed,
         Self::Replayed,
@@ -43,6 +46,7 @@ impl Decision {
         Self::Unprotected,
         Self::StoreError,
         Self::OutcomeUnknown,
+        Self::Unverified,
     ];
 
     /// The metric label.
@@ -59,6 +63,7 @@ impl Decision {
             Self::Unprotected => "unprotected",
             Self::StoreError => "store_error",
             Self::OutcomeUnknown => "outcome_unknown",
+            Self::Unverified => "unverified",
         }
     }
 }

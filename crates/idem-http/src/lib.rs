@@ -52,6 +52,7 @@ mod reconcile;
 pub mod request;
 pub mod routes;
 pub mod trace;
+pub mod webhook;
 
 pub use body::{BoxError, ResponseBody};
 pub use contract::{Contract, HELD_RETRY_AFTER, KeyFormat, NotRetained, Profile};

@@ -9,7 +9,9 @@
 //!   `reason` is `outcome_unknown` or `lease_lapsed`;
 //! * [`RECONCILED_TOTAL`] `{route, result}` — held records settled by the
 //!   route's lookup: `completed`, `released`, or `gave_up` (left for an
-//!   operator).
+//!   operator);
+//! * [`WEBHOOK_DELIVERIES_TOTAL`] `{route, provider, result}` — deliveries
+//!   to webhook routes: `verified`, or the [`Refused`] reason.
 //!
 //! `route` is the configured operation (`POST /v1/payments`),
 //! [`UNMATCHED_ROUTE`](crate::routes::UNMATCHED_ROUTE) or
@@ -28,8 +30,11 @@ use metrics::{Counter, Histogram};
 
 use crate::decision::Decision;
 use crate::routes::Routes;
+use crate::webhook::Refused;
 
-pub use idem::metrics::{RECONCILED_TOTAL, REQUEST_DURATION, REQUESTS_TOTAL, RERUNS_TOTAL};
+pub use idem::metrics::{
+    RECONCILED_TOTAL, REQUEST_DURATION, REQUESTS_TOTAL, RERUNS_TOTAL, WEBHOOK_DELIVERIES_TOTAL,
+};
 
 /// Pre-registered handles, one pair per route and outcome, so recording a
 /// request is two atomic updates with no label hashing.
@@ -39,6 +44,9 @@ pub(crate) struct RequestMetrics {
     /// Per route: re-runs whose earlier attempt was marked unknown, and
     /// those whose owner stopped renewing.
     reruns: OnceLock<Vec<[Counter; 2]>>,
+    /// Per route: for a webhook route, its verified deliveries and then
+    /// one counter per [`Refused`] reason, in [`Refused::ALL`] order.
+    webhooks: OnceLock<Vec<Vec<Counter>>>,
 }
 
 impl RequestMetrics {
@@ -91,6 +99,7 @@ impl RequestMetrics {
     /// outcome, and alerts on a rate see a zero, before the first request.
     pub(crate) fn init(&self, routes: &Routes) {
         self.handles(routes);
+        self.webhook_handles(routes);
     }
 
     /// Registers every route's re-run counters at zero, so that dashboards
@@ -106,6 +115,41 @@ impl RequestMetrics {
                 })
                 .collect()
         });
+    }
+
+    /// Registers every webhook route's delivery counters at zero.
+    fn webhook_handles(&self, routes: &Routes) -> &[Vec<Counter>] {
+        self.webhooks.get_or_init(|| {
+            routes
+                .labels()
+                .zip(routes.policies())
+                .map(|(label, policy)| {
+                    let Some(hook) = &policy.webhook else {
+                        return Vec::new();
+                    };
+                    let provider = hook.provider().name();
+                    std::iter::once("verified")
+                        .chain(Refused::ALL.iter().map(|r| r.as_str()))
+                        .map(|result| {
+                            metrics::counter!(WEBHOOK_DELIVERIES_TOTAL.name, "route" => label.to_owned(), "provider" => provider, "result" => result)
+                        })
+                        .collect()
+                })
+                .collect()
+        })
+    }
+
+    /// Counts a webhook delivery of route `route`: verified (`None`) or
+    /// refused.
+    pub(crate) fn webhook(&self, routes: &Routes, route: usize, refused: Option<Refused>) {
+        let slot = refused.map_or(0, |r| 1 + r as usize);
+        if let Some(counter) = self
+            .webhook_handles(routes)
+            .get(route)
+            .and_then(|c| c.get(slot))
+        {
+            counter.increment(1);
+        }
     }
 
     /// Counts a re-run; `route` indexes [`Routes::labels`].

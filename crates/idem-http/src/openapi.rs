@@ -73,6 +73,19 @@ fn operation(policy: &RoutePolicy, path_params: &BTreeSet<&str>) -> Value {
             "schema": key_schema(policy),
         }));
     }
+    // A webhook route's key is its delivery id: its headers are the
+    // provider's, each required.
+    if let Some(hook) = &policy.webhook {
+        for name in hook.scheme().headers() {
+            parameters.push(json!({
+                "name": header_label(&name),
+                "in": "header",
+                "required": true,
+                "description": format!("Set by the {} webhook sender; verified before anything else", hook.provider()),
+                "schema": { "type": "string" },
+            }));
+        }
+    }
     let mut responses = Map::new();
     let success = json!({
         "description": "The upstream's answer, stored and replayed for the key's retention",
@@ -87,11 +100,28 @@ fn operation(policy: &RoutePolicy, path_params: &BTreeSet<&str>) -> Value {
         Some((_, kinds)) => kinds.push(kind),
         None => refusals.push((status, vec![kind])),
     };
-    if policy.require_key {
-        refuse(StatusCode::BAD_REQUEST, ProblemKind::KeyMissing);
+    match &policy.webhook {
+        Some(hook) => {
+            refuse(
+                StatusCode::UNAUTHORIZED,
+                ProblemKind::WebhookSignatureInvalid,
+            );
+            if hook.scheme().has_timestamp() {
+                refuse(
+                    StatusCode::UNAUTHORIZED,
+                    ProblemKind::WebhookTimestampRefused,
+                );
+            }
+            refuse(StatusCode::BAD_REQUEST, ProblemKind::WebhookDeliveryInvalid);
+        }
+        None => {
+            if policy.require_key {
+                refuse(StatusCode::BAD_REQUEST, ProblemKind::KeyMissing);
+            }
+            refuse(StatusCode::BAD_REQUEST, ProblemKind::KeyInvalid);
+            refuse(StatusCode::BAD_REQUEST, ProblemKind::KeyAmbiguous);
+        }
     }
-    refuse(StatusCode::BAD_REQUEST, ProblemKind::KeyInvalid);
-    refuse(StatusCode::BAD_REQUEST, ProblemKind::KeyAmbiguous);
     refuse(policy.mismatch_status, ProblemKind::KeyReused);
     refuse(StatusCode::CONFLICT, ProblemKind::InProgress);
     if policy.lookup.is_some() {
@@ -99,7 +129,7 @@ fn operation(policy: &RoutePolicy, path_params: &BTreeSet<&str>) -> Value {
     }
     refuse(StatusCode::CONFLICT, ProblemKind::OutcomeHeld);
     refuse(StatusCode::PAYLOAD_TOO_LARGE, ProblemKind::BodyTooLarge);
-    if policy.on_missing_tenant == MissingTenant::Refuse {
+    if policy.on_missing_tenant == MissingTenant::Refuse && policy.webhook.is_none() {
         refuse(StatusCode::UNAUTHORIZED, ProblemKind::TenantMissing);
     }
     if policy.engine.fail_mode == idem::FailMode::Closed {
@@ -241,6 +271,14 @@ fn extension(policy: &RoutePolicy, defaults: bool) -> Value {
     });
     if defaults {
         ext["methods"] = json!(["POST", "PATCH"]);
+    }
+    if let Some(hook) = &policy.webhook {
+        ext["webhook"] = json!({
+            "provider": hook.provider().name(),
+            "tenant": hook.tenant(),
+            "headers": hook.scheme().headers().iter().map(header_label).collect::<Vec<_>>(),
+            "tolerance_seconds": hook.scheme().has_timestamp().then(|| hook.tolerance().as_secs()),
+        });
     }
     ext
 }

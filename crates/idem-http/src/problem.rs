@@ -82,12 +82,21 @@ pub enum ProblemKind {
     UpstreamTls,
     /// A replay of a response whose body was too large or streamed to keep.
     ResponseNotRetained,
+    /// A webhook delivery without a signature a secret of its route
+    /// makes over the body as received (401).
+    WebhookSignatureInvalid,
+    /// A webhook delivery signed longer ago, or further ahead, than its
+    /// route's tolerance: sent again after capture, or held up (401).
+    WebhookTimestampRefused,
+    /// A webhook delivery without its id or timestamp where its provider
+    /// puts them, or with one that cannot be read (400).
+    WebhookDeliveryInvalid,
 }
 
 impl ProblemKind {
     /// Every kind, in the order the docs list them: the vocabulary of the
     /// `code` member.
-    pub const ALL: [ProblemKind; 24] = [
+    pub const ALL: [ProblemKind; 27] = [
         Self::KeyMissing,
         Self::KeyInvalid,
         Self::KeyAmbiguous,
@@ -112,6 +121,9 @@ impl ProblemKind {
         Self::UpstreamBroken,
         Self::UpstreamTls,
         Self::ResponseNotRetained,
+        Self::WebhookSignatureInvalid,
+        Self::WebhookTimestampRefused,
+        Self::WebhookDeliveryInvalid,
     ];
 
     /// The stable slug, last part of the `type` URI.
@@ -141,6 +153,9 @@ impl ProblemKind {
             Self::UpstreamBroken => "upstream-response-broken",
             Self::UpstreamTls => "upstream-tls",
             Self::ResponseNotRetained => "idempotency-response-not-retained",
+            Self::WebhookSignatureInvalid => "webhook-signature-invalid",
+            Self::WebhookTimestampRefused => "webhook-timestamp-refused",
+            Self::WebhookDeliveryInvalid => "webhook-delivery-invalid",
         }
     }
 
@@ -180,6 +195,11 @@ impl ProblemKind {
             Self::UpstreamBroken => "Upstream response broke off",
             Self::UpstreamTls => "No trusted TLS session with the upstream",
             Self::ResponseNotRetained => "Original response body not retained",
+            Self::WebhookSignatureInvalid => "Webhook signature missing or not valid",
+            Self::WebhookTimestampRefused => "Webhook timestamp outside the tolerance",
+            Self::WebhookDeliveryInvalid => {
+                "Webhook delivery id or timestamp missing or unreadable"
+            }
         }
     }
 
@@ -194,8 +214,11 @@ impl ProblemKind {
             | Self::BodyAmbiguous
             | Self::TenantInvalid
             | Self::HostInvalid
-            | Self::PathNotCanonical => StatusCode::BAD_REQUEST,
-            Self::TenantMissing => StatusCode::UNAUTHORIZED,
+            | Self::PathNotCanonical
+            | Self::WebhookDeliveryInvalid => StatusCode::BAD_REQUEST,
+            Self::TenantMissing | Self::WebhookSignatureInvalid | Self::WebhookTimestampRefused => {
+                StatusCode::UNAUTHORIZED
+            }
             Self::TenantUntrusted => StatusCode::FORBIDDEN,
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::InProgress | Self::OutcomeReconciling | Self::OutcomeHeld => StatusCode::CONFLICT,

@@ -28,6 +28,7 @@ use idem::Policy;
 
 use crate::lookup::Lookup;
 use crate::pattern::{PathPattern, PatternError, lenient_form, normalize_path};
+use crate::webhook::Webhook;
 use crate::{BodyFields, Contract, IDEMPOTENCY_KEY, JsonPointer};
 
 /// HTTP-level policy of one route, around the engine's [`Policy`].
@@ -73,6 +74,9 @@ pub struct RoutePolicy {
     /// What the route's answers promise and the format of its keys
     /// (default: the `stripe` profile, any key).
     pub contract: Contract,
+    /// The webhook sender whose signed deliveries the route receives
+    /// ([`with_webhook`](Self::with_webhook)); `None`: a keyed route.
+    pub webhook: Option<Arc<Webhook>>,
 }
 
 /// What a request on a route gets when its path is not spelled as the
@@ -123,6 +127,7 @@ impl Default for RoutePolicy {
             on_missing_tenant: MissingTenant::Refuse,
             path_spelling: PathSpelling::Normalise,
             contract: Contract::default(),
+            webhook: None,
         }
     }
 }
@@ -193,6 +198,18 @@ impl RoutePolicy {
     /// Sets what the route's answers promise and the format of its keys.
     pub fn with_contract(mut self, contract: Contract) -> Self {
         self.contract = contract;
+        self
+    }
+
+    /// Receives `webhook`'s signed deliveries: each is verified over its
+    /// raw body before anything else, its key is its delivery id (no key
+    /// header is read, and every delivery has one) and its tenant the
+    /// sender ([`Webhook::tenant`]).
+    pub fn with_webhook(mut self, webhook: Webhook) -> Self {
+        self.key_headers = Vec::new();
+        self.key_from = None;
+        self.require_key = true;
+        self.webhook = Some(Arc::new(webhook));
         self
     }
 

@@ -257,6 +257,16 @@ pub const INBOX_MESSAGES_TOTAL: Metric = metric(
     "Messages handled by a consumer runner, by consumer and outcome (applied, duplicate, …).",
 );
 
+/// Webhook deliveries by route, provider and result: `verified`, or why
+/// one was refused (`signature_invalid`, `timestamp_stale`, …).
+pub const WEBHOOK_DELIVERIES_TOTAL: Metric = metric(
+    "idem_webhook_deliveries_total",
+    Counter,
+    &["route", "provider", "result"],
+    false,
+    "Webhook deliveries by route, provider and result: verified, or the reason one was refused (nothing forwarded).",
+);
+
 /// Every metric, in the order `/metrics` describes them.
 pub const ALL: &[Metric] = &[
     REQUESTS_TOTAL,
@@ -283,6 +293,7 @@ pub const ALL: &[Metric] = &[
     OUTBOX_PENDING,
     OUTBOX_LAG,
     INBOX_MESSAGES_TOTAL,
+    WEBHOOK_DELIVERIES_TOTAL,
 ];
 
 #[cfg(test)]

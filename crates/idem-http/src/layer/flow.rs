@@ -164,9 +164,23 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                         return Ok(problem(refused.problem, Decision::BadRequest));
                     }
                 };
-                let found = match &policy.key_from {
-                    Some(field) => key_from_body(&parts, &bytes, field),
-                    None => Ok(None),
+                let found = match (&policy.webhook, &policy.key_from) {
+                    // The signature is checked over the body as received,
+                    // before the id in it is believed.
+                    (Some(hook), _) => match hook.verify(&parts.headers, &bytes) {
+                        Ok(key) => {
+                            this.metrics.webhook(&this.routes, index, None);
+                            Ok(Some(key))
+                        }
+                        Err(refusal) => {
+                            this.metrics
+                                .webhook(&this.routes, index, Some(refusal.reason));
+                            tracing::warn!(reason = "webhook_refused", %operation, provider = hook.provider().name(), refused = refusal.reason.as_str(), detail = refusal.detail());
+                            return Ok(problem(refusal.problem(), Decision::Unverified));
+                        }
+                    },
+                    (None, Some(field)) => key_from_body(&parts, &bytes, field),
+                    (None, None) => Ok(None),
                 };
                 match found {
                     Ok(Some(key)) => (key, Received::Read(bytes)),
@@ -203,7 +217,12 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
             tracing::info!(reason = "idempotency_invalid_key", %operation, detail = p.detail());
             return Ok(problem(p, Decision::InvalidKey));
         }
-        let scope = match this.tenant.tenant(&parts).and_then(|t| {
+        // A webhook's tenant is its sender, which its signature proved.
+        let tenant = match &policy.webhook {
+            Some(hook) => Ok(crate::Tenant::Identity(Cow::Borrowed(hook.tenant()))),
+            None => this.tenant.tenant(&parts),
+        };
+        let scope = match tenant.and_then(|t| {
             Scope::new(&this.hashing.tenant(&t), &operation)
                 .map_err(|e| Problem::new(ProblemKind::TenantInvalid, e.to_string()))
         }) {
@@ -253,13 +272,15 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         };
         // While records from before keyed hashing may live, the request is
         // also looked for where they would be.
-        let v1 = v1_fp.and_then(|fingerprint| {
-            let tenant = this.tenant.v1_tenant(&parts)?;
-            Some(V1Address {
-                scope: Scope::new(&tenant, &operation).ok()?,
-                fingerprint,
-            })
-        });
+        let v1 = v1_fp
+            .filter(|_| policy.webhook.is_none())
+            .and_then(|fingerprint| {
+                let tenant = this.tenant.v1_tenant(&parts)?;
+                Some(V1Address {
+                    scope: Scope::new(&tenant, &operation).ok()?,
+                    fingerprint,
+                })
+            });
         // From the reservation on, everything runs in a task of its own: a
         // client that disconnects must not drop a reservation just made, nor
         // cancel the work or the recording of its result (its retry would

@@ -80,9 +80,10 @@ where
 /// Whether a request without a key header may carry its key in the body:
 /// the route names a `key_from` field, and only a JSON body can hold it
 /// (any other is forwarded, or refused, unread, as on a route without
-/// `key_from`).
+/// `key_from`); or the route receives webhooks, whose every delivery is
+/// read and verified before its id is believed.
 pub(super) fn key_in_body(policy: &RoutePolicy, headers: &HeaderMap) -> bool {
-    policy.key_from.is_some() && is_json(headers)
+    policy.webhook.is_some() || (policy.key_from.is_some() && is_json(headers))
 }
 
 /// The answer to a protected route's request that carries no key: a
