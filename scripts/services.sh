@@ -234,4 +234,30 @@ else
   status=1
 fi
 
+# The webhook senders' own signing code (PyPI, npm): Standard Webhooks,
+# Svix, Stripe and Slack in Python, GitHub's Octokit in Node (ESM only,
+# installed under ~/.cache/idem/node, where the tests look for it).
+if ! python3 -c 'import standardwebhooks, svix, stripe, slack_sdk' >/dev/null 2>&1; then
+  echo "services: installing the webhook signers (standardwebhooks, svix, stripe, slack-sdk)"
+  python3 -m pip install --quiet --disable-pip-version-check 'standardwebhooks==1.1.0' 'svix==2.9.1' 'stripe==16.1.0' 'slack-sdk==3.47.0' >/dev/null 2>&1 || true
+fi
+if python3 -c 'import standardwebhooks, svix, stripe, slack_sdk' >/dev/null 2>&1; then
+  echo "services: $(python3 -c 'import importlib.metadata as m; print(", ".join(f"{p} {m.version(p)}" for p in ("standardwebhooks", "svix", "stripe", "slack-sdk")))') are installed"
+else
+  echo "services: the Python webhook signers could not be installed" >&2
+  status=1
+fi
+NODE_DIR="${IDEM_TEST_NODE_DIR:-$HOME/.cache/idem/node}"
+if ! [ -d "$NODE_DIR/node_modules/@octokit/webhooks-methods" ] && command -v npm >/dev/null 2>&1; then
+  echo "services: installing @octokit/webhooks-methods 6.0.0 in $NODE_DIR"
+  mkdir -p "$NODE_DIR"
+  (cd "$NODE_DIR" && npm install --silent --no-audit --no-fund '@octokit/webhooks-methods@6.0.0' >/dev/null 2>&1) || true
+fi
+if [ -d "$NODE_DIR/node_modules/@octokit/webhooks-methods" ] && command -v node >/dev/null 2>&1; then
+  echo "services: @octokit/webhooks-methods is installed in $NODE_DIR (node $(node --version))"
+else
+  echo "services: @octokit/webhooks-methods could not be installed (needs node and npm)" >&2
+  status=1
+fi
+
 exit $status

@@ -201,6 +201,24 @@ pub fn python_with(modules: &[&str]) -> Option<PathBuf> {
     ))
 }
 
+/// The directory whose `node_modules` holds the npm `package` (the
+/// webhook tests' signers), `IDEM_TEST_NODE_DIR` or `~/.cache/idem/node`
+/// where `scripts/services.sh` installs them, with `node` on `PATH`; a
+/// loud skip (or a panic under `IDEM_REQUIRE_SERVICES=1`) otherwise.
+pub fn node_package(package: &str) -> Option<PathBuf> {
+    program("Node.js", "IDEM_TEST_NODE", "node")?;
+    let dir = std::env::var_os("IDEM_TEST_NODE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/idem/node")))?;
+    if dir.join("node_modules").join(package).is_dir() {
+        return Some(dir);
+    }
+    absent(&format!(
+        "the npm package {package} is not installed in {} (set IDEM_TEST_NODE_DIR; scripts/services.sh installs it)",
+        dir.display()
+    ))
+}
+
 /// Skips loudly, or fails when services are required.
 fn absent<T>(msg: &str) -> Option<T> {
     if required() {

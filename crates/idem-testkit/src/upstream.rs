@@ -11,6 +11,12 @@
 //! The default answer is JSON: `{"execution":N,"key":…,"body_len":…}` with
 //! a `Location` header, so replays are recognisable by their bytes.
 //!
+//! Requests answered `2xx` are also counted per body ([`applied`]): the
+//! side effects of a receiver whose deliveries carry their ids inside
+//! (webhooks), where no `Idempotency-Key` is sent.
+//!
+//! [`applied`]: CountingUpstream::applied
+//!
 //! [`CountingUpstream::start_tls`] serves the same over TLS (HTTP/2 when
 //! the client offers it by ALPN), and keeps the server name each client
 //! asked for and the HTTP version of the last request.
@@ -36,6 +42,8 @@ struct State {
     total: AtomicU64,
     connections: AtomicU64,
     per_key: Mutex<HashMap<String, u64>>,
+    /// Body → requests with it answered 2xx.
+    per_body: Mutex<HashMap<Bytes, u64>>,
     last_headers: Mutex<Option<HeaderMap>>,
     last_version: Mutex<Option<Version>>,
     server_names: Mutex<Vec<Option<String>>>,
@@ -112,6 +120,11 @@ impl CountingUpstream {
     /// Connections accepted in total.
     pub fn connections(&self) -> u64 {
         self.state.connections.load(Ordering::SeqCst)
+    }
+
+    /// The bodies answered `2xx`, each with how many times it was.
+    pub fn applied(&self) -> HashMap<Bytes, u64> {
+        lock(&self.state.per_body).clone()
     }
 
     /// Requests received with this `Idempotency-Key` (as forwarded).
@@ -229,6 +242,9 @@ async fn handle(
         .and_then(|s| u16::try_from(s).ok())
         .and_then(|s| StatusCode::from_u16(s).ok())
         .unwrap_or(StatusCode::CREATED);
+    if status.is_success() {
+        *lock(&state.per_body).entry(body.clone()).or_default() += 1;
+    }
     let payload = match header_num(&parts.headers, "x-size") {
         Some(n) => Bytes::from(vec![b'x'; usize::try_from(n).unwrap_or(0)]),
         None => Bytes::from(format!(

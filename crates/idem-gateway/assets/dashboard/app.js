@@ -27,7 +27,7 @@ const OUTCOMES = {
   executed: '#2e7d32', replayed: '#1565c0', in_progress: '#ef6c00',
   mismatch: '#c62828', outcome_unknown: '#263238', store_error: '#795548',
   unprotected: '#f9a825', missing_key: '#8e24aa', invalid_key: '#ba68c8',
-  bad_request: '#d81b60', pass_through: '#b0bec5',
+  bad_request: '#d81b60', unverified: '#6d4c41', pass_through: '#b0bec5',
 };
 
 const $ = (id) => document.getElementById(id);
@@ -572,7 +572,41 @@ function render() {
     $('total-conflicts').textContent = count(sum(since, ['in_progress', 'mismatch']));
     $('total-held').textContent = count(since.outcome_unknown || 0);
     $('total-held').classList.toggle('bad', Boolean(since.outcome_unknown));
+    renderWebhooks(state.prev.list('idem_webhook_deliveries_total'));
   }
+}
+
+// Webhook deliveries since start, one row per provider and route: verified,
+// refused, and the most common reason for refusing. Hidden when no route
+// receives webhooks.
+function renderWebhooks(series) {
+  $('webhooks').hidden = series.length === 0;
+  if (series.length === 0) return;
+  const rows = new Map();
+  for (const s of series) {
+    const { provider = '?', route = '?', result = '?' } = s.labels;
+    const id = `${provider} ${route}`;
+    const row = rows.get(id) || { provider, route, verified: 0, refused: 0, reasons: {} };
+    if (result === 'verified') row.verified += s.value;
+    else {
+      row.refused += s.value;
+      row.reasons[result] = (row.reasons[result] || 0) + s.value;
+    }
+    rows.set(id, row);
+  }
+  const table = document.createElement('table');
+  const head = document.createElement('tr');
+  for (const h of ['provider', 'route', 'verified', 'refused', 'most refused for']) head.append(cell('th', h));
+  table.append(head);
+  for (const r of [...rows.values()].sort((a, b) => a.provider.localeCompare(b.provider) || a.route.localeCompare(b.route))) {
+    const top = Object.entries(r.reasons).filter(([, n]) => n > 0).sort((a, b) => b[1] - a[1])[0];
+    const tr = document.createElement('tr');
+    tr.dataset.provider = r.provider;
+    tr.append(cell('td', r.provider), cell('td', r.route), cell('td', count(r.verified)),
+      cell('td', count(r.refused), r.refused > 0 ? 'bad' : ''), cell('td', top ? top[0] : '–'));
+    table.append(tr);
+  }
+  $('webhook-list').replaceChildren(table);
 }
 
 // ---- Records ---------------------------------------------------------------

@@ -142,6 +142,26 @@ pub(super) struct PolicyConfig {
     pub(super) key_format: Option<Spanned<String>>,
     pub(super) key_min_length: Option<Spanned<i64>>,
     pub(super) reconcile: Option<ReconcileConfig>,
+    pub(super) webhook: Option<WebhookConfig>,
+}
+
+/// `[route.webhook]`: the route receives a provider's signed deliveries.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct WebhookConfig {
+    pub(super) provider: Option<Spanned<String>>,
+    pub(super) secrets_file: Option<Spanned<String>>,
+    pub(super) secrets_env: Option<Spanned<String>>,
+    pub(super) tolerance: Option<Spanned<String>>,
+    pub(super) sender: Option<Spanned<String>>,
+    pub(super) signature_header: Option<Spanned<String>>,
+    pub(super) signature_encoding: Option<Spanned<String>>,
+    pub(super) signature_prefix: Option<Spanned<String>>,
+    pub(super) algorithm: Option<Spanned<String>>,
+    pub(super) signed: Option<Spanned<String>>,
+    pub(super) id_header: Option<Spanned<String>>,
+    pub(super) id_field: Option<Spanned<String>>,
+    pub(super) timestamp_header: Option<Spanned<String>>,
 }
 
 /// A value written as one string or a list of them (`key_header`,

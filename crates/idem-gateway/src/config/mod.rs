@@ -23,6 +23,7 @@ mod settings;
 mod telemetry;
 mod tls;
 mod values;
+mod webhook;
 
 pub use defaults::{DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, DEFAULT_STORE, default_workers};
 pub use error::ConfigError;

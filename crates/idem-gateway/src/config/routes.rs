@@ -10,6 +10,7 @@ use super::error::ConfigError;
 use super::file::{FileConfig, PolicyConfig, Source};
 use super::policy::{apply, lookup};
 use super::values::{duration, parse_method, positive};
+use super::webhook::{base_policy, webhook};
 
 /// The routes of `file`, and the upstream time-out of `[defaults]` (which
 /// no route sets apart). `tenant` keeps every route from taking its key
@@ -34,6 +35,12 @@ pub(super) fn routes(
                 "only [[route]] entries have a method and a path",
             ));
         }
+    }
+    if defaults_cfg.webhook.is_some() {
+        return Err(ConfigError::new(format!(
+            "{}: [defaults.webhook]: a webhook sender belongs to one route; write it as [route.webhook] under that [[route]]",
+            src.file.display()
+        )));
     }
     if defaults_cfg.reconcile.is_some() {
         return Err(ConfigError::new(format!(
@@ -96,7 +103,19 @@ pub(super) fn routes(
                 ),
             ));
         }
-        let mut policy = apply(src, &at, r, defaults.clone(), credential)?;
+        let hook = r
+            .webhook
+            .as_ref()
+            .map(|w| webhook(src, &at, r, &m, w))
+            .transpose()?;
+        let base = match &hook {
+            Some(hook) => base_policy(&defaults, hook.provider()),
+            None => defaults.clone(),
+        };
+        let mut policy = apply(src, &at, r, base, credential)?;
+        if let Some(hook) = hook {
+            policy = policy.with_webhook(hook);
+        }
         if let Some(rc) = &r.reconcile {
             let at = format!("{at}.reconcile");
             let lookup = lookup(src, &at, rc)?;

@@ -1045,3 +1045,186 @@ fn the_contract_path_is_a_plain_path_no_route_takes() {
         "{taken}"
     );
 }
+
+#[test]
+fn webhook_routes_take_their_sender_secrets_and_policy() {
+    let dir = tempfile::tempdir().expect("dir");
+    let secrets = dir.path().join("stripe.secrets");
+    std::fs::write(
+        &secrets,
+        "# new, then old\nwhsec_new_secret_of_32_bytes_long\nwhsec_old_secret_of_32_bytes_long\n",
+    )
+    .expect("write");
+    let route = |webhook: &str, extra: &str| {
+        format!(
+            "upstream = \"http://127.0.0.1:1\"\n[defaults]\nretention = \"1h\"\n[[route]]\nmethod = \"POST\"\npath = \"/hooks\"\n{extra}\n[route.webhook]\n{webhook}\n"
+        )
+    };
+    let file = format!("secrets_file = {:?}", secrets.display().to_string());
+    let s = from_text(&route(&format!("provider = \"stripe\"\n{file}"), "")).expect("ok");
+    let m = s.routes.matching(&Method::POST, "/hooks").expect("route");
+    let hook = m.policy.webhook.as_ref().expect("a webhook route");
+    assert_eq!(hook.secrets().len(), 2);
+    assert_eq!(hook.tenant(), "webhook:stripe");
+    assert_eq!(hook.tolerance(), Duration::from_secs(300));
+    // The provider's retry window, over [defaults]; a receiver's 5xx frees
+    // the delivery for the provider's retry, a 502 stays held.
+    assert_eq!(m.policy.engine.retention, Duration::from_secs(3 * 86400));
+    assert_eq!(
+        m.policy.engine.resolution_for(500),
+        idem::Resolution::Release
+    );
+    assert_eq!(
+        m.policy.engine.resolution_for(502),
+        idem::Resolution::Unknown
+    );
+    assert!(m.policy.key_headers.is_empty() && m.policy.require_key);
+    // The route's own keys win.
+    let s = from_text(&route(
+        &format!("provider = \"github\"\n{file}\nsender = \"gh-org\""),
+        "retention = \"10d\"\non_server_error = \"hold\"",
+    ))
+    .expect("ok");
+    let m = s.routes.matching(&Method::POST, "/hooks").expect("route");
+    assert_eq!(m.policy.engine.retention, Duration::from_secs(10 * 86400));
+    assert_eq!(
+        m.policy.engine.resolution_for(500),
+        idem::Resolution::Unknown
+    );
+    assert_eq!(
+        m.policy.webhook.as_ref().expect("hook").tenant(),
+        "webhook:gh-org"
+    );
+    // A generic sender, described key by key.
+    let slack = format!(
+        "provider = \"hmac\"\n{file}\nsignature_header = \"X-Slack-Signature\"\nsignature_prefix = \"v0=\"\nsigned = \"v0:{{timestamp}}:{{body}}\"\ntimestamp_header = \"X-Slack-Request-Timestamp\"\nid_field = \"/event_id\"\ntolerance = \"2m\""
+    );
+    let s = from_text(&route(&slack, "")).expect("ok");
+    let m = s.routes.matching(&Method::POST, "/hooks").expect("route");
+    let hook = m.policy.webhook.as_ref().expect("hook");
+    assert!(hook.scheme().has_timestamp());
+    assert_eq!(hook.tolerance(), Duration::from_secs(120));
+}
+
+#[test]
+fn webhook_routes_refuse_what_cannot_be_right() {
+    let dir = tempfile::tempdir().expect("dir");
+    let secrets = dir.path().join("s.secrets");
+    std::fs::write(&secrets, "a-secret-of-more-than-16-bytes\n").expect("write");
+    let empty = dir.path().join("empty.secrets");
+    std::fs::write(&empty, "# nothing yet\n").expect("write");
+    let file = format!("secrets_file = {:?}", secrets.display().to_string());
+    let cases = [
+        (
+            "method = \"GET\"",
+            format!("provider = \"github\"\n{file}"),
+            "takes POST",
+        ),
+        (
+            "method = \"POST\"\nkey_header = \"X-Id\"",
+            format!("provider = \"github\"\n{file}"),
+            "remove key_header",
+        ),
+        (
+            "method = \"POST\"\nrequire_key = false",
+            format!("provider = \"github\"\n{file}"),
+            "remove require_key",
+        ),
+        ("method = \"POST\"", file.clone(), "has no provider"),
+        (
+            "method = \"POST\"",
+            format!("provider = \"svix\"\n{file}"),
+            "expected \"standard\"",
+        ),
+        (
+            "method = \"POST\"",
+            "provider = \"github\"".to_owned(),
+            "needs its signing secrets",
+        ),
+        (
+            "method = \"POST\"",
+            format!(
+                "provider = \"github\"\nsecrets_file = {:?}",
+                empty.display().to_string()
+            ),
+            "holds no secret",
+        ),
+        (
+            "method = \"POST\"",
+            format!("provider = \"github\"\n{file}\nsecrets_env = \"X\""),
+            "not both",
+        ),
+        (
+            "method = \"POST\"",
+            "provider = \"github\"\nsecrets_env = \"IDEM_TEST_UNSET_WEBHOOK_SECRETS\"".to_owned(),
+            "is not set",
+        ),
+        (
+            "method = \"POST\"",
+            format!("provider = \"standard\"\n{file}"),
+            "does not decode",
+        ),
+        (
+            "method = \"POST\"",
+            format!("provider = \"github\"\n{file}\nsignature_header = \"X-Sig\""),
+            "only provider = \"hmac\"",
+        ),
+        (
+            "method = \"POST\"",
+            format!("provider = \"github\"\n{file}\ntolerance = \"1m\""),
+            "no signed timestamp",
+        ),
+        (
+            "method = \"POST\"",
+            format!("provider = \"github\"\n{file}\nsender = \"a b\""),
+            "letters, digits",
+        ),
+        (
+            "method = \"POST\"",
+            format!("provider = \"hmac\"\n{file}\nid_header = \"X-Id\""),
+            "needs signature_header",
+        ),
+        (
+            "method = \"POST\"",
+            format!("provider = \"hmac\"\n{file}\nsignature_header = \"X-Sig\""),
+            "needs id_header",
+        ),
+        (
+            "method = \"POST\"",
+            format!(
+                "provider = \"hmac\"\n{file}\nsignature_header = \"X-Sig\"\nid_field = \"/id\"\nsigned = \"{{id}}.{{body}}\""
+            ),
+            "only when the id is in a header",
+        ),
+        (
+            "method = \"POST\"",
+            format!(
+                "provider = \"hmac\"\n{file}\nsignature_header = \"X-Sig\"\nid_header = \"X-Id\"\ntimestamp_header = \"X-Ts\""
+            ),
+            "not signed",
+        ),
+        (
+            "method = \"POST\"",
+            format!(
+                "provider = \"hmac\"\n{file}\nsignature_header = \"X-Sig\"\nid_header = \"X-Id\"\nsignature_encoding = \"base32\""
+            ),
+            "expected \"hex\"",
+        ),
+    ];
+    for (route, webhook, why) in cases {
+        let text = format!(
+            "upstream = \"http://127.0.0.1:1\"\n[[route]]\n{route}\npath = \"/hooks\"\n[route.webhook]\n{webhook}\n"
+        );
+        let err = from_text(&text).expect_err(&text).to_string();
+        assert!(err.contains(why), "{text}\n→ {err}");
+        assert!(
+            !err.contains("a-secret-of"),
+            "an error quotes a secret: {err}"
+        );
+    }
+    let text = format!(
+        "upstream = \"http://127.0.0.1:1\"\n[defaults.webhook]\nprovider = \"github\"\n{file}\n"
+    );
+    let err = from_text(&text).expect_err("defaults").to_string();
+    assert!(err.contains("belongs to one route"), "{err}");
+}

@@ -29,6 +29,13 @@ method = "POST"
 path = "/v1/payments"
 require_key = true
 
+[[route]]
+method = "POST"
+path = "/hooks/github"
+[route.webhook]
+provider = "github"
+secrets_env = "DASHBOARD_TEST_GITHUB_SECRET"
+
 [monitor]
 interval = "1s"
 "#;
@@ -139,6 +146,10 @@ impl Setup {
             .upstream(&up.url())
             .store(&sqlite_store(dir.path()))
             .args(&["--admin-token", TOKEN])
+            .envs(&[(
+                "DASHBOARD_TEST_GITHUB_SECRET",
+                "a-github-webhook-secret-of-the-test",
+            )])
             .start()
             .await;
         Some(Self {
@@ -401,6 +412,16 @@ async fn a_dashboard_opened_after_traffic_shows_the_totals_since_start() {
     }
     let reused = pay(gw.addr, "before-0", r#"{"amount":2}"#, "0").await;
     assert_eq!(reused, StatusCode::UNPROCESSABLE_ENTITY);
+    // Two forged GitHub deliveries.
+    for signature in ["sha256=00ff", "sha256=abcd"] {
+        let headers = [
+            ("x-github-delivery", "d-1"),
+            ("content-type", "application/json"),
+            ("x-hub-signature-256", signature),
+        ];
+        let answer = send(gw.addr, Method::POST, "/hooks/github", &headers, "{}").await;
+        assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+    }
 
     let browser = setup.open().await;
     browser
@@ -411,7 +432,7 @@ async fn a_dashboard_opened_after_traffic_shows_the_totals_since_start() {
         .await;
     let tile = |id: &str| format!("return document.getElementById('{id}').textContent");
     for (id, want) in [
-        ("total-requests", "7"),
+        ("total-requests", "9"),
         ("total-executed", "3"),
         ("total-replayed", "3"),
         ("total-conflicts", "1"),
@@ -419,6 +440,21 @@ async fn a_dashboard_opened_after_traffic_shows_the_totals_since_start() {
     ] {
         assert_eq!(browser.js(&tile(id)).await, want, "#{id}");
     }
+    // The webhook table: one row for GitHub, both refused.
+    let row = browser
+        .js("const r = document.querySelector('#webhook-list tr[data-provider=\"github\"]'); return r ? [...r.cells].map((c) => c.textContent) : null")
+        .await;
+    assert_eq!(
+        row,
+        json!([
+            "github",
+            "POST /hooks/github",
+            "0",
+            "2",
+            "signature_invalid"
+        ]),
+        "the webhook deliveries table"
+    );
     // The per-second tiles saw none of it: it happened before the first poll.
     let rps = browser.js(&tile("tile-rps")).await;
     assert!(rps == "–" || rps == "0", "requests per second: {rps}");

@@ -25,3 +25,4 @@ mod shared_stores;
 mod telemetry;
 mod trust;
 mod upstream_tls;
+mod webhooks;
