@@ -17,13 +17,13 @@ pub fn sqlite_store(dir: &Path) -> String {
     format!("sqlite://{}", dir.join("idem.db").display())
 }
 
-/// The keys `binary records list --state STATE --json` lists on `store`
-/// (up to 10,000), in listing order.
-pub fn listed_keys(binary: &str, store: &str, state: &str) -> Vec<String> {
+/// The records `binary records list --json` lists on `store` (up to
+/// 10,000) with `filters` (`["--state", "held"]`, `["--tenant", T]`), in
+/// listing order, as the admin API's record format.
+pub fn listed_records(binary: &str, store: &str, filters: &[&str]) -> Vec<serde_json::Value> {
     let out = std::process::Command::new(binary)
-        .args([
-            "records", "list", "--state", state, "--json", "--limit", "10000",
-        ])
+        .args(["records", "list", "--json", "--limit", "10000"])
+        .args(filters)
         .args(["--store", store])
         .output()
         .expect("run idem records list");
@@ -33,9 +33,13 @@ pub fn listed_keys(binary: &str, store: &str, state: &str) -> Vec<String> {
         String::from_utf8_lossy(&out.stderr)
     );
     let page: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-    page["records"]
-        .as_array()
-        .expect("records")
+    page["records"].as_array().expect("records").clone()
+}
+
+/// The keys `binary records list --state STATE --json` lists on `store`
+/// (up to 10,000), in listing order.
+pub fn listed_keys(binary: &str, store: &str, state: &str) -> Vec<String> {
+    listed_records(binary, store, &["--state", state])
         .iter()
         .map(|r| r["key"].as_str().expect("key").to_owned())
         .collect()

@@ -371,9 +371,13 @@ async fn a_route_changes_one_switch_of_its_profile() {
     assert_eq!(retry.header("idempotency-ttl"), None);
 }
 
-/// `idem openapi` on `config`, checked by the OpenAPI validator;
-/// `None` (a loud skip) without it.
-fn validated_openapi(dir: &Path, config: &str) -> Option<serde_json::Value> {
+/// `idem openapi` on `config` with `env` set, checked by the OpenAPI
+/// validator; `None` (a loud skip) without it.
+pub(super) fn validated_openapi(
+    dir: &Path,
+    config: &str,
+    env: &[(&str, &str)],
+) -> Option<serde_json::Value> {
     let python = idem_testkit::services::python_with(&["openapi_spec_validator"])?;
     let file = dir.join("idem.toml");
     std::fs::write(&file, config).expect("write config");
@@ -382,6 +386,7 @@ fn validated_openapi(dir: &Path, config: &str) -> Option<serde_json::Value> {
         .arg("--config")
         .arg(&file)
         .env_remove("IDEM_UPSTREAM")
+        .envs(env.iter().copied())
         .output()
         .expect("run idem openapi");
     assert!(
@@ -411,7 +416,7 @@ fn validated_openapi(dir: &Path, config: &str) -> Option<serde_json::Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_contract_is_published_as_valid_openapi() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let Some(printed) = validated_openapi(dir.path(), CONFIG) else {
+    let Some(printed) = validated_openapi(dir.path(), CONFIG, &[]) else {
         return;
     };
     let ship = &printed["paths"]["/v1/orders/{id}/ship"]["post"];
@@ -445,7 +450,7 @@ fn the_readme_config_gives_a_valid_document() {
         + "```toml\n".len();
     let end = start + readme[start..].find("```").expect("its end");
     let dir = tempfile::tempdir().expect("temp dir");
-    let Some(doc) = validated_openapi(dir.path(), &readme[start..end]) else {
+    let Some(doc) = validated_openapi(dir.path(), &readme[start..end], &[]) else {
         return;
     };
     let payments = &doc["paths"]["/v1/payments"]["post"];

@@ -166,45 +166,60 @@ fn with(mut d: Value, key: &str, value: Value) -> Value {
     d
 }
 
-/// `idem records list --tenant T --json`: the keys and states listed.
+/// The keys and states `idem records list --tenant T` lists, sorted.
 fn records_of(store: &str, tenant: &str) -> Vec<(String, String)> {
-    let out = std::process::Command::new(IDEM)
-        .args([
-            "records", "list", "--json", "--limit", "10000", "--tenant", tenant,
-        ])
-        .args(["--store", store])
-        .output()
-        .expect("run idem records list");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let page: Value = serde_json::from_slice(&out.stdout).expect("json");
-    let mut keys: Vec<(String, String)> = page["records"]
-        .as_array()
-        .expect("records")
-        .iter()
-        .map(|r| {
-            (
-                r["key"].as_str().expect("key").to_owned(),
-                r["state"].as_str().expect("state").to_owned(),
-            )
-        })
-        .collect();
+    let mut keys: Vec<(String, String)> =
+        idem_testkit::gateway::listed_records(IDEM, store, &["--tenant", tenant])
+            .iter()
+            .map(|r| {
+                let field = |name: &str| r[name].as_str().expect(name).to_owned();
+                (field("key"), field("state"))
+            })
+            .collect();
     keys.sort();
     keys
 }
 
+/// A gateway with every sender's route in front of a counting upstream,
+/// and the signers to feed it.
+struct Running {
+    python: std::path::PathBuf,
+    node: std::path::PathBuf,
+    dir: tempfile::TempDir,
+    upstream: CountingUpstream,
+    gw: GatewayProcess,
+    url: String,
+}
+
+impl Running {
+    /// `None` (a loud skip) without the signers.
+    async fn start() -> Option<Self> {
+        let (python, node) = signers()?;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let upstream = CountingUpstream::start().await;
+        let gw = gateway(dir.path(), &upstream).await;
+        let url = format!("http://{}", gw.addr);
+        Some(Self {
+            python,
+            node,
+            dir,
+            upstream,
+            gw,
+            url,
+        })
+    }
+
+    async fn send(&self, deliveries: &[Value]) -> Vec<Value> {
+        send(&self.python, &self.node, &self.url, deliveries).await
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_providers_signed_deliveries_run_once_and_forgeries_never() {
-    let Some((python, node)) = signers() else {
+    let Some(run) = Running::start().await else {
         return;
     };
-    let dir = tempfile::tempdir().expect("temp dir");
-    let upstream = CountingUpstream::start().await;
-    let gw = gateway(dir.path(), &upstream).await;
-    let url = format!("http://{}", gw.addr);
+    let (dir, upstream, gw) = (&run.dir, &run.upstream, &run.gw);
     let mut plan = Vec::new();
     for (sender, _, _, timestamped) in SENDERS {
         let id = |n: &str| format!("{sender}-{n}");
@@ -254,7 +269,7 @@ async fn each_providers_signed_deliveries_run_once_and_forgeries_never() {
         plan.push(with(failed.clone(), "wave", json!(1)));
         plan.push(with(failed, "wave", json!(2)));
     }
-    let results = send(&python, &node, &url, &plan).await;
+    let results = run.send(&plan).await;
     let mut i = 0;
     for (sender, route, provider, timestamped) in SENDERS {
         let mut next = || {
@@ -352,13 +367,10 @@ async fn each_providers_signed_deliveries_run_once_and_forgeries_never() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_storm_applies_every_id_once() {
-    let Some((python, node)) = signers() else {
+    let Some(run) = Running::start().await else {
         return;
     };
-    let dir = tempfile::tempdir().expect("temp dir");
-    let upstream = CountingUpstream::start().await;
-    let gw = gateway(dir.path(), &upstream).await;
-    let url = format!("http://{}", gw.addr);
+    let upstream = &run.upstream;
     const IDS: usize = 50;
     const FORGED: usize = 5;
     let mut plan = Vec::new();
@@ -386,7 +398,7 @@ async fn a_delivery_storm_applies_every_id_once() {
             }
         }
     }
-    let results = send(&python, &node, &url, &plan).await;
+    let results = run.send(&plan).await;
     // Every copy that met its first attempt still running (409) is sent
     // again, as its provider would.
     let retries: Vec<Value> = plan
@@ -395,7 +407,7 @@ async fn a_delivery_storm_applies_every_id_once() {
         .filter(|(_, r)| r["status"] == 409)
         .map(|(d, _)| with(d.clone(), "wave", json!(0)))
         .collect();
-    let retried = send(&python, &node, &url, &retries).await;
+    let retried = run.send(&retries).await;
     let mut statuses = std::collections::BTreeMap::new();
     for r in results.iter().chain(&retried) {
         *statuses
@@ -431,4 +443,45 @@ async fn a_delivery_storm_applies_every_id_once() {
             .all(|r| [201, 401, 409].contains(&r["status"].as_u64().unwrap_or(0))),
         "{statuses:?}"
     );
+}
+
+/// `idem openapi` states each webhook route's provider headers and
+/// refusals, in a document the OpenAPI validator accepts.
+#[tokio::test]
+async fn the_openapi_document_states_each_senders_headers_and_refusals() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = format!("upstream = \"http://127.0.0.1:9\"\n{}", config(dir.path()));
+    let stripe = secrets("stripe").join(" ");
+    let Some(doc) = super::profiles::validated_openapi(
+        dir.path(),
+        &config,
+        &[("TEST_STRIPE_WEBHOOK_SECRETS", &stripe)],
+    ) else {
+        return;
+    };
+    let op = &doc["paths"]["/hooks/github"]["post"];
+    let names: Vec<&str> = op["parameters"]
+        .as_array()
+        .expect("parameters")
+        .iter()
+        .map(|p| p["name"].as_str().expect("name"))
+        .collect();
+    assert_eq!(names, ["X-Hub-Signature-256", "X-Github-Delivery"]);
+    assert_eq!(
+        op["responses"]["401"]["content"]["application/problem+json"]["schema"]["allOf"][1]["properties"]
+            ["code"]["enum"],
+        json!(["webhook-signature-invalid"])
+    );
+    let stripe = &doc["paths"]["/hooks/stripe"]["post"];
+    assert_eq!(
+        stripe["responses"]["401"]["content"]["application/problem+json"]["schema"]["allOf"][1]["properties"]
+            ["code"]["enum"],
+        json!(["webhook-signature-invalid", "webhook-timestamp-refused"])
+    );
+    assert_eq!(
+        stripe["x-idempotency"]["webhook"],
+        json!({"provider": "stripe", "tenant": "webhook:stripe", "headers": ["Stripe-Signature"], "tolerance_seconds": 300})
+    );
+    assert_eq!(stripe["x-idempotency"]["retention_seconds"], 3 * 86400);
+    assert_eq!(stripe["x-idempotency"]["on_server_error"], "release");
 }
