@@ -1,14 +1,20 @@
 -- POST a small JSON payment; with IDEM_KEYS=unique a fresh Idempotency-Key
 -- per request, in order (`<tag>-<thread>-<n>`); with IDEM_KEYS=uuid a fresh
 -- one in no order, shaped as a version-4 UUID, as most clients make them;
--- with IDEM_KEYS=replay one of IDEM_REPLAY_KEYS warmed keys; otherwise no
--- key (pass-through).
+-- with IDEM_KEYS=replay one of IDEM_REPLAY_KEYS warmed keys; with
+-- IDEM_KEYS=signed-unique or signed-replays a Stripe-signed delivery from
+-- the file IDEM_DELIVERIES (lines `id<TAB>Stripe-Signature`, made by
+-- bench/ab), its id also sent as the Idempotency-Key so that a plain keyed
+-- route and a webhook route get the same requests: in order per thread,
+-- or at random among the file's; otherwise no key (pass-through).
 local mode = os.getenv("IDEM_KEYS") or "none"
 local tag = os.getenv("IDEM_RUN_TAG") or tostring(os.time())
 local replay_keys = tonumber(os.getenv("IDEM_REPLAY_KEYS") or "100")
 local threads = 0
 local counter = 0
 local body = '{"amount_cents":100,"currency":"EUR","payment_method_id":"pm_card_visa"}'
+
+local deliveries = {}
 
 function setup(thread)
   threads = threads + 1
@@ -21,6 +27,18 @@ function init(args)
   local seed = 0
   for i = 1, #tag do seed = (seed * 31 + tag:byte(i)) % 2147483647 end
   math.randomseed(seed + tid * 7919)
+  local path = os.getenv("IDEM_DELIVERIES")
+  if path and mode:sub(1, 7) == "signed-" then
+    for line in io.lines(path) do
+      local id, sig = line:match("^([^\t]+)\t(.+)$")
+      deliveries[#deliveries + 1] = { id, sig }
+    end
+  end
+end
+
+-- The signed body: what bench/ab signed for this id, byte for byte.
+local function signed_body(id)
+  return '{"id":"' .. id .. '","amount_cents":100,"currency":"EUR","payment_method_id":"pm_card_visa"}'
 end
 
 local function uuid()
@@ -38,6 +56,18 @@ function request()
     headers["Idempotency-Key"] = tag .. "-" .. uuid()
   elseif mode == "replay" then
     headers["Idempotency-Key"] = "replay-" .. math.random(1, replay_keys)
+  elseif mode == "signed-unique" or mode == "signed-replays" then
+    local d
+    if mode == "signed-unique" then
+      -- Threads take alternate lines, so that no two send one delivery.
+      counter = counter + 1
+      d = deliveries[((counter - 1) * 2 + tid - 1) % #deliveries + 1]
+    else
+      d = deliveries[math.random(1, #deliveries)]
+    end
+    headers["Idempotency-Key"] = d[1]
+    headers["Stripe-Signature"] = d[2]
+    return wrk.format("POST", "/v1/payments", headers, signed_body(d[1]))
   end
   return wrk.format("POST", "/v1/payments", headers, body)
 end
