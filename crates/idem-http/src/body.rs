@@ -47,8 +47,11 @@ impl<B> ResponseBody<B> {
     }
 
     /// A problem's whole response (status, problem+json, `Retry-After`).
+    /// The problem rides in the response's extensions, so that a route
+    /// that answers in another form (JSON-RPC) can say the same.
     pub fn problem(problem: &Problem) -> Response<Self> {
-        let (parts, body) = problem.to_response().into_parts();
+        let (mut parts, body) = problem.to_response().into_parts();
+        parts.extensions.insert(problem.clone());
         Response::from_parts(parts, Self::Full { body })
     }
 

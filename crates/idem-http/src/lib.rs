@@ -41,6 +41,7 @@ mod body;
 pub mod contract;
 mod decision;
 mod headers;
+pub mod jsonrpc;
 pub mod layer;
 pub mod lookup;
 pub mod metrics;

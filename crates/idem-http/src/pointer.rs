@@ -101,6 +101,11 @@ fn index(token: &str) -> Option<usize> {
 }
 
 impl JsonPointer {
+    /// Its reference tokens, unescaped (`/a~1b/c` is `a/b`, `c`).
+    pub fn tokens(&self) -> &[Box<str>] {
+        &self.tokens
+    }
+
     /// The pointer as written.
     pub fn as_str(&self) -> &str {
         &self.text

@@ -91,12 +91,15 @@ pub enum ProblemKind {
     /// A webhook delivery without its id or timestamp where its provider
     /// puts them, or with one that cannot be read (400).
     WebhookDeliveryInvalid,
+    /// A JSON-RPC batch holding a call the route protects (400; answered
+    /// as a JSON-RPC error).
+    JsonRpcBatchRefused,
 }
 
 impl ProblemKind {
     /// Every kind, in the order the docs list them: the vocabulary of the
     /// `code` member.
-    pub const ALL: [ProblemKind; 27] = [
+    pub const ALL: [ProblemKind; 28] = [
         Self::KeyMissing,
         Self::KeyInvalid,
         Self::KeyAmbiguous,
@@ -124,6 +127,7 @@ impl ProblemKind {
         Self::WebhookSignatureInvalid,
         Self::WebhookTimestampRefused,
         Self::WebhookDeliveryInvalid,
+        Self::JsonRpcBatchRefused,
     ];
 
     /// The stable slug, last part of the `type` URI.
@@ -156,6 +160,7 @@ impl ProblemKind {
             Self::WebhookSignatureInvalid => "webhook-signature-invalid",
             Self::WebhookTimestampRefused => "webhook-timestamp-refused",
             Self::WebhookDeliveryInvalid => "webhook-delivery-invalid",
+            Self::JsonRpcBatchRefused => "jsonrpc-batch-refused",
         }
     }
 
@@ -200,6 +205,7 @@ impl ProblemKind {
             Self::WebhookDeliveryInvalid => {
                 "Webhook delivery id or timestamp missing or unreadable"
             }
+            Self::JsonRpcBatchRefused => "JSON-RPC batch holding a protected call",
         }
     }
 
@@ -215,7 +221,8 @@ impl ProblemKind {
             | Self::TenantInvalid
             | Self::HostInvalid
             | Self::PathNotCanonical
-            | Self::WebhookDeliveryInvalid => StatusCode::BAD_REQUEST,
+            | Self::WebhookDeliveryInvalid
+            | Self::JsonRpcBatchRefused => StatusCode::BAD_REQUEST,
             Self::TenantMissing | Self::WebhookSignatureInvalid | Self::WebhookTimestampRefused => {
                 StatusCode::UNAUTHORIZED
             }
@@ -324,6 +331,17 @@ impl Problem {
     }
 
     /// The detail text.
+    /// The type's short, constant summary.
+    pub fn title(&self) -> &'static str {
+        self.ty.title
+    }
+
+    /// How long the client is asked to wait before retrying, if at all.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// The human detail.
     pub fn detail(&self) -> &str {
         &self.detail
     }

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use http::{HeaderName, Method, StatusCode, header};
 use idem::Policy;
 
+use crate::jsonrpc::JsonRpc;
 use crate::lookup::Lookup;
 use crate::pattern::{PathPattern, PatternError, lenient_form, normalize_path};
 use crate::webhook::Webhook;
@@ -77,6 +78,9 @@ pub struct RoutePolicy {
     /// The webhook sender whose signed deliveries the route receives
     /// ([`with_webhook`](Self::with_webhook)); `None`: a keyed route.
     pub webhook: Option<Arc<Webhook>>,
+    /// The JSON-RPC methods the route protects ([`with_jsonrpc`](Self::with_jsonrpc));
+    /// `None`: a keyed route.
+    pub jsonrpc: Option<Arc<JsonRpc>>,
 }
 
 /// What a request on a route gets when its path is not spelled as the
@@ -128,6 +132,7 @@ impl Default for RoutePolicy {
             path_spelling: PathSpelling::Normalise,
             contract: Contract::default(),
             webhook: None,
+            jsonrpc: None,
         }
     }
 }
@@ -210,6 +215,22 @@ impl RoutePolicy {
         self.key_from = None;
         self.require_key = true;
         self.webhook = Some(Arc::new(webhook));
+        self
+    }
+
+    /// Speaks JSON-RPC 2.0: each call is judged by its method ([`JsonRpc`]),
+    /// its key read where its method's rule says (no route-wide key
+    /// header), its answers and refusals JSON-RPC's. An MCP session id is
+    /// never stored with an answer: a retry may come on another session.
+    pub fn with_jsonrpc(mut self, jsonrpc: JsonRpc) -> Self {
+        self.key_headers = Vec::new();
+        self.key_from = None;
+        self.require_key = false;
+        let session = HeaderName::from_static("mcp-session-id");
+        if !self.unstored_headers.contains(&session) {
+            self.unstored_headers.push(session);
+        }
+        self.jsonrpc = Some(Arc::new(jsonrpc));
         self
     }
 

@@ -1614,3 +1614,119 @@ async fn scans_find_and_settle_a_record_another_process_left_held() {
     assert_eq!(&body[..], b"charge 1");
     assert_eq!(charges.get(), 1, "charged once");
 }
+
+/// A JSON-RPC service behind the layer: each call counted, answered with
+/// the call's own id; a tool named `broken` answers a server error, one
+/// named `strict` an invalid-params error.
+async fn rpc(
+    State(c): State<Counter>,
+    body: Bytes,
+) -> (StatusCode, [(&'static str, &'static str); 2], String) {
+    let n = c.0.fetch_add(1, Ordering::SeqCst) + 1;
+    let call: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let id = call["id"].to_string();
+    let answer = match call["params"]["name"].as_str() {
+        Some("broken") => format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32603,"message":"run {n}"}}}}"#
+        ),
+        Some("strict") => format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32602,"message":"run {n}"}}}}"#
+        ),
+        _ => format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[{{"type":"text","text":"run {n}"}}],"isError":false}}}}"#
+        ),
+    };
+    (
+        StatusCode::OK,
+        [
+            ("content-type", "application/json"),
+            ("mcp-session-id", "session-of-the-first-call"),
+        ],
+        answer,
+    )
+}
+
+#[tokio::test]
+async fn json_rpc_calls_run_once_and_answer_in_json_rpc() {
+    use idem_http::jsonrpc::{JsonRpc, MethodRule, TOOLS_CALL};
+    let counter = Counter::default();
+    let routes = Routes::default()
+        .route(
+            Method::POST,
+            "/mcp",
+            RoutePolicy::default().with_jsonrpc(JsonRpc::new(vec![
+                MethodRule::new(TOOLS_CALL).with_require_key(true),
+            ])),
+        )
+        .expect("route");
+    let router = Router::new()
+        .route("/mcp", post(rpc))
+        .with_state(counter.clone())
+        .layer(IdempotencyLayer::new(MemoryStore::new()).with_routes(routes));
+    let addr = serve(router).await;
+    let call = |id: &str, name: &str, cents: u32, key: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{name}","arguments":{{"cents":{cents}}},"_meta":{{"idempotencyKey":"{key}","progressToken":{id}}}}}}}"#
+        )
+    };
+    let post = |body: String| async move {
+        let answer = send(
+            addr,
+            Method::POST,
+            "/mcp",
+            &[
+                ("content-type", "application/json"),
+                ("authorization", "Bearer agent-1"),
+            ],
+            body,
+        )
+        .await;
+        let json: serde_json::Value = serde_json::from_slice(&answer.body).expect("json");
+        (answer, json)
+    };
+    let (first, v) = post(call("1", "charge", 500, "k-1")).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(
+        (v["id"].clone(), v["result"]["content"][0]["text"].clone()),
+        (serde_json::json!(1), serde_json::json!("run 1"))
+    );
+    // The retry, with its own id and progress token: the stored answer,
+    // given the retry's id; the session id of the first call not handed on.
+    let (retry, v) = post(call("\"retry-2\"", "charge", 500, "k-1")).await;
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(retry.header("mcp-session-id"), None);
+    assert_eq!(v["id"], "retry-2");
+    assert_eq!(v["result"]["content"][0]["text"], "run 1");
+    assert_eq!(counter.get(), 1);
+    // The same key with other arguments: an error object, not a run.
+    let (reused, v) = post(call("3", "charge", 501, "k-1")).await;
+    assert_eq!(reused.status, StatusCode::OK);
+    assert_eq!(v["id"], 3);
+    assert_eq!(v["error"]["code"], -31003);
+    assert_eq!(v["error"]["data"]["code"], "idempotency-key-reused");
+    // No key where one is required: refused, in JSON-RPC.
+    let (_, v) = post(r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"charge","arguments":{}}}"#.to_owned()).await;
+    assert_eq!(
+        (v["id"].clone(), v["error"]["code"].clone()),
+        (serde_json::json!(4), serde_json::json!(-31001))
+    );
+    // Unprotected methods run every time.
+    for id in [5, 6] {
+        let (_, v) = post(format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/list"}}"#
+        ))
+        .await;
+        assert_eq!(v["id"], id);
+    }
+    assert_eq!(counter.get(), 3);
+    // Invalid params are final: stored and replayed. A server error is
+    // stored too by default (on_server_error = "store"), as a 500 would be.
+    for name in ["strict", "broken"] {
+        let (_, first) = post(call("7", name, 1, &format!("k-{name}"))).await;
+        let (again, v) = post(call("8", name, 1, &format!("k-{name}"))).await;
+        assert_eq!(again.header("idempotent-replayed"), Some("true"), "{name}");
+        assert_eq!(v["id"], 8);
+        assert_eq!(v["error"]["message"], first["error"]["message"], "{name}");
+    }
+    assert_eq!(counter.get(), 5);
+}

@@ -41,6 +41,30 @@ where
         let (mut parts, body) = resp.into_parts();
         // The layer's own marker, never the upstream's to set.
         parts.headers.remove(NOT_RETAINED);
+        // A JSON-RPC answer's error object decides with its status, so a
+        // successful answer is read (within the stored limit) before it is
+        // judged; an event stream too, which is then kept whole.
+        let mut body = Pending::Unread(body);
+        let mut judged_status = parts.status.as_u16();
+        if policy.jsonrpc.is_some()
+            && parts.status.is_success()
+            && parts.extensions.get::<UpstreamOutcome>().is_none()
+            && let Pending::Unread(unread) = body
+        {
+            let kept = keep_response(unread, policy.max_stored_response).await;
+            if let Kept::Whole(bytes) = &kept {
+                let content_type = parts
+                    .headers
+                    .get(header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok());
+                judged_status = match crate::jsonrpc::classify(bytes, content_type) {
+                    crate::jsonrpc::ErrorClass::Result => judged_status,
+                    crate::jsonrpc::ErrorClass::Final => 400,
+                    crate::jsonrpc::ErrorClass::Server => 500,
+                };
+            }
+            body = Pending::Read(kept);
+        }
         // What the inner service knows of the side effect decides first;
         // otherwise the answer's status does, by the route's policy.
         let (resolution, cause) = match parts.extensions.get::<UpstreamOutcome>() {
@@ -55,11 +79,11 @@ where
             Some(UpstreamOutcome::Recorded) => {
                 guard.recorded_elsewhere();
                 return Ok(with_decision(
-                    Response::from_parts(parts, ResponseBody::inner(body)),
+                    Response::from_parts(parts, body.into_body()),
                     Decision::Executed,
                 ));
             }
-            None => match policy.engine.resolution_for(parts.status.as_u16()) {
+            None => match policy.engine.resolution_for(judged_status) {
                 idem::Resolution::Release => {
                     (idem::Resolution::Release, "transient status; key released")
                 }
@@ -75,29 +99,29 @@ where
                 trace::record(trace::RECORD_STATE, "released");
                 log_recording(&scope, &key, cause, guard.release().await);
                 return Ok(with_decision(
-                    Response::from_parts(parts, ResponseBody::inner(body)),
+                    Response::from_parts(parts, body.into_body()),
                     Decision::Executed,
                 ));
             }
             idem::Resolution::Unknown => {
-                return Ok(held_as_unknown(parts, body, guard, handoff, cause).await);
+                return Ok(held_as_unknown(parts, body.into_body(), guard, handoff, cause).await);
             }
             idem::Resolution::Complete | idem::Resolution::Fail => {}
         }
         let streamed = is_streamed(&parts.headers);
-        let kept = if streamed {
-            Kept::TooLarge {
+        let kept = match body {
+            Pending::Read(kept) => kept,
+            Pending::Unread(body) if streamed => Kept::TooLarge {
                 prefix: Bytes::new(),
                 rest: Box::pin(body),
-            }
-        } else {
-            keep_response(body, policy.max_stored_response).await
+            },
+            Pending::Unread(body) => keep_response(body, policy.max_stored_response).await,
         };
         let stored_headers = storable_headers(&parts.headers, &policy.unstored_headers);
         let status = parts.status.as_u16();
         trace::record(
             trace::RECORD_STATE,
-            match policy.engine.resolution_for(status) {
+            match policy.engine.resolution_for(judged_status) {
                 idem::Resolution::Fail => "failed",
                 _ => "completed",
             },
@@ -112,7 +136,7 @@ where
                 if let Err(err) = guard.finish(stored).await {
                     tracing::error!(reason = "idempotency_record_failed", tenant = scope.tenant(), operation = scope.operation(), %key, %err);
                 }
-                tracing::info!(reason = "idempotency_executed", tenant = scope.tenant(), operation = scope.operation(), %key, status, resolution = ?policy.engine.resolution_for(status));
+                tracing::info!(reason = "idempotency_executed", tenant = scope.tenant(), operation = scope.operation(), %key, status, resolution = ?policy.engine.resolution_for(judged_status));
                 Ok(with_decision(
                     Response::from_parts(parts, ResponseBody::full(bytes)),
                     Decision::Executed,
@@ -155,7 +179,30 @@ where
     }
 }
 
-/// Server-sent events and the like are never buffered for storage.
+/// An answer's body: not read yet, or read already (a JSON-RPC route
+/// reads a successful answer to judge its error object).
+enum Pending<B> {
+    Unread(B),
+    Read(Kept<B>),
+}
+
+impl<B> Pending<B> {
+    /// The body to answer with, whatever was read of it.
+    fn into_body(self) -> ResponseBody<B> {
+        match self {
+            Self::Unread(body) => ResponseBody::inner(body),
+            Self::Read(Kept::Whole(bytes)) => ResponseBody::full(bytes),
+            Self::Read(Kept::TooLarge { prefix, rest }) => ResponseBody::Prefixed {
+                prefix: (!prefix.is_empty()).then_some(prefix),
+                rest,
+            },
+            Self::Read(Kept::Broken(_)) => ResponseBody::full(Bytes::new()),
+        }
+    }
+}
+
+/// Server-sent events and the like are never buffered for storage, but
+/// on a JSON-RPC route, whose successful answers are read whole.
 pub(super) fn is_streamed(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)

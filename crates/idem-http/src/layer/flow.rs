@@ -9,6 +9,7 @@ use super::incoming::{
 };
 use super::replay::replayed;
 use super::*;
+use crate::jsonrpc::Judged;
 
 impl<S: Store, T: TenantExtractor> Shared<S, T> {
     pub(super) fn start_reconciliation(&self) {
@@ -154,6 +155,9 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         // Without a key header (`handle` sends such a request here only
         // when `key_in_body` holds), the body is read first: whether the
         // request is protected at all depends on it.
+        // A JSON-RPC route's protected call: its id, operation and what
+        // its fingerprint covers.
+        let mut call: Option<crate::jsonrpc::Call> = None;
         let (key, body) = match header_key {
             Some(key) => (key, Received::Unread(body)),
             None => {
@@ -164,10 +168,10 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                         return Ok(problem(refused.problem, Decision::BadRequest));
                     }
                 };
-                let found = match (&policy.webhook, &policy.key_from) {
+                let found = match (&policy.webhook, &policy.jsonrpc, &policy.key_from) {
                     // The signature is checked over the body as received,
                     // before the id in it is believed.
-                    (Some(hook), _) => match hook.verify(&parts.headers, &bytes) {
+                    (Some(hook), _, _) => match hook.verify(&parts.headers, &bytes) {
                         Ok(key) => {
                             this.metrics.webhook(&this.routes, index, None);
                             Ok(Some(key))
@@ -179,8 +183,27 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                             return Ok(problem(refusal.problem(), Decision::Unverified));
                         }
                     },
-                    (None, Some(field)) => key_from_body(&parts, &bytes, field),
-                    (None, None) => Ok(None),
+                    (None, Some(rpc), _) => match rpc.judge(&parts.headers, &bytes) {
+                        Judged::Pass => Ok(None),
+                        Judged::Protect(judged) => {
+                            let key = judged.key.clone();
+                            call = Some(judged);
+                            Ok(Some(key))
+                        }
+                        Judged::Refuse { id, problem: p } => {
+                            tracing::info!(reason = "idempotency_invalid_key", %operation, kind = p.slug(), detail = p.detail());
+                            let decision = match p.kind() {
+                                Some(ProblemKind::KeyMissing) => Decision::MissingKey,
+                                Some(ProblemKind::JsonRpcBatchRefused) => Decision::BadRequest,
+                                _ => Decision::InvalidKey,
+                            };
+                            let resp = crate::jsonrpc::refusal(&id, &p)
+                                .map(|body| ResponseBody::Full { body });
+                            return Ok(with_decision(resp, decision));
+                        }
+                    },
+                    (None, None, Some(field)) => key_from_body(&parts, &bytes, field),
+                    (None, None, None) => Ok(None),
                 };
                 match found {
                     Ok(Some(key)) => (key, Received::Read(bytes)),
@@ -203,129 +226,146 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                 }
             }
         };
-        if let Some(lookup) = &policy.lookup
-            && !lookup.accepts(&key)
-        {
-            let p = Problem::new(
-                ProblemKind::KeyInvalid,
-                "this route's lookup puts the key in a path segment of its own, which cannot be '.' or '..'",
-            );
-            tracing::info!(reason = "idempotency_invalid_key", %operation, detail = p.detail());
-            return Ok(problem(p, Decision::InvalidKey));
-        }
-        if let Err(p) = policy.contract.check_key(&key) {
-            tracing::info!(reason = "idempotency_invalid_key", %operation, detail = p.detail());
-            return Ok(problem(p, Decision::InvalidKey));
-        }
-        // A webhook's tenant is its sender, which its signature proved.
-        let tenant = match &policy.webhook {
-            Some(hook) => Ok(crate::Tenant::Identity(Cow::Borrowed(hook.tenant()))),
-            None => this.tenant.tenant(&parts),
+        // A call's operation within its route: `POST /mcp tools/call charge`.
+        let operation = match &call {
+            Some(c) => format!("{operation} {}", c.operation),
+            None => operation,
         };
-        let scope = match tenant.and_then(|t| {
-            Scope::new(&this.hashing.tenant(&t), &operation)
-                .map_err(|e| Problem::new(ProblemKind::TenantInvalid, e.to_string()))
-        }) {
-            Ok(scope) => scope,
-            Err(p)
-                if p.kind() == Some(ProblemKind::TenantMissing)
-                    && policy.on_missing_tenant == MissingTenant::Pass =>
+        let rpc_id = call.as_ref().map(|c| c.id.clone());
+        let fingerprinted = call.map(|c| c.fingerprinted);
+        let task_rpc_id = rpc_id.clone();
+        // Every answer below, to a JSON-RPC call, is said in JSON-RPC.
+        let answer: Answer<ResBody, I::Error> = async move {
+            if let Some(lookup) = &policy.lookup
+                && !lookup.accepts(&key)
             {
-                tracing::warn!(reason = "idempotency_unprotected", %operation, %key, detail = p.detail(), "no tenant credential: forwarded unprotected (on_missing_tenant = pass)");
-                let mut req = Request::from_parts(parts, body.into_body());
-                remove_untrusted(&*this.tenant, &mut req);
-                let mut resp = pass_through(inner, req, Decision::Unprotected).await?;
-                resp.headers_mut()
-                    .insert(IDEMPOTENCY_STATUS, HeaderValue::from_static("unprotected"));
-                return Ok(resp);
+                let p = Problem::new(
+                    ProblemKind::KeyInvalid,
+                    "this route's lookup puts the key in a path segment of its own, which cannot be '.' or '..'",
+                );
+                tracing::info!(reason = "idempotency_invalid_key", %operation, detail = p.detail());
+                return Ok(problem(p, Decision::InvalidKey));
             }
-            Err(p) => {
-                tracing::info!(reason = "idempotency_bad_tenant", %operation, kind = p.slug(), detail = p.detail());
-                return Ok(problem(p, Decision::BadRequest));
+            if let Err(p) = policy.contract.check_key(&key) {
+                tracing::info!(reason = "idempotency_invalid_key", %operation, detail = p.detail());
+                return Ok(problem(p, Decision::InvalidKey));
             }
-        };
-        let bytes = match body {
-            Received::Read(bytes) => bytes,
-            Received::Unread(body) => match read_body(&parts, body, &policy).await {
-                Ok(bytes) => bytes,
-                Err(refused) => {
-                    tracing::info!(reason = refused.reason, tenant = scope.tenant(), operation = scope.operation(), %key, detail = refused.problem.detail());
-                    return Ok(problem(refused.problem, Decision::BadRequest));
+            // A webhook's tenant is its sender, which its signature proved.
+            let tenant = match &policy.webhook {
+                Some(hook) => Ok(crate::Tenant::Identity(Cow::Borrowed(hook.tenant()))),
+                None => this.tenant.tenant(&parts),
+            };
+            let scope = match tenant.and_then(|t| {
+                Scope::new(&this.hashing.tenant(&t), &operation)
+                    .map_err(|e| Problem::new(ProblemKind::TenantInvalid, e.to_string()))
+            }) {
+                Ok(scope) => scope,
+                Err(p)
+                    if p.kind() == Some(ProblemKind::TenantMissing)
+                        && policy.on_missing_tenant == MissingTenant::Pass =>
+                {
+                    tracing::warn!(reason = "idempotency_unprotected", %operation, %key, detail = p.detail(), "no tenant credential: forwarded unprotected (on_missing_tenant = pass)");
+                    let mut req = Request::from_parts(parts, body.into_body());
+                    remove_untrusted(&*this.tenant, &mut req);
+                    let mut resp = pass_through(inner, req, Decision::Unprotected).await?;
+                    resp.headers_mut()
+                        .insert(IDEMPOTENCY_STATUS, HeaderValue::from_static("unprotected"));
+                    return Ok(resp);
                 }
-            },
-        };
-        let path = normalized.as_deref().unwrap_or(parts.uri.path());
-        let (fp, v1_fp) = match fingerprints(
-            &this.hashing,
-            &parts,
-            path,
-            &operation,
-            &policy.fingerprint_headers,
-            &policy.fingerprint_body,
-            &bytes,
-        ) {
-            Ok(fps) => fps,
-            Err(p) => {
-                tracing::info!(reason = "idempotency_body_encoding", tenant = scope.tenant(), operation = scope.operation(), %key);
-                return Ok(problem(p, Decision::BadRequest));
+                Err(p) => {
+                    tracing::info!(reason = "idempotency_bad_tenant", %operation, kind = p.slug(), detail = p.detail());
+                    return Ok(problem(p, Decision::BadRequest));
+                }
+            };
+            let bytes = match body {
+                Received::Read(bytes) => bytes,
+                Received::Unread(body) => match read_body(&parts, body, &policy).await {
+                    Ok(bytes) => bytes,
+                    Err(refused) => {
+                        tracing::info!(reason = refused.reason, tenant = scope.tenant(), operation = scope.operation(), %key, detail = refused.problem.detail());
+                        return Ok(problem(refused.problem, Decision::BadRequest));
+                    }
+                },
+            };
+            let path = normalized.as_deref().unwrap_or(parts.uri.path());
+            let (fp, v1_fp) = match fingerprints(
+                &this.hashing,
+                &parts,
+                path,
+                &operation,
+                &policy.fingerprint_headers,
+                &policy.fingerprint_body,
+                fingerprinted.as_ref().unwrap_or(&bytes),
+            ) {
+                Ok(fps) => fps,
+                Err(p) => {
+                    tracing::info!(reason = "idempotency_body_encoding", tenant = scope.tenant(), operation = scope.operation(), %key);
+                    return Ok(problem(p, Decision::BadRequest));
+                }
+            };
+            // While records from before keyed hashing may live, the request is
+            // also looked for where they would be.
+            let v1 = v1_fp
+                .filter(|_| policy.webhook.is_none())
+                .and_then(|fingerprint| {
+                    let tenant = this.tenant.v1_tenant(&parts)?;
+                    Some(V1Address {
+                        scope: Scope::new(&tenant, &operation).ok()?,
+                        fingerprint,
+                    })
+                });
+            // From the reservation on, everything runs in a task of its own: a
+            // client that disconnects must not drop a reservation just made, nor
+            // cancel the work or the recording of its result (its retry would
+            // otherwise wait out the lease or run the work again). Boxed: the
+            // task then holds a pointer, not the whole state machine, which
+            // spawning copied into place on every request (`bench/cpu-budget`:
+            // replays 24.4–24.8 → 22.7–22.8 µs of gateway CPU per request).
+            // Even an answer the record cache holds goes through the task:
+            // answering it in the caller's task (one poll before spawning) was
+            // tried and measured slower on replays (`bench/ab`, same minutes:
+            // 0.82–0.89× the requests/s at 1 and 64 connections).
+            let decided = Box::pin(decide(
+                Arc::clone(this),
+                index,
+                engine.clone(),
+                inner,
+                parts,
+                bytes,
+                scope,
+                key,
+                fp,
+                v1,
+                normalized,
+                policy,
+                task_rpc_id,
+            ));
+            // The task runs in the request's span when traces are kept.
+            let task = if trace::active() {
+                tokio::spawn(decided.instrument(tracing::Span::current()))
+            } else {
+                tokio::spawn(decided)
+            };
+            match task.await {
+                Ok(answer) => answer,
+                Err(join) => {
+                    // A panic in the inner service: its guard was dropped and the
+                    // lease will lapse; the caller learns the outcome is unknown.
+                    tracing::error!(reason = "idempotency_outcome_unknown", error = %join, "the request task failed");
+                    Ok(problem(
+                        Problem::new(
+                            ProblemKind::UpstreamBroken,
+                            "processing failed unexpectedly; the outcome is unknown",
+                        ),
+                        Decision::OutcomeUnknown,
+                    ))
+                }
             }
-        };
-        // While records from before keyed hashing may live, the request is
-        // also looked for where they would be.
-        let v1 = v1_fp
-            .filter(|_| policy.webhook.is_none())
-            .and_then(|fingerprint| {
-                let tenant = this.tenant.v1_tenant(&parts)?;
-                Some(V1Address {
-                    scope: Scope::new(&tenant, &operation).ok()?,
-                    fingerprint,
-                })
-            });
-        // From the reservation on, everything runs in a task of its own: a
-        // client that disconnects must not drop a reservation just made, nor
-        // cancel the work or the recording of its result (its retry would
-        // otherwise wait out the lease or run the work again). Boxed: the
-        // task then holds a pointer, not the whole state machine, which
-        // spawning copied into place on every request (`bench/cpu-budget`:
-        // replays 24.4–24.8 → 22.7–22.8 µs of gateway CPU per request).
-        // Even an answer the record cache holds goes through the task:
-        // answering it in the caller's task (one poll before spawning) was
-        // tried and measured slower on replays (`bench/ab`, same minutes:
-        // 0.82–0.89× the requests/s at 1 and 64 connections).
-        let decided = Box::pin(decide(
-            Arc::clone(this),
-            index,
-            engine.clone(),
-            inner,
-            parts,
-            bytes,
-            scope,
-            key,
-            fp,
-            v1,
-            normalized,
-            policy,
-        ));
-        // The task runs in the request's span when traces are kept.
-        let task = if trace::active() {
-            tokio::spawn(decided.instrument(tracing::Span::current()))
-        } else {
-            tokio::spawn(decided)
-        };
-        match task.await {
-            Ok(answer) => answer,
-            Err(join) => {
-                // A panic in the inner service: its guard was dropped and the
-                // lease will lapse; the caller learns the outcome is unknown.
-                tracing::error!(reason = "idempotency_outcome_unknown", error = %join, "the request task failed");
-                Ok(problem(
-                    Problem::new(
-                        ProblemKind::UpstreamBroken,
-                        "processing failed unexpectedly; the outcome is unknown",
-                    ),
-                    Decision::OutcomeUnknown,
-                ))
-            }
+        }
+        .await;
+        match rpc_id {
+            Some(id) => answer.map(|resp| rpc_answer(resp, &id)),
+            None => answer,
         }
     }
 }
@@ -345,6 +385,7 @@ pub(super) async fn decide<I, S, T, ReqBody, ResBody>(
     v1: Option<V1Address>,
     normalized: Option<Box<str>>,
     policy: Arc<RoutePolicy>,
+    rpc_id: Option<Bytes>,
 ) -> Answer<ResBody, I::Error>
 where
     I: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
@@ -393,7 +434,18 @@ where
             let req = Request::from_parts(parts, ReqBody::from(bytes));
             execute(inner, req, guard, policy, handoff).await
         }
-        Ok(Begin::Replay(replay)) => {
+        Ok(Begin::Replay(mut replay)) => {
+            // A JSON-RPC answer goes back with the retry's own id.
+            if let Some(id) = &rpc_id {
+                let content_type = replay
+                    .response
+                    .headers
+                    .iter()
+                    .find(|(n, _)| n == "content-type")
+                    .and_then(|(_, v)| std::str::from_utf8(v).ok());
+                let body = crate::jsonrpc::with_id(&replay.response.body, content_type, id);
+                replay.response.body = body;
+            }
             tracing::info!(reason = "idempotency_replay", tenant = scope.tenant(), operation = scope.operation(), %key, state = %replay.state, resource_id = replay.resource_id.as_deref(), status = replay.response.status);
             trace::record(trace::RECORD_STATE, replay.state.as_str());
             Ok(with_decision(
@@ -468,6 +520,19 @@ where
             ))
         }
     }
+}
+
+/// A JSON-RPC call's answer: a refusal the layer made becomes an error
+/// object with the call's `id` (labelled as before); any other answer
+/// is the service's, or a replay already given the call's `id`.
+fn rpc_answer<B>(resp: Response<ResponseBody<B>>, id: &[u8]) -> Response<ResponseBody<B>> {
+    let Some(problem) = resp.extensions().get::<Problem>().cloned() else {
+        return resp;
+    };
+    let (parts, _) = resp.into_parts();
+    let (mut answer, body) = crate::jsonrpc::refusal(id, &problem).into_parts();
+    answer.extensions = parts.extensions;
+    Response::from_parts(answer, ResponseBody::Full { body })
 }
 
 /// Adds `Idempotency-TTL` (the route's retention, in seconds) to an

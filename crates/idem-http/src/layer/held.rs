@@ -63,7 +63,7 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
 /// came, with `Retry-After` when a lookup will settle the record.
 pub(super) async fn held_as_unknown<S: Store, B>(
     mut parts: http::response::Parts,
-    body: B,
+    body: ResponseBody<B>,
     guard: Guard<S>,
     handoff: Option<Handoff<S>>,
     cause: &str,
@@ -76,10 +76,7 @@ pub(super) async fn held_as_unknown<S: Store, B>(
             HeaderValue::from(retry_after_secs(after)),
         );
     }
-    with_decision(
-        Response::from_parts(parts, ResponseBody::inner(body)),
-        Decision::OutcomeUnknown,
-    )
+    with_decision(Response::from_parts(parts, body), Decision::OutcomeUnknown)
 }
 
 /// Marks the attempt's outcome unknown; with a hand-off, the record goes to
