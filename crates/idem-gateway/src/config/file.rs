@@ -143,6 +143,22 @@ pub(super) struct PolicyConfig {
     pub(super) key_min_length: Option<Spanned<i64>>,
     pub(super) reconcile: Option<ReconcileConfig>,
     pub(super) webhook: Option<WebhookConfig>,
+    pub(super) protocol: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) call: Vec<CallConfig>,
+}
+
+/// `[[route.call]]`: the calls of one JSON-RPC method a `protocol =
+/// "jsonrpc"` route protects.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CallConfig {
+    pub(super) method: Option<Spanned<String>>,
+    pub(super) tools: Option<Spanned<Vec<String>>>,
+    pub(super) tools_except: Option<Spanned<Vec<String>>>,
+    pub(super) key_header: Option<Spanned<OneOrMany>>,
+    pub(super) key_field: Option<Spanned<OneOrMany>>,
+    pub(super) require_key: Option<bool>,
 }
 
 /// `[route.webhook]`: the route receives a provider's signed deliveries.

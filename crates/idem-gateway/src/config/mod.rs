@@ -15,6 +15,7 @@ pub mod defaults;
 mod error;
 mod file;
 mod jobs;
+mod jsonrpc;
 mod limits;
 mod policy;
 mod routes;

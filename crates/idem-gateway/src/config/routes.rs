@@ -8,6 +8,7 @@ use idem_http::{PathPattern, RoutePolicy, Routes, TenantSource};
 use super::defaults;
 use super::error::ConfigError;
 use super::file::{FileConfig, PolicyConfig, Source};
+use super::jsonrpc::jsonrpc;
 use super::policy::{apply, lookup};
 use super::values::{duration, parse_method, positive};
 use super::webhook::{base_policy, webhook};
@@ -35,6 +36,12 @@ pub(super) fn routes(
                 "only [[route]] entries have a method and a path",
             ));
         }
+    }
+    if defaults_cfg.protocol.is_some() || !defaults_cfg.call.is_empty() {
+        return Err(ConfigError::new(format!(
+            "{}: [defaults]: protocol and [[defaults.call]] belong to one route; write them under that [[route]]",
+            src.file.display()
+        )));
     }
     if defaults_cfg.webhook.is_some() {
         return Err(ConfigError::new(format!(
@@ -112,9 +119,13 @@ pub(super) fn routes(
             Some(hook) => base_policy(&defaults, hook.provider()),
             None => defaults.clone(),
         };
+        let rpc = jsonrpc(src, &at, r, &m, tenant)?;
         let mut policy = apply(src, &at, r, base, credential)?;
         if let Some(hook) = hook {
             policy = policy.with_webhook(hook);
+        }
+        if let Some(rpc) = rpc {
+            policy = policy.with_jsonrpc(rpc);
         }
         if let Some(rc) = &r.reconcile {
             let at = format!("{at}.reconcile");

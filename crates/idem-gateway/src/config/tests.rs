@@ -1228,3 +1228,108 @@ fn webhook_routes_refuse_what_cannot_be_right() {
     let err = from_text(&text).expect_err("defaults").to_string();
     assert!(err.contains("belongs to one route"), "{err}");
 }
+
+#[test]
+fn json_rpc_routes_name_the_calls_they_protect() {
+    let text = r#"
+upstream = "http://127.0.0.1:1"
+[[route]]
+method = "POST"
+path = "/mcp"
+protocol = "jsonrpc"
+[[route.call]]
+method = "tools/call"
+tools_except = ["search"]
+key_field = ["/params/_meta/idempotencyKey", "/params/arguments/idempotency_key"]
+require_key = true
+[[route.call]]
+method = "message/send"
+key_header = "Idempotency-Key"
+"#;
+    let s = from_text(text).expect("ok");
+    let m = s.routes.matching(&Method::POST, "/mcp").expect("route");
+    let rpc = m.policy.jsonrpc.as_ref().expect("a JSON-RPC route");
+    assert_eq!(rpc.rules().len(), 2);
+    assert_eq!(rpc.rules()[0].key_pointers.len(), 2);
+    assert!(rpc.rules()[0].require_key && !rpc.rules()[1].require_key);
+    assert!(m.policy.key_headers.is_empty());
+    assert!(
+        m.policy
+            .unstored_headers
+            .contains(&HeaderName::from_static("mcp-session-id"))
+    );
+    let route = |route: &str, calls: &str| {
+        format!("upstream = \"http://127.0.0.1:1\"\n[[route]]\npath = \"/rpc\"\n{route}\n{calls}")
+    };
+    let call = "[[route.call]]\nmethod = \"tools/call\"";
+    for (text, why) in [
+        (
+            route("method = \"POST\"\nprotocol = \"grpc\"", call),
+            "expected \"http\"",
+        ),
+        (
+            route("method = \"PUT\"\nprotocol = \"jsonrpc\"", call),
+            "takes POST",
+        ),
+        (
+            route("method = \"POST\"\nprotocol = \"jsonrpc\"", ""),
+            "name at least one",
+        ),
+        (
+            route("method = \"POST\"", call),
+            "write protocol = \"jsonrpc\"",
+        ),
+        (
+            route(
+                "method = \"POST\"\nprotocol = \"jsonrpc\"\nkey_header = \"X-Id\"",
+                call,
+            ),
+            "remove key_header",
+        ),
+        (
+            route(
+                "method = \"POST\"\nprotocol = \"jsonrpc\"",
+                "[[route.call]]\nrequire_key = true",
+            ),
+            "has no method",
+        ),
+        (
+            route(
+                "method = \"POST\"\nprotocol = \"jsonrpc\"",
+                "[[route.call]]\nmethod = \"x\"\ntools = [\"a\"]",
+            ),
+            "only method = \"tools/call\"",
+        ),
+        (
+            route(
+                "method = \"POST\"\nprotocol = \"jsonrpc\"",
+                &format!("{call}\ntools = [\"a\"]\ntools_except = [\"b\"]"),
+            ),
+            "not both",
+        ),
+        (
+            route(
+                "method = \"POST\"\nprotocol = \"jsonrpc\"",
+                &format!("{call}\nkey_header = \"Authorization\""),
+            ),
+            "carries a credential",
+        ),
+        (
+            route(
+                "method = \"POST\"\nprotocol = \"jsonrpc\"",
+                &format!("{call}\nkey_field = \"params\""),
+            ),
+            "starts with '/'",
+        ),
+        (
+            route(
+                "method = \"POST\"\nprotocol = \"jsonrpc\"",
+                &format!("{call}\nkey_header = []\nkey_field = []"),
+            ),
+            "name a header or a field",
+        ),
+    ] {
+        let err = from_text(&text).expect_err(&text).to_string();
+        assert!(err.contains(why), "{text}\n→ {err}");
+    }
+}
