@@ -247,6 +247,18 @@ else
   echo "services: the Python webhook signers could not be installed" >&2
   status=1
 fi
+# The agent door's peers (PyPI): the official MCP SDK (server and client
+# over Streamable HTTP) and a plain JSON-RPC 2.0 server and client.
+if ! python3 -c 'import mcp, jsonrpcserver, jsonrpcclient' >/dev/null 2>&1; then
+  echo "services: installing the MCP SDK and the JSON-RPC peers (mcp, jsonrpcserver, jsonrpcclient)"
+  python3 -m pip install --quiet --disable-pip-version-check 'mcp==2.3.0' 'jsonrpcserver==5.0.9' 'jsonrpcclient==4.0.3' >/dev/null 2>&1 || true
+fi
+if python3 -c 'import mcp, jsonrpcserver, jsonrpcclient' >/dev/null 2>&1; then
+  echo "services: $(python3 -c 'import importlib.metadata as m; print(", ".join(f"{p} {m.version(p)}" for p in ("mcp", "jsonrpcserver", "jsonrpcclient")))') are installed"
+else
+  echo "services: the MCP SDK and JSON-RPC peers could not be installed" >&2
+  status=1
+fi
 NODE_DIR="${IDEM_TEST_NODE_DIR:-$HOME/.cache/idem/node}"
 if ! [ -d "$NODE_DIR/node_modules/@octokit/webhooks-methods" ] && command -v npm >/dev/null 2>&1; then
   echo "services: installing @octokit/webhooks-methods 6.0.0 in $NODE_DIR"

@@ -4,6 +4,7 @@
 //! shows. One binary links the workspace once, not once per file.
 
 mod admin;
+mod agents;
 mod check;
 mod clock;
 mod crash;

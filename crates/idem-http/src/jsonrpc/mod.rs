@@ -75,6 +75,9 @@ impl Tools {
 /// The method MCP calls tools with: its operation also names the tool.
 pub const TOOLS_CALL: &str = "tools/call";
 
+/// The notification by which an MCP client gives up on a call.
+pub const CANCELLED: &str = "notifications/cancelled";
+
 /// How the calls of one method are protected.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MethodRule {
@@ -171,6 +174,12 @@ pub enum Judged {
     },
     /// Protect it.
     Protect(Call),
+    /// A client's `notifications/cancelled`: answered `202 Accepted` here
+    /// and never forwarded. The gateway runs a call it protects to its
+    /// end whatever its client does (a client that gives up must not
+    /// leave a half-run call whose answer is "cancelled" for good); the
+    /// retry gets the answer.
+    Absorb,
 }
 
 impl JsonRpc {
@@ -236,6 +245,11 @@ impl JsonRpc {
         let Value::Object(members) = call else {
             return Judged::Pass;
         };
+        if let (Some(Value::String(method)), None) = (members.get("method"), members.get("id"))
+            && method == CANCELLED
+        {
+            return Judged::Absorb;
+        }
         let (Some(Value::String(method)), Some(id)) = (members.get("method"), members.get("id"))
         else {
             // No method (a response), or a notification: nothing to keep.

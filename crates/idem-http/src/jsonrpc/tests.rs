@@ -87,6 +87,10 @@ fn what_passes_and_what_is_refused() {
     ] {
         assert_eq!(judge(body), Judged::Pass, "{body}");
     }
+    assert_eq!(
+        judge(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":3}}"#),
+        Judged::Absorb
+    );
     let refused = |body: &str| match judge(body) {
         Judged::Refuse { id, problem } => (id, problem.kind()),
         other => panic!("{body}: {other:?}"),

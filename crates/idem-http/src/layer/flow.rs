@@ -185,6 +185,12 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                     },
                     (None, Some(rpc), _) => match rpc.judge(&parts.headers, &bytes) {
                         Judged::Pass => Ok(None),
+                        Judged::Absorb => {
+                            tracing::info!(reason = "jsonrpc_cancel_absorbed", %operation);
+                            let mut resp = Response::new(ResponseBody::full(Bytes::new()));
+                            *resp.status_mut() = StatusCode::ACCEPTED;
+                            return Ok(with_decision(resp, Decision::PassThrough));
+                        }
                         Judged::Protect(judged) => {
                             let key = judged.key.clone();
                             call = Some(judged);
