@@ -6,7 +6,9 @@
 -- the file IDEM_DELIVERIES (lines `id<TAB>Stripe-Signature`, made by
 -- bench/ab), its id also sent as the Idempotency-Key so that a plain keyed
 -- route and a webhook route get the same requests: in order per thread,
--- or at random among the file's; otherwise no key (pass-through).
+-- or at random among the file's; with IDEM_KEYS=rpc-unique or
+-- rpc-replays a JSON-RPC call to /rpc keyed as unique or replay are;
+-- otherwise no key (pass-through).
 local mode = os.getenv("IDEM_KEYS") or "none"
 local tag = os.getenv("IDEM_RUN_TAG") or tostring(os.time())
 local replay_keys = tonumber(os.getenv("IDEM_REPLAY_KEYS") or "100")
@@ -56,6 +58,19 @@ function request()
     headers["Idempotency-Key"] = tag .. "-" .. uuid()
   elseif mode == "replay" then
     headers["Idempotency-Key"] = "replay-" .. math.random(1, replay_keys)
+  elseif mode == "rpc-unique" or mode == "rpc-replays" then
+    -- A JSON-RPC call to /rpc, a new call id each time, its key in
+    -- Idempotency-Key: fresh, or one of the warmed rpc-replay-N.
+    counter = counter + 1
+    local key
+    if mode == "rpc-unique" then
+      key = tag .. "-" .. tostring(tid) .. "-" .. counter
+    else
+      key = "rpc-replay-" .. math.random(1, replay_keys)
+    end
+    headers["Idempotency-Key"] = key
+    local call = '{"jsonrpc":"2.0","id":' .. counter .. ',"method":"payments.create","params":' .. body .. '}'
+    return wrk.format("POST", "/rpc", headers, call)
   elseif mode == "signed-unique" or mode == "signed-replays" then
     local d
     if mode == "signed-unique" then

@@ -100,8 +100,11 @@ fn operation(policy: &RoutePolicy, path_params: &BTreeSet<&str>) -> Value {
         Some((_, kinds)) => kinds.push(kind),
         None => refusals.push((status, vec![kind])),
     };
-    match &policy.webhook {
-        Some(hook) => {
+    match (&policy.webhook, &policy.jsonrpc) {
+        // A JSON-RPC route's refusals are error objects in 200 answers
+        // (x-idempotency.jsonrpc), not problem documents.
+        (None, Some(_)) => {}
+        (Some(hook), _) => {
             refuse(
                 StatusCode::UNAUTHORIZED,
                 ProblemKind::WebhookSignatureInvalid,
@@ -114,7 +117,7 @@ fn operation(policy: &RoutePolicy, path_params: &BTreeSet<&str>) -> Value {
             }
             refuse(StatusCode::BAD_REQUEST, ProblemKind::WebhookDeliveryInvalid);
         }
-        None => {
+        (None, None) => {
             if policy.require_key {
                 refuse(StatusCode::BAD_REQUEST, ProblemKind::KeyMissing);
             }
@@ -122,12 +125,14 @@ fn operation(policy: &RoutePolicy, path_params: &BTreeSet<&str>) -> Value {
             refuse(StatusCode::BAD_REQUEST, ProblemKind::KeyAmbiguous);
         }
     }
-    refuse(policy.mismatch_status, ProblemKind::KeyReused);
-    refuse(StatusCode::CONFLICT, ProblemKind::InProgress);
-    if policy.lookup.is_some() {
-        refuse(StatusCode::CONFLICT, ProblemKind::OutcomeReconciling);
+    if policy.jsonrpc.is_none() {
+        refuse(policy.mismatch_status, ProblemKind::KeyReused);
+        refuse(StatusCode::CONFLICT, ProblemKind::InProgress);
+        if policy.lookup.is_some() {
+            refuse(StatusCode::CONFLICT, ProblemKind::OutcomeReconciling);
+        }
+        refuse(StatusCode::CONFLICT, ProblemKind::OutcomeHeld);
     }
-    refuse(StatusCode::CONFLICT, ProblemKind::OutcomeHeld);
     refuse(StatusCode::PAYLOAD_TOO_LARGE, ProblemKind::BodyTooLarge);
     if policy.on_missing_tenant == MissingTenant::Refuse && policy.webhook.is_none() {
         refuse(StatusCode::UNAUTHORIZED, ProblemKind::TenantMissing);
@@ -271,6 +276,27 @@ fn extension(policy: &RoutePolicy, defaults: bool) -> Value {
     });
     if defaults {
         ext["methods"] = json!(["POST", "PATCH"]);
+    }
+    if let Some(rpc) = &policy.jsonrpc {
+        let codes: Map<String, Value> = ProblemKind::ALL
+            .iter()
+            .filter(|k| crate::jsonrpc::error_code(**k) != -31000)
+            .map(|k| (k.slug().to_owned(), json!(crate::jsonrpc::error_code(*k))))
+            .collect();
+        ext["jsonrpc"] = json!({
+            "methods": rpc.rules().iter().map(|r| json!({
+                "method": r.method,
+                "tools": match &r.tools {
+                    crate::jsonrpc::Tools::All => json!("all"),
+                    crate::jsonrpc::Tools::Allow(t) => json!({ "only": t }),
+                    crate::jsonrpc::Tools::Deny(t) => json!({ "except": t }),
+                },
+                "key_headers": r.key_headers.iter().map(header_label).collect::<Vec<_>>(),
+                "key_fields": r.key_pointers.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+                "require_key": r.require_key,
+            })).collect::<Vec<_>>(),
+            "error_codes": codes,
+        });
     }
     if let Some(hook) = &policy.webhook {
         ext["webhook"] = json!({

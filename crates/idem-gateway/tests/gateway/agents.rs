@@ -202,3 +202,28 @@ require_key = true
     let ledger = std::fs::read_to_string(dir.path().join("ledger")).expect("ledger");
     assert_eq!(ledger.lines().count(), PAYMENTS, "{ledger}");
 }
+
+/// `idem openapi` states a JSON-RPC route's methods, where their keys
+/// are and its error codes, in a document the validator accepts.
+#[tokio::test]
+async fn the_openapi_document_states_a_json_rpc_routes_methods() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = format!("upstream = \"http://127.0.0.1:9\"\n{CONFIG}");
+    let Some(doc) = super::profiles::validated_openapi(dir.path(), &config, &[]) else {
+        return;
+    };
+    let op = &doc["paths"]["/mcp"]["post"];
+    let rpc = &op["x-idempotency"]["jsonrpc"];
+    assert_eq!(
+        rpc["methods"],
+        serde_json::json!([{
+            "method": "tools/call",
+            "tools": {"only": ["charge"]},
+            "key_headers": ["Idempotency-Key"],
+            "key_fields": ["/params/_meta/idempotencyKey"],
+            "require_key": true,
+        }])
+    );
+    assert_eq!(rpc["error_codes"]["idempotency-key-reused"], -31003);
+    assert!(op["responses"].get("409").is_none(), "{op}");
+}

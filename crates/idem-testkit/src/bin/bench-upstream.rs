@@ -1,5 +1,6 @@
 //! A fast upstream for benchmarks: answers every request at once with a
-//! small JSON body (201 for POST, 200 otherwise), HTTP/1.1 keep-alive.
+//! small JSON body (201 for POST, 200 otherwise), HTTP/1.1 keep-alive;
+//! on `/rpc`, a JSON-RPC 2.0 result (`200`), as a JSON-RPC service does.
 //!
 //! Usage: `bench-upstream [ADDR]` (default `127.0.0.1:18081`). Prints
 //! `listening on ADDR` once ready.
@@ -21,13 +22,23 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
         StatusCode::OK
     };
     // Read the body so keep-alive connections stay usable.
+    let rpc = req.uri().path() == "/rpc";
     let _ = req.into_body().collect().await;
+    let (status, body): (StatusCode, &'static [u8]) = if rpc {
+        (
+            StatusCode::OK,
+            br#"{"jsonrpc":"2.0","id":1,"result":{"id":"pay_1","status":"succeeded","amount_cents":100}}"#,
+        )
+    } else {
+        (
+            status,
+            br#"{"id":"pay_1","status":"succeeded","amount_cents":100}"#,
+        )
+    };
     let resp = Response::builder()
         .status(status)
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(
-            br#"{"id":"pay_1","status":"succeeded","amount_cents":100}"#,
-        )))
+        .body(Full::new(Bytes::from_static(body)))
         .expect("valid response");
     Ok(resp)
 }
