@@ -61,15 +61,19 @@ function request()
   elseif mode == "rpc-unique" or mode == "rpc-replays" then
     -- A JSON-RPC call to /rpc, a new call id each time, its key in
     -- Idempotency-Key: fresh, or one of the warmed rpc-replay-N.
+    -- A retry of a warmed call keeps the call's id, as a plain keyed
+    -- client sends the same request again; the JSON-RPC route still
+    -- gives the answer the id.
     counter = counter + 1
-    local key
+    local key, id
     if mode == "rpc-unique" then
-      key = tag .. "-" .. tostring(tid) .. "-" .. counter
+      key, id = tag .. "-" .. tostring(tid) .. "-" .. counter, counter
     else
-      key = "rpc-replay-" .. math.random(1, replay_keys)
+      id = math.random(1, replay_keys)
+      key = "rpc-replay-" .. id
     end
     headers["Idempotency-Key"] = key
-    local call = '{"jsonrpc":"2.0","id":' .. counter .. ',"method":"payments.create","params":' .. body .. '}'
+    local call = '{"jsonrpc":"2.0","id":' .. id .. ',"method":"payments.create","params":' .. body .. '}'
     return wrk.format("POST", "/rpc", headers, call)
   elseif mode == "signed-unique" or mode == "signed-replays" then
     local d

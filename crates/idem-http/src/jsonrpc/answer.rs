@@ -226,6 +226,11 @@ pub enum ErrorClass {
 /// What the answer `body` (JSON, or an event stream whose response
 /// decides) says about its call.
 pub fn classify(body: &[u8], content_type: Option<&str>) -> ErrorClass {
+    // Most answers are results: only one whose bytes hold `"error"` is
+    // parsed (a member name written with escapes is not looked for).
+    if !body.windows(7).any(|w| w == b"\"error\"") {
+        return ErrorClass::Result;
+    }
     let classify_one = |json: &[u8]| -> Option<ErrorClass> {
         let Ok(Value::Object(m)) = idem::json_strict(json) else {
             return None;
