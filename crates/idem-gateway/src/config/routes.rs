@@ -115,11 +115,12 @@ pub(super) fn routes(
             .as_ref()
             .map(|w| webhook(src, &at, r, &m, w))
             .transpose()?;
-        let base = match &hook {
-            Some(hook) => base_policy(&defaults, hook.provider()),
-            None => defaults.clone(),
-        };
         let rpc = jsonrpc(src, &at, r, &m, tenant)?;
+        let base = match (&hook, &rpc) {
+            (Some(hook), _) => base_policy(&defaults, hook.provider()),
+            (None, Some(_)) => super::jsonrpc::base_policy(&defaults),
+            (None, None) => defaults.clone(),
+        };
         let mut policy = apply(src, &at, r, base, credential)?;
         if let Some(hook) = hook {
             policy = policy.with_webhook(hook);

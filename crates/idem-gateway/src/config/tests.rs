@@ -1253,6 +1253,11 @@ key_header = "Idempotency-Key"
     assert_eq!(rpc.rules()[0].key_pointers.len(), 2);
     assert!(rpc.rules()[0].require_key && !rpc.rules()[1].require_key);
     assert!(m.policy.key_headers.is_empty());
+    // An internal error does not prove the tool did not run: held.
+    assert_eq!(
+        m.policy.engine.resolution_for(500),
+        idem::Resolution::Unknown
+    );
     assert!(
         m.policy
             .unstored_headers
