@@ -5,7 +5,7 @@
 //! calls it with one key per payment three times at once, after a
 //! dropped answer, on a fresh session, and with changed arguments, in
 //! the SDK's session mode (answers as event streams) and its sessionless
-//! 2026-07-28 mode (answers as JSON). Every payment is charged once, the
+//! mode (answers as JSON). Every payment is charged once, the
 //! SDK parses every replay, and a changed call is refused.
 
 use std::net::{SocketAddr, TcpListener};

@@ -209,8 +209,8 @@ impl JsonRpc {
     ///
     /// A batch (a JSON array) passes when no call in it is protected, and
     /// is refused when one is: each call of a batch would need its own
-    /// record and the batch one answer, and MCP has sent no batches since
-    /// its 2025-06-18 revision.
+    /// record and the batch one answer, and the MCP protocol no longer
+    /// sends batches.
     pub fn judge(&self, headers: &HeaderMap, body: &[u8]) -> Judged {
         let doc = match idem::json_strict(body) {
             Ok(doc) => doc,

@@ -113,7 +113,7 @@ impl Provider {
     /// that its last retry still finds the record. Stripe retries for up
     /// to 3 days (live mode); GitHub redelivers on request for 3 days (7
     /// on Enterprise Server); Shopify documented 48 hours (19 retries;
-    /// 8 over 4 hours since 2024); Svix's schedule ends after 27 h 35 min,
+    /// now 8 over 4 hours); Svix's schedule ends after 27 h 35 min,
     /// kept 3 days for the other Standard Webhooks senders. A generic
     /// sender gets 3 days.
     pub const fn retry_window(self) -> Duration {
