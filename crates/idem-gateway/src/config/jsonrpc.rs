@@ -6,11 +6,10 @@ use http::Method;
 use idem::ServerError;
 use idem_http::jsonrpc::{JsonRpc, MethodRule, TOOLS_CALL, Tools};
 use idem_http::{JsonPointer, RoutePolicy, TenantSource};
-use toml::Spanned;
 
 use super::error::ConfigError;
 use super::file::{CallConfig, PolicyConfig, Source};
-use super::values::header_names;
+use super::policy::{key_headers, post_route_of_kind};
 
 /// The route's JSON-RPC rules, if it speaks JSON-RPC; its other keys
 /// checked against them.
@@ -43,25 +42,19 @@ pub(super) fn jsonrpc(
         }
         return Ok(None);
     };
-    if method != Method::POST {
-        return Err(ConfigError::new(format!(
-            "{}: {at}: a JSON-RPC route takes POST, not {method}",
-            file()
-        )));
-    }
-    for (name, set) in [
-        ("key_header", route.key_header.is_some()),
-        ("key_from", route.key_from.is_some()),
-        ("require_key", route.require_key.is_some()),
-        ("webhook", route.webhook.is_some()),
-    ] {
-        if set {
-            return Err(ConfigError::new(format!(
-                "{}: {at}.{name}: a JSON-RPC route says where each method's key is under [[route.call]]; remove {name}",
-                file()
-            )));
-        }
-    }
+    post_route_of_kind(
+        src,
+        at,
+        method,
+        "a JSON-RPC route",
+        &[
+            ("key_header", route.key_header.is_some()),
+            ("key_from", route.key_from.is_some()),
+            ("require_key", route.require_key.is_some()),
+            ("webhook", route.webhook.is_some()),
+        ],
+        "a JSON-RPC route says where each method's key is under [[route.call]]",
+    )?;
     if route.call.is_empty() {
         return Err(ConfigError::new(format!(
             "{}: {at}: a JSON-RPC route protects the methods its [[route.call]] tables name; name at least one, such as method = \"tools/call\"",
@@ -114,30 +107,11 @@ fn rule(
         rule = rule.with_tools(tools);
     }
     if let Some(v) = &cfg.key_header {
-        let names = Spanned::new(v.span(), v.get_ref().to_vec());
-        let names = header_names(src, &key("key_header"), &names)?;
         let credential = match tenant {
             TenantSource::Header(h) => Some(h),
             _ => None,
         };
-        if let Some(bad) = names.iter().find(|n| {
-            [
-                http::header::AUTHORIZATION,
-                http::header::PROXY_AUTHORIZATION,
-                http::header::COOKIE,
-            ]
-            .contains(n)
-                || Some(*n) == credential
-        }) {
-            return Err(src.error(
-                &key("key_header"),
-                v,
-                format!(
-                    "{bad} carries a credential, not a key: keys are stored and listed in plain"
-                ),
-            ));
-        }
-        rule = rule.with_key_headers(names);
+        rule = rule.with_key_headers(key_headers(src, &key("key_header"), v, credential)?);
     }
     if let Some(v) = &cfg.key_field {
         let fields = v

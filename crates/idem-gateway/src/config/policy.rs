@@ -11,7 +11,7 @@ use idem_http::{
 use toml::Spanned;
 
 use super::error::ConfigError;
-use super::file::{PolicyConfig, ReconcileConfig, Source, TenantConfig};
+use super::file::{OneOrMany, PolicyConfig, ReconcileConfig, Source, TenantConfig};
 use super::values::{duration, each, header_names, positive, size};
 
 pub(super) fn tenant_source(
@@ -162,6 +162,58 @@ const CREDENTIALS: [HeaderName; 3] = [
     http::header::PROXY_AUTHORIZATION,
     http::header::COOKIE,
 ];
+
+/// The headers a key may be read from (`key_header`): never one that
+/// carries a credential, `tenant_credential` (the tenant's header) among
+/// them.
+pub(super) fn key_headers(
+    src: &Source<'_>,
+    key: &str,
+    v: &Spanned<OneOrMany>,
+    tenant_credential: Option<&HeaderName>,
+) -> Result<Vec<HeaderName>, ConfigError> {
+    let names = Spanned::new(v.span(), v.get_ref().to_vec());
+    let names = header_names(src, key, &names)?;
+    if let Some(credential) = names
+        .iter()
+        .find(|n| CREDENTIALS.contains(n) || Some(*n) == tenant_credential)
+    {
+        return Err(src.error(
+            key,
+            v,
+            format!(
+                "{credential} carries a credential, not a key: keys are stored and listed in plain"
+            ),
+        ));
+    }
+    Ok(names)
+}
+
+/// Refuses a route of a kind that receives only `POST` (`kind`: "a
+/// webhook route") when it takes another method, or when it sets one of
+/// the keys its kind decides itself (`decided`: each key and whether it
+/// is set; `why` says who decides).
+pub(super) fn post_route_of_kind(
+    src: &Source<'_>,
+    at: &str,
+    method: &Method,
+    kind: &str,
+    decided: &[(&str, bool)],
+    why: &str,
+) -> Result<(), ConfigError> {
+    let file = src.file.display();
+    if method != Method::POST {
+        return Err(ConfigError::new(format!(
+            "{file}: {at}: {kind} takes POST, not {method}"
+        )));
+    }
+    if let Some((name, _)) = decided.iter().find(|(_, set)| *set) {
+        return Err(ConfigError::new(format!(
+            "{file}: {at}.{name}: {why}; remove {name}"
+        )));
+    }
+    Ok(())
+}
 
 /// A list of JSON Pointers, each checked.
 fn pointers(
@@ -315,19 +367,7 @@ pub(super) fn apply(
         p = p.with_mismatch_status(status);
     }
     if let Some(v) = &cfg.key_header {
-        let names = Spanned::new(v.span(), v.get_ref().to_vec());
-        let names = header_names(src, &key("key_header"), &names)?;
-        if let Some(credential) = names
-            .iter()
-            .find(|n| CREDENTIALS.contains(n) || Some(*n) == tenant_credential)
-        {
-            return Err(src.error(
-                &key("key_header"),
-                v,
-                format!("{credential} carries a credential, not a key: keys are stored and listed in plain"),
-            ));
-        }
-        p = p.with_key_headers(names);
+        p = p.with_key_headers(key_headers(src, &key("key_header"), v, tenant_credential)?);
     }
     if let Some(v) = &cfg.key_from {
         let field = v

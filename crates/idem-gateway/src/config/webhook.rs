@@ -11,6 +11,7 @@ use toml::Spanned;
 
 use super::error::ConfigError;
 use super::file::{PolicyConfig, Source, WebhookConfig};
+use super::policy::post_route_of_kind;
 use super::secrets::read_secret_file;
 use super::values::{duration, positive};
 
@@ -42,25 +43,19 @@ pub(super) fn webhook(
 ) -> Result<Webhook, ConfigError> {
     let key = |k: &str| format!("{at}.webhook.{k}");
     let file = || src.file.display();
-    if method != Method::POST {
-        return Err(ConfigError::new(format!(
-            "{}: {at}: a webhook route takes POST (every provider delivers with it), not {method}",
-            file()
-        )));
-    }
-    for (name, set) in [
-        ("key_header", route.key_header.is_some()),
-        ("key_from", route.key_from.is_some()),
-        ("require_key", route.require_key.is_some()),
-        ("on_missing_tenant", route.on_missing_tenant.is_some()),
-    ] {
-        if set {
-            return Err(ConfigError::new(format!(
-                "{}: {at}.{name}: a webhook route's key is its delivery id and its tenant its sender; remove {name}",
-                file()
-            )));
-        }
-    }
+    post_route_of_kind(
+        src,
+        at,
+        method,
+        "a webhook route (every provider delivers with POST)",
+        &[
+            ("key_header", route.key_header.is_some()),
+            ("key_from", route.key_from.is_some()),
+            ("require_key", route.require_key.is_some()),
+            ("on_missing_tenant", route.on_missing_tenant.is_some()),
+        ],
+        "a webhook route's key is its delivery id and its tenant its sender",
+    )?;
     let provider_value = cfg.provider.as_ref().ok_or_else(|| {
         ConfigError::new(format!(
             "{}: {at}.webhook has no provider: write provider = \"stripe\" (or standard, github, shopify, hmac)",

@@ -47,7 +47,7 @@ use idem::json::Value;
 
 pub use answer::{ErrorClass, classify, error_code, refusal, with_id};
 
-use crate::request::key_from_headers;
+use crate::request::{key_from_headers, key_from_value};
 use crate::{JsonPointer, Problem, ProblemKind};
 
 /// Which tools of `tools/call` a rule covers.
@@ -331,23 +331,10 @@ fn key_of(rule: &MethodRule, headers: &HeaderMap, call: &Value) -> Result<Option
         return Ok(Some((key, None)));
     }
     for pointer in &rule.key_pointers {
-        let text = match pointer.get(call) {
-            None => continue,
-            Some(Value::String(s)) => s.as_str(),
-            Some(Value::Number(n)) if n.is_integer_literal() => n.as_str(),
-            Some(_) => {
-                return Err(Problem::new(
-                    ProblemKind::KeyInvalid,
-                    format!("the call's {pointer} must be a string or an integer to be the key"),
-                ));
-            }
+        let Some(value) = pointer.get(call) else {
+            continue;
         };
-        let key = IdempotencyKey::from_bytes(text.as_bytes()).map_err(|e| {
-            Problem::new(
-                ProblemKind::KeyInvalid,
-                format!("the call's {pointer}: {e}"),
-            )
-        })?;
+        let key = key_from_value(value, &format!("the call's {pointer}"))?;
         let below_params = pointer
             .tokens()
             .split_first()

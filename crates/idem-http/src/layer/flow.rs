@@ -146,7 +146,6 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
             policy,
             normalized,
         } = route;
-        let engine = &this.engines[index];
         let (parts, body) = req.into_parts();
         if let Some(refused) = connection_names_what_was_read(&parts, &policy, &*this.tenant) {
             tracing::info!(reason = "idempotency_connection_header", %operation, detail = refused.detail());
@@ -240,138 +239,185 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         let rpc_id = call.as_ref().map(|c| c.id.clone());
         let fingerprinted = call.map(|c| c.fingerprinted);
         let task_rpc_id = rpc_id.clone();
-        // Every answer below, to a JSON-RPC call, is said in JSON-RPC.
-        let answer: Answer<ResBody, I::Error> = async move {
-            if let Some(lookup) = &policy.lookup
-                && !lookup.accepts(&key)
-            {
-                let p = Problem::new(
-                    ProblemKind::KeyInvalid,
-                    "this route's lookup puts the key in a path segment of its own, which cannot be '.' or '..'",
-                );
-                tracing::info!(reason = "idempotency_invalid_key", %operation, detail = p.detail());
-                return Ok(problem(p, Decision::InvalidKey));
-            }
-            if let Err(p) = policy.contract.check_key(&key) {
-                tracing::info!(reason = "idempotency_invalid_key", %operation, detail = p.detail());
-                return Ok(problem(p, Decision::InvalidKey));
-            }
-            // A webhook's tenant is its sender, which its signature proved.
-            let tenant = match &policy.webhook {
-                Some(hook) => Ok(crate::Tenant::Identity(Cow::Borrowed(hook.tenant()))),
-                None => this.tenant.tenant(&parts),
-            };
-            let scope = match tenant.and_then(|t| {
-                Scope::new(&this.hashing.tenant(&t), &operation)
-                    .map_err(|e| Problem::new(ProblemKind::TenantInvalid, e.to_string()))
-            }) {
-                Ok(scope) => scope,
-                Err(p)
-                    if p.kind() == Some(ProblemKind::TenantMissing)
-                        && policy.on_missing_tenant == MissingTenant::Pass =>
-                {
-                    tracing::warn!(reason = "idempotency_unprotected", %operation, %key, detail = p.detail(), "no tenant credential: forwarded unprotected (on_missing_tenant = pass)");
-                    let mut req = Request::from_parts(parts, body.into_body());
-                    remove_untrusted(&*this.tenant, &mut req);
-                    let mut resp = pass_through(inner, req, Decision::Unprotected).await?;
-                    resp.headers_mut()
-                        .insert(IDEMPOTENCY_STATUS, HeaderValue::from_static("unprotected"));
-                    return Ok(resp);
-                }
-                Err(p) => {
-                    tracing::info!(reason = "idempotency_bad_tenant", %operation, kind = p.slug(), detail = p.detail());
-                    return Ok(problem(p, Decision::BadRequest));
-                }
-            };
-            let bytes = match body {
-                Received::Read(bytes) => bytes,
-                Received::Unread(body) => match read_body(&parts, body, &policy).await {
-                    Ok(bytes) => bytes,
-                    Err(refused) => {
-                        tracing::info!(reason = refused.reason, tenant = scope.tenant(), operation = scope.operation(), %key, detail = refused.problem.detail());
-                        return Ok(problem(refused.problem, Decision::BadRequest));
-                    }
-                },
-            };
-            let path = normalized.as_deref().unwrap_or(parts.uri.path());
-            let (fp, v1_fp) = match fingerprints(
-                &this.hashing,
-                &parts,
-                path,
-                &operation,
-                &policy.fingerprint_headers,
-                &policy.fingerprint_body,
-                fingerprinted.as_ref().unwrap_or(&bytes),
-            ) {
-                Ok(fps) => fps,
-                Err(p) => {
-                    tracing::info!(reason = "idempotency_body_encoding", tenant = scope.tenant(), operation = scope.operation(), %key);
-                    return Ok(problem(p, Decision::BadRequest));
-                }
-            };
-            // While records from before keyed hashing may live, the request is
-            // also looked for where they would be.
-            let v1 = v1_fp
-                .filter(|_| policy.webhook.is_none())
-                .and_then(|fingerprint| {
-                    let tenant = this.tenant.v1_tenant(&parts)?;
-                    Some(V1Address {
-                        scope: Scope::new(&tenant, &operation).ok()?,
-                        fingerprint,
-                    })
-                });
-            // From the reservation on, everything runs in a task of its own: a
-            // client that disconnects must not drop a reservation just made, nor
-            // cancel the work or the recording of its result (its retry would
-            // otherwise wait out the lease or run the work again). Boxed: the
-            // task then holds a pointer, not the whole state machine, which
-            // spawning copied into place on every request (`bench/cpu-budget`:
-            // replays 24.4–24.8 → 22.7–22.8 µs of gateway CPU per request).
-            // Even an answer the record cache holds goes through the task:
-            // answering it in the caller's task (one poll before spawning) was
-            // tried and measured slower on replays (`bench/ab`, same minutes:
-            // 0.82–0.89× the requests/s at 1 and 64 connections).
-            let decided = Box::pin(decide(
-                Arc::clone(this),
-                index,
-                engine.clone(),
-                inner,
-                parts,
-                bytes,
-                scope,
-                key,
-                fp,
-                v1,
-                normalized,
-                policy,
-                task_rpc_id,
-            ));
-            // The task runs in the request's span when traces are kept.
-            let task = if trace::active() {
-                tokio::spawn(decided.instrument(tracing::Span::current()))
-            } else {
-                tokio::spawn(decided)
-            };
-            match task.await {
-                Ok(answer) => answer,
-                Err(join) => {
-                    // A panic in the inner service: its guard was dropped and the
-                    // lease will lapse; the caller learns the outcome is unknown.
-                    tracing::error!(reason = "idempotency_outcome_unknown", error = %join, "the request task failed");
-                    Ok(problem(
-                        Problem::new(
-                            ProblemKind::UpstreamBroken,
-                            "processing failed unexpectedly; the outcome is unknown",
-                        ),
-                        Decision::OutcomeUnknown,
-                    ))
-                }
-            }
-        }
+        // Every answer to a JSON-RPC call is said in JSON-RPC.
+        let route = Protected {
+            index,
+            operation,
+            policy,
+            normalized,
+        };
+        let answer = Self::keyed(
+            this,
+            inner,
+            parts,
+            body,
+            key,
+            route,
+            fingerprinted,
+            task_rpc_id,
+        )
         .await;
         match rpc_id {
             Some(id) => answer.map(|resp| rpc_answer(resp, &id)),
             None => answer,
+        }
+    }
+
+    /// A request whose key is known, its body read or not: checks the key
+    /// and the tenant, fingerprints the request (a JSON-RPC call by its
+    /// meaning, `fingerprinted`), and hands it to `decide` in a task of
+    /// its own (which gives a replay the call's `rpc_id`).
+    #[allow(clippy::too_many_arguments)]
+    async fn keyed<I, ReqBody, ResBody>(
+        this: &Arc<Self>,
+        inner: I,
+        parts: http::request::Parts,
+        body: Received<ReqBody>,
+        key: IdempotencyKey,
+        route: Protected,
+        fingerprinted: Option<Bytes>,
+        rpc_id: Option<Bytes>,
+    ) -> Answer<ResBody, I::Error>
+    where
+        I: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+        I::Future: Send + 'static,
+        I::Error: Send + 'static,
+        ReqBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+        ReqBody::Error: Into<BoxError>,
+        ResBody: Body<Data = Bytes> + Send + 'static,
+        ResBody::Error: Into<BoxError>,
+    {
+        let Protected {
+            index,
+            operation,
+            policy,
+            normalized,
+        } = route;
+        let engine = &this.engines[index];
+        if let Some(lookup) = &policy.lookup
+            && !lookup.accepts(&key)
+        {
+            let p = Problem::new(
+                ProblemKind::KeyInvalid,
+                "this route's lookup puts the key in a path segment of its own, which cannot be '.' or '..'",
+            );
+            tracing::info!(reason = "idempotency_invalid_key", %operation, detail = p.detail());
+            return Ok(problem(p, Decision::InvalidKey));
+        }
+        if let Err(p) = policy.contract.check_key(&key) {
+            tracing::info!(reason = "idempotency_invalid_key", %operation, detail = p.detail());
+            return Ok(problem(p, Decision::InvalidKey));
+        }
+        // A webhook's tenant is its sender, which its signature proved.
+        let tenant = match &policy.webhook {
+            Some(hook) => Ok(crate::Tenant::Identity(Cow::Borrowed(hook.tenant()))),
+            None => this.tenant.tenant(&parts),
+        };
+        let scope = match tenant.and_then(|t| {
+            Scope::new(&this.hashing.tenant(&t), &operation)
+                .map_err(|e| Problem::new(ProblemKind::TenantInvalid, e.to_string()))
+        }) {
+            Ok(scope) => scope,
+            Err(p)
+                if p.kind() == Some(ProblemKind::TenantMissing)
+                    && policy.on_missing_tenant == MissingTenant::Pass =>
+            {
+                tracing::warn!(reason = "idempotency_unprotected", %operation, %key, detail = p.detail(), "no tenant credential: forwarded unprotected (on_missing_tenant = pass)");
+                let mut req = Request::from_parts(parts, body.into_body());
+                remove_untrusted(&*this.tenant, &mut req);
+                let mut resp = pass_through(inner, req, Decision::Unprotected).await?;
+                resp.headers_mut()
+                    .insert(IDEMPOTENCY_STATUS, HeaderValue::from_static("unprotected"));
+                return Ok(resp);
+            }
+            Err(p) => {
+                tracing::info!(reason = "idempotency_bad_tenant", %operation, kind = p.slug(), detail = p.detail());
+                return Ok(problem(p, Decision::BadRequest));
+            }
+        };
+        let bytes = match body {
+            Received::Read(bytes) => bytes,
+            Received::Unread(body) => match read_body(&parts, body, &policy).await {
+                Ok(bytes) => bytes,
+                Err(refused) => {
+                    tracing::info!(reason = refused.reason, tenant = scope.tenant(), operation = scope.operation(), %key, detail = refused.problem.detail());
+                    return Ok(problem(refused.problem, Decision::BadRequest));
+                }
+            },
+        };
+        let path = normalized.as_deref().unwrap_or(parts.uri.path());
+        let (fp, v1_fp) = match fingerprints(
+            &this.hashing,
+            &parts,
+            path,
+            &operation,
+            &policy.fingerprint_headers,
+            &policy.fingerprint_body,
+            fingerprinted.as_ref().unwrap_or(&bytes),
+        ) {
+            Ok(fps) => fps,
+            Err(p) => {
+                tracing::info!(reason = "idempotency_body_encoding", tenant = scope.tenant(), operation = scope.operation(), %key);
+                return Ok(problem(p, Decision::BadRequest));
+            }
+        };
+        // While records from before keyed hashing may live, the request is
+        // also looked for where they would be.
+        let v1 = v1_fp
+            .filter(|_| policy.webhook.is_none())
+            .and_then(|fingerprint| {
+                let tenant = this.tenant.v1_tenant(&parts)?;
+                Some(V1Address {
+                    scope: Scope::new(&tenant, &operation).ok()?,
+                    fingerprint,
+                })
+            });
+        // From the reservation on, everything runs in a task of its own: a
+        // client that disconnects must not drop a reservation just made, nor
+        // cancel the work or the recording of its result (its retry would
+        // otherwise wait out the lease or run the work again). Boxed: the
+        // task then holds a pointer, not the whole state machine, which
+        // spawning copied into place on every request (`bench/cpu-budget`:
+        // replays 24.4–24.8 → 22.7–22.8 µs of gateway CPU per request).
+        // Even an answer the record cache holds goes through the task:
+        // answering it in the caller's task (one poll before spawning) was
+        // tried and measured slower on replays (`bench/ab`, same minutes:
+        // 0.82–0.89× the requests/s at 1 and 64 connections).
+        let decided = Box::pin(decide(
+            Arc::clone(this),
+            index,
+            engine.clone(),
+            inner,
+            parts,
+            bytes,
+            scope,
+            key,
+            fp,
+            v1,
+            normalized,
+            policy,
+            rpc_id,
+        ));
+        // The task runs in the request's span when traces are kept.
+        let task = if trace::active() {
+            tokio::spawn(decided.instrument(tracing::Span::current()))
+        } else {
+            tokio::spawn(decided)
+        };
+        match task.await {
+            Ok(answer) => answer,
+            Err(join) => {
+                // A panic in the inner service: its guard was dropped and the
+                // lease will lapse; the caller learns the outcome is unknown.
+                tracing::error!(reason = "idempotency_outcome_unknown", error = %join, "the request task failed");
+                Ok(problem(
+                    Problem::new(
+                        ProblemKind::UpstreamBroken,
+                        "processing failed unexpectedly; the outcome is unknown",
+                    ),
+                    Decision::OutcomeUnknown,
+                ))
+            }
         }
     }
 }

@@ -73,25 +73,27 @@ pub fn key_from_body(
         Err(idem::JsonRefusal::NotJson | idem::JsonRefusal::OutOfRange(_)) => return Ok(None),
         Err(why) => return Err(ambiguous(&why)),
     };
-    let text = match pointer.get(&doc) {
-        None => return Ok(None),
-        Some(Value::String(s)) => s.as_str(),
-        Some(Value::Number(n)) if n.is_integer_literal() => n.as_str(),
-        Some(_) => {
+    pointer
+        .get(&doc)
+        .map(|value| key_from_value(value, &format!("the body's {pointer}")))
+        .transpose()
+}
+
+/// The key a JSON value holds: a string, or an integer as written;
+/// `place` names where it was (`the body's /id`) in the refusal.
+pub(crate) fn key_from_value(value: &Value, place: &str) -> Result<IdempotencyKey, Problem> {
+    let text = match value {
+        Value::String(s) => s.as_str(),
+        Value::Number(n) if n.is_integer_literal() => n.as_str(),
+        _ => {
             return Err(Problem::new(
                 ProblemKind::KeyInvalid,
-                format!("the body's {pointer} must be a string or an integer to be the key"),
+                format!("{place} must be a string or an integer to be the key"),
             ));
         }
     };
     IdempotencyKey::from_bytes(text.as_bytes())
-        .map(Some)
-        .map_err(|e| {
-            Problem::new(
-                ProblemKind::KeyInvalid,
-                format!("the body's {pointer}: {e}"),
-            )
-        })
+        .map_err(|e| Problem::new(ProblemKind::KeyInvalid, format!("{place}: {e}")))
 }
 
 /// A header's name as people write it: `Idempotency-Key`, `X-Request-Id`.

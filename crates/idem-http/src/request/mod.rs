@@ -24,8 +24,8 @@ mod key;
 mod tenant;
 
 pub use fingerprint::{Hashing, fingerprints, is_json, previous_fingerprint};
-pub(crate) use key::header_label;
 pub use key::{IDEMPOTENCY_KEY, idempotency_key, key_from_body, key_from_headers};
+pub(crate) use key::{header_label, key_from_value};
 pub use tenant::{PeerAddr, Tenant, TenantExtractor, TenantSource, is_trusted};
 
 #[cfg(test)]

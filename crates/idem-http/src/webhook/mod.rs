@@ -39,7 +39,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderName};
 use idem::IdempotencyKey;
-use idem::json::Value;
 use subtle::ConstantTimeEq;
 
 pub use scheme::{Algorithm, Encoding, IdSource, Piece, Scheme, Signed};
@@ -526,25 +525,9 @@ impl Webhook {
             (IdSource::Header(_), None) => return Err(missing_id()),
             (IdSource::Field(field), _) => {
                 let doc = idem::json_strict(body).map_err(|_| missing_id())?;
-                match field.get(&doc) {
-                    Some(Value::String(s)) => {
-                        return IdempotencyKey::from_bytes(s.as_bytes()).map_err(|e| {
-                            Refusal::new(Refused::IdInvalid, format!("the body's {field}: {e}"))
-                        });
-                    }
-                    Some(Value::Number(n)) if n.is_integer_literal() => {
-                        return IdempotencyKey::from_bytes(n.as_str().as_bytes()).map_err(|e| {
-                            Refusal::new(Refused::IdInvalid, format!("the body's {field}: {e}"))
-                        });
-                    }
-                    Some(_) => {
-                        return Err(Refusal::new(
-                            Refused::IdInvalid,
-                            format!("the body's {field} is neither a string nor an integer"),
-                        ));
-                    }
-                    None => return Err(missing_id()),
-                }
+                let value = field.get(&doc).ok_or_else(missing_id)?;
+                return crate::request::key_from_value(value, &format!("the body's {field}"))
+                    .map_err(|p| Refusal::new(Refused::IdInvalid, p.detail()));
             }
         };
         IdempotencyKey::from_bytes(id).map_err(|e| {
