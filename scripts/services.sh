@@ -207,58 +207,49 @@ else
   status=1
 fi
 
+# Installs the PyPI packages a group of tests runs, unless its modules
+# import already: python_packages WHAT "mod, mod" "dist dist" SPEC...
+python_packages() {
+  local what=$1 modules=$2 dists=$3
+  shift 3
+  if ! python3 -c "import $modules" >/dev/null 2>&1; then
+    echo "services: installing $what ($dists)"
+    python3 -m pip install --quiet --disable-pip-version-check "$@" >/dev/null 2>&1 || true
+  fi
+  if python3 -c "import $modules" >/dev/null 2>&1; then
+    # shellcheck disable=SC2086 # one argument per distribution
+    echo "services: $what: $(python3 -c 'import importlib.metadata as m, sys; print(", ".join(f"{p} {m.version(p)}" for p in sys.argv[1:]))' $dists)"
+  else
+    echo "services: $what could not be installed" >&2
+    status=1
+  fi
+}
+
 # The Python retrying clients of the gateway's tests: requests with
 # urllib3's Retry, and tenacity for a client that rebuilds its request on
-# each attempt (PyPI).
-if ! python3 -c 'import requests, urllib3, tenacity' >/dev/null 2>&1; then
-  echo "services: installing the Python test clients (requests, urllib3, tenacity)"
-  python3 -m pip install --quiet --disable-pip-version-check 'requests>=2.32,<3' 'urllib3>=2.2,<3' 'tenacity>=8.2,<10' >/dev/null 2>&1 || true
-fi
-if python3 -c 'import requests, urllib3, tenacity' >/dev/null 2>&1; then
-  echo "services: $(python3 -c 'import importlib.metadata as m; print(", ".join(f"{p} {m.version(p)}" for p in ("requests", "urllib3", "tenacity")))') are installed"
-else
-  echo "services: the Python test clients could not be installed" >&2
-  status=1
-fi
+# each attempt.
+python_packages "the Python test clients" "requests, urllib3, tenacity" "requests urllib3 tenacity" \
+  'requests>=2.32,<3' 'urllib3>=2.2,<3' 'tenacity>=8.2,<10'
 
-# The OpenAPI validator `idem openapi`'s document is checked with (PyPI):
-# the Python reference validator for OpenAPI 3.0 and 3.1.
-if ! python3 -c 'import openapi_spec_validator' >/dev/null 2>&1; then
-  echo "services: installing openapi-spec-validator"
-  python3 -m pip install --quiet --disable-pip-version-check 'openapi-spec-validator>=0.7,<0.8' >/dev/null 2>&1 || true
-fi
-if python3 -c 'import openapi_spec_validator' >/dev/null 2>&1; then
-  echo "services: openapi-spec-validator $(python3 -c 'import importlib.metadata as m; print(m.version("openapi-spec-validator"))') is installed"
-else
-  echo "services: openapi-spec-validator could not be installed" >&2
-  status=1
-fi
+# The OpenAPI validator `idem openapi`'s document is checked with: the
+# Python reference validator for OpenAPI 3.0 and 3.1.
+python_packages "the OpenAPI validator" "openapi_spec_validator" "openapi-spec-validator" \
+  'openapi-spec-validator>=0.7,<0.8'
 
-# The webhook senders' own signing code (PyPI, npm): Standard Webhooks,
-# Svix, Stripe and Slack in Python, GitHub's Octokit in Node (ESM only,
-# installed under ~/.cache/idem/node, where the tests look for it).
-if ! python3 -c 'import standardwebhooks, svix, stripe, slack_sdk' >/dev/null 2>&1; then
-  echo "services: installing the webhook signers (standardwebhooks, svix, stripe, slack-sdk)"
-  python3 -m pip install --quiet --disable-pip-version-check 'standardwebhooks==1.1.0' 'svix==2.9.1' 'stripe==16.1.0' 'slack-sdk==3.47.0' >/dev/null 2>&1 || true
-fi
-if python3 -c 'import standardwebhooks, svix, stripe, slack_sdk' >/dev/null 2>&1; then
-  echo "services: $(python3 -c 'import importlib.metadata as m; print(", ".join(f"{p} {m.version(p)}" for p in ("standardwebhooks", "svix", "stripe", "slack-sdk")))') are installed"
-else
-  echo "services: the Python webhook signers could not be installed" >&2
-  status=1
-fi
-# The agent door's peers (PyPI): the official MCP SDK (server and client
-# over Streamable HTTP) and a plain JSON-RPC 2.0 server and client.
-if ! python3 -c 'import mcp, jsonrpcserver, jsonrpcclient' >/dev/null 2>&1; then
-  echo "services: installing the MCP SDK and the JSON-RPC peers (mcp, jsonrpcserver, jsonrpcclient)"
-  python3 -m pip install --quiet --disable-pip-version-check 'mcp==2.3.0' 'jsonrpcserver==5.0.9' 'jsonrpcclient==4.0.3' >/dev/null 2>&1 || true
-fi
-if python3 -c 'import mcp, jsonrpcserver, jsonrpcclient' >/dev/null 2>&1; then
-  echo "services: $(python3 -c 'import importlib.metadata as m; print(", ".join(f"{p} {m.version(p)}" for p in ("mcp", "jsonrpcserver", "jsonrpcclient")))') are installed"
-else
-  echo "services: the MCP SDK and JSON-RPC peers could not be installed" >&2
-  status=1
-fi
+# The webhook senders' own signing code: Standard Webhooks, Svix, Stripe
+# and Slack in Python; GitHub's Octokit in Node, below.
+python_packages "the webhook signers" "standardwebhooks, svix, stripe, slack_sdk" \
+  "standardwebhooks svix stripe slack-sdk" \
+  'standardwebhooks==1.1.0' 'svix==2.9.1' 'stripe==16.1.0' 'slack-sdk==3.47.0'
+
+# The agent door's peers: the official MCP SDK (server and client over
+# Streamable HTTP) and a plain JSON-RPC 2.0 server and client.
+python_packages "the MCP and JSON-RPC peers" "mcp, jsonrpcserver, jsonrpcclient" \
+  "mcp jsonrpcserver jsonrpcclient" \
+  'mcp==2.3.0' 'jsonrpcserver==5.0.9' 'jsonrpcclient==4.0.3'
+
+# GitHub's Octokit signer (npm; ESM only), installed under
+# ~/.cache/idem/node, where the webhook tests look for it.
 NODE_DIR="${IDEM_TEST_NODE_DIR:-$HOME/.cache/idem/node}"
 if ! [ -d "$NODE_DIR/node_modules/@octokit/webhooks-methods" ] && command -v npm >/dev/null 2>&1; then
   echo "services: installing @octokit/webhooks-methods 6.0.0 in $NODE_DIR"
