@@ -248,6 +248,12 @@ python_packages "the MCP and JSON-RPC peers" "mcp, jsonrpcserver, jsonrpcclient"
   "mcp jsonrpcserver jsonrpcclient" \
   'mcp==2.3.0' 'jsonrpcserver==5.0.9' 'jsonrpcclient==4.0.3'
 
+# The GraphQL door's peers: a strawberry service under uvicorn, and the
+# gql client over requests, which parses the gateway's refusals too.
+python_packages "the GraphQL peers" "strawberry.asgi, uvicorn, gql.transport.requests" \
+  "strawberry-graphql uvicorn gql" \
+  'strawberry-graphql[asgi]==0.341.2' 'uvicorn==0.55.0' 'gql[requests]==4.4.0'
+
 # GitHub's Octokit signer (npm; ESM only), installed under
 # ~/.cache/idem/node, where the webhook tests look for it.
 NODE_DIR="${IDEM_TEST_NODE_DIR:-$HOME/.cache/idem/node}"

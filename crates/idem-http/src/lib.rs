@@ -40,6 +40,7 @@
 mod body;
 pub mod contract;
 mod decision;
+pub mod graphql;
 mod headers;
 pub mod jsonrpc;
 pub mod layer;
@@ -77,3 +78,15 @@ pub use routes::{
     MissingTenant, PathSpelling, RouteMatch, RoutePolicy, Routes, UNMATCHED_ROUTE,
     UNPROTECTED_ROUTE,
 };
+
+/// The bytes of a whole body, for the unit tests of answers.
+#[cfg(test)]
+pub(crate) fn full_body(body: http_body_util::Full<bytes::Bytes>) -> bytes::Bytes {
+    use http_body_util::BodyExt as _;
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime")
+        .block_on(body.collect())
+        .expect("body")
+        .to_bytes()
+}

@@ -86,6 +86,19 @@ fn operation(policy: &RoutePolicy, path_params: &BTreeSet<&str>) -> Value {
             }));
         }
     }
+    // A GraphQL route reads its key for mutations only: never required
+    // of the route's every request.
+    if let Some(gql) = &policy.graphql {
+        for name in &gql.key_headers {
+            parameters.push(json!({
+                "name": header_label(name),
+                "in": "header",
+                "required": false,
+                "description": "The idempotency key of a mutation (x-idempotency.graphql); queries and subscriptions pass unrecorded",
+                "schema": key_schema(policy),
+            }));
+        }
+    }
     let mut responses = Map::new();
     let success = json!({
         "description": "The upstream's answer, stored and replayed for the key's retention",
@@ -118,8 +131,13 @@ fn operation(policy: &RoutePolicy, path_params: &BTreeSet<&str>) -> Value {
             refuse(StatusCode::BAD_REQUEST, ProblemKind::WebhookDeliveryInvalid);
         }
         (None, None) => {
-            if policy.require_key {
+            let graphql = policy.graphql.as_deref();
+            if policy.require_key || graphql.is_some_and(|g| g.require_key) {
                 refuse(StatusCode::BAD_REQUEST, ProblemKind::KeyMissing);
+            }
+            if graphql.is_some() {
+                refuse(StatusCode::BAD_REQUEST, ProblemKind::GraphQlRequestInvalid);
+                refuse(StatusCode::BAD_REQUEST, ProblemKind::GraphQlBatchRefused);
             }
             refuse(StatusCode::BAD_REQUEST, ProblemKind::KeyInvalid);
             refuse(StatusCode::BAD_REQUEST, ProblemKind::KeyAmbiguous);
@@ -217,18 +235,42 @@ fn answer_headers(policy: &RoutePolicy) -> Value {
 /// A refusal's response object: the problem document with its codes.
 fn refusal(policy: &RoutePolicy, status: StatusCode, kinds: &[ProblemKind]) -> Value {
     let codes: Vec<&str> = kinds.iter().map(|k| k.slug()).collect();
+    // A GraphQL route's refusals are GraphQL responses: one error whose
+    // `extensions.code` is the problem code in upper case.
+    let content = match &policy.graphql {
+        Some(_) => {
+            let upper: Vec<String> = codes
+                .iter()
+                .map(|c| c.to_ascii_uppercase().replace('-', "_"))
+                .collect();
+            json!({ "application/json": { "schema": {
+                "type": "object",
+                "required": ["errors"],
+                "properties": { "errors": { "type": "array", "items": {
+                    "type": "object",
+                    "required": ["message", "extensions"],
+                    "properties": {
+                        "message": { "type": "string" },
+                        "extensions": { "type": "object", "required": ["code", "type", "status"], "properties": {
+                            "code": { "enum": upper },
+                            "type": { "type": "string", "format": "uri" },
+                            "status": { "type": "integer" },
+                            "retry_after": { "type": "integer" },
+                        } },
+                    },
+                } } },
+            } } })
+        }
+        None => json!({ PROBLEM_JSON: { "schema": {
+            "allOf": [
+                { "$ref": "#/components/schemas/Problem" },
+                { "properties": { "code": { "enum": codes } } },
+            ],
+        } } }),
+    };
     let mut response = json!({
         "description": kinds.iter().map(|k| k.title()).collect::<Vec<_>>().join("; "),
-        "content": {
-            PROBLEM_JSON: {
-                "schema": {
-                    "allOf": [
-                        { "$ref": "#/components/schemas/Problem" },
-                        { "properties": { "code": { "enum": codes } } },
-                    ],
-                },
-            },
-        },
+        "content": content,
     });
     let retry_after = status == StatusCode::SERVICE_UNAVAILABLE
         || (status == StatusCode::CONFLICT && policy.contract.held_retry_after.is_some());
@@ -296,6 +338,19 @@ fn extension(policy: &RoutePolicy, defaults: bool) -> Value {
                 "require_key": r.require_key,
             })).collect::<Vec<_>>(),
             "error_codes": codes,
+        });
+    }
+    if let Some(gql) = &policy.graphql {
+        ext["graphql"] = json!({
+            "protects": "mutation",
+            "key_headers": gql.key_headers.iter().map(header_label).collect::<Vec<_>>(),
+            "key_fields": gql.key_pointers.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+            "require_key": gql.require_key,
+            "batches": "refused when holding a mutation",
+            "errors": {
+                "request_error": "release",
+                "field_error_at_root": "on_server_error",
+            },
         });
     }
     if let Some(hook) = &policy.webhook {

@@ -219,6 +219,23 @@ impl BodyFields {
     }
 }
 
+/// Removes the field `path` names below `object` (a key's own field,
+/// before the rest of a request is fingerprinted); nothing when it is not
+/// there.
+pub(crate) fn remove_below(object: &mut idem::json::Map, path: &[String]) {
+    match path {
+        [] => {}
+        [last] => {
+            object.remove(last);
+        }
+        [first, rest @ ..] => {
+            if let Some(Value::Object(inner)) = object.get_mut(first) {
+                remove_below(inner, rest);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

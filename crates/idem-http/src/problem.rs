@@ -94,12 +94,20 @@ pub enum ProblemKind {
     /// A JSON-RPC batch holding a call the route protects (400; answered
     /// as a JSON-RPC error).
     JsonRpcBatchRefused,
+    /// A request to a GraphQL route that is not one the route can judge:
+    /// not a GraphQL request object, a document that does not parse, or
+    /// no operation the request selects (400; answered as a GraphQL
+    /// error).
+    GraphQlRequestInvalid,
+    /// A GraphQL batch holding a mutation (400; answered as a GraphQL
+    /// error).
+    GraphQlBatchRefused,
 }
 
 impl ProblemKind {
     /// Every kind, in the order the docs list them: the vocabulary of the
     /// `code` member.
-    pub const ALL: [ProblemKind; 28] = [
+    pub const ALL: [ProblemKind; 30] = [
         Self::KeyMissing,
         Self::KeyInvalid,
         Self::KeyAmbiguous,
@@ -128,6 +136,8 @@ impl ProblemKind {
         Self::WebhookTimestampRefused,
         Self::WebhookDeliveryInvalid,
         Self::JsonRpcBatchRefused,
+        Self::GraphQlRequestInvalid,
+        Self::GraphQlBatchRefused,
     ];
 
     /// The stable slug, last part of the `type` URI.
@@ -161,6 +171,8 @@ impl ProblemKind {
             Self::WebhookTimestampRefused => "webhook-timestamp-refused",
             Self::WebhookDeliveryInvalid => "webhook-delivery-invalid",
             Self::JsonRpcBatchRefused => "jsonrpc-batch-refused",
+            Self::GraphQlRequestInvalid => "graphql-request-invalid",
+            Self::GraphQlBatchRefused => "graphql-batch-refused",
         }
     }
 
@@ -206,6 +218,8 @@ impl ProblemKind {
                 "Webhook delivery id or timestamp missing or unreadable"
             }
             Self::JsonRpcBatchRefused => "JSON-RPC batch holding a protected call",
+            Self::GraphQlRequestInvalid => "GraphQL request the route cannot judge",
+            Self::GraphQlBatchRefused => "GraphQL batch holding a mutation",
         }
     }
 
@@ -222,7 +236,9 @@ impl ProblemKind {
             | Self::HostInvalid
             | Self::PathNotCanonical
             | Self::WebhookDeliveryInvalid
-            | Self::JsonRpcBatchRefused => StatusCode::BAD_REQUEST,
+            | Self::JsonRpcBatchRefused
+            | Self::GraphQlRequestInvalid
+            | Self::GraphQlBatchRefused => StatusCode::BAD_REQUEST,
             Self::TenantMissing | Self::WebhookSignatureInvalid | Self::WebhookTimestampRefused => {
                 StatusCode::UNAUTHORIZED
             }

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use http::{HeaderName, Method, StatusCode, header};
 use idem::Policy;
 
+use crate::graphql::GraphQl;
 use crate::jsonrpc::JsonRpc;
 use crate::lookup::Lookup;
 use crate::pattern::{PathPattern, PatternError, lenient_form, normalize_path};
@@ -81,6 +82,9 @@ pub struct RoutePolicy {
     /// The JSON-RPC methods the route protects ([`with_jsonrpc`](Self::with_jsonrpc));
     /// `None`: a keyed route.
     pub jsonrpc: Option<Arc<JsonRpc>>,
+    /// How the route's GraphQL requests are judged ([`with_graphql`](Self::with_graphql));
+    /// `None`: a keyed route.
+    pub graphql: Option<Arc<GraphQl>>,
 }
 
 /// What a request on a route gets when its path is not spelled as the
@@ -133,6 +137,7 @@ impl Default for RoutePolicy {
             contract: Contract::default(),
             webhook: None,
             jsonrpc: None,
+            graphql: None,
         }
     }
 }
@@ -231,6 +236,19 @@ impl RoutePolicy {
             self.unstored_headers.push(session);
         }
         self.jsonrpc = Some(Arc::new(jsonrpc));
+        self
+    }
+
+    /// Speaks GraphQL: each request is judged by the operation it selects
+    /// ([`GraphQl`]): a mutation is protected, its key read where
+    /// `graphql` says (no route-wide key header); a query or
+    /// subscription passes through unrecorded. Refusals are GraphQL
+    /// errors.
+    pub fn with_graphql(mut self, graphql: GraphQl) -> Self {
+        self.key_headers = Vec::new();
+        self.key_from = None;
+        self.require_key = false;
+        self.graphql = Some(Arc::new(graphql));
         self
     }
 

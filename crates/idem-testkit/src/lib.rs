@@ -29,6 +29,7 @@ pub mod isolated;
 pub mod kafka;
 pub mod ledger;
 pub mod otlp;
+pub mod peers;
 pub mod servers;
 pub mod services;
 pub mod upstream;

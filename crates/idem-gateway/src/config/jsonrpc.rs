@@ -3,9 +3,8 @@
 //! with where its key is and whether it is required.
 
 use http::Method;
-use idem::ServerError;
 use idem_http::jsonrpc::{JsonRpc, MethodRule, TOOLS_CALL, Tools};
-use idem_http::{JsonPointer, RoutePolicy, TenantSource};
+use idem_http::{JsonPointer, TenantSource};
 
 use super::error::ConfigError;
 use super::file::{CallConfig, PolicyConfig, Source};
@@ -23,13 +22,13 @@ pub(super) fn jsonrpc(
     let file = || src.file.display();
     let protocol = match &route.protocol {
         None => None,
-        Some(v) if v.get_ref() == "http" => None,
+        Some(v) if v.get_ref() == "http" || v.get_ref() == "graphql" => None,
         Some(v) if v.get_ref() == "jsonrpc" => Some(v),
         Some(v) => {
             return Err(src.error(
                 &format!("{at}.protocol"),
                 v,
-                "expected \"http\" (the default) or \"jsonrpc\"",
+                "expected \"http\" (the default), \"jsonrpc\" or \"graphql\"",
             ));
         }
     };
@@ -141,17 +140,4 @@ fn rule(
         rule = rule.with_require_key(v);
     }
     Ok(rule)
-}
-
-/// The policy a JSON-RPC route starts from, before its own keys: an
-/// internal or server error in an answer (and a `5xx`) holds the call's
-/// key as an unknown outcome, since it does not prove the tool did not
-/// run. Stored, an agent could never get past it with its key; released,
-/// its retry could run the tool twice.
-pub(super) fn base_policy(defaults: &RoutePolicy) -> RoutePolicy {
-    let engine = defaults
-        .engine
-        .clone()
-        .with_on_server_error(ServerError::Hold);
-    defaults.clone().with_engine(engine)
 }

@@ -14,6 +14,7 @@ mod contract;
 pub mod defaults;
 mod error;
 mod file;
+mod graphql;
 mod jobs;
 mod jsonrpc;
 mod limits;

@@ -189,6 +189,20 @@ pub(super) fn key_headers(
     Ok(names)
 }
 
+/// The policy a JSON-RPC or GraphQL route starts from, before its own
+/// keys: an error in an answer that says the call began (a JSON-RPC
+/// internal or server error, GraphQL `errors` with `data: null`), and a
+/// `5xx`, holds the key as an unknown outcome, since it does not prove
+/// the call did not run. Stored, a client could never get past it with
+/// its key; released, its retry could run the call twice.
+pub(super) fn holding_server_errors(defaults: &RoutePolicy) -> RoutePolicy {
+    let engine = defaults
+        .engine
+        .clone()
+        .with_on_server_error(idem::ServerError::Hold);
+    defaults.clone().with_engine(engine)
+}
+
 /// Refuses a route of a kind that receives only `POST` (`kind`: "a
 /// webhook route") when it takes another method, or when it sets one of
 /// the keys its kind decides itself (`decided`: each key and whether it

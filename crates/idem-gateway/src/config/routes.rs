@@ -8,8 +8,9 @@ use idem_http::{PathPattern, RoutePolicy, Routes, TenantSource};
 use super::defaults;
 use super::error::ConfigError;
 use super::file::{FileConfig, PolicyConfig, Source};
+use super::graphql::{is_graphql, with_graphql};
 use super::jsonrpc::jsonrpc;
-use super::policy::{apply, lookup};
+use super::policy::{apply, holding_server_errors, lookup};
 use super::values::{duration, parse_method, positive};
 use super::webhook::{base_policy, webhook};
 
@@ -116,9 +117,11 @@ pub(super) fn routes(
             .map(|w| webhook(src, &at, r, &m, w))
             .transpose()?;
         let rpc = jsonrpc(src, &at, r, &m, tenant)?;
+        let gql = is_graphql(src, &at, r, &m)?;
         let base = match (&hook, &rpc) {
             (Some(hook), _) => base_policy(&defaults, hook.provider()),
-            (None, Some(_)) => super::jsonrpc::base_policy(&defaults),
+            (None, Some(_)) => holding_server_errors(&defaults),
+            (None, None) if gql => holding_server_errors(&defaults),
             (None, None) => defaults.clone(),
         };
         let mut policy = apply(src, &at, r, base, credential)?;
@@ -127,6 +130,9 @@ pub(super) fn routes(
         }
         if let Some(rpc) = rpc {
             policy = policy.with_jsonrpc(rpc);
+        }
+        if gql {
+            policy = with_graphql(policy);
         }
         if let Some(rc) = &r.reconcile {
             let at = format!("{at}.reconcile");

@@ -1338,3 +1338,65 @@ key_header = "Idempotency-Key"
         assert!(err.contains(why), "{text}\n→ {err}");
     }
 }
+
+#[test]
+fn graphql_routes_read_their_keys_where_the_route_says() {
+    let text = r#"
+upstream = "http://127.0.0.1:1"
+[[route]]
+method = "POST"
+path = "/graphql"
+protocol = "graphql"
+key_from = "/variables/idempotencyKey"
+require_key = true
+"#;
+    let s = from_text(text).expect("ok");
+    let m = s.routes.matching(&Method::POST, "/graphql").expect("route");
+    let gql = m.policy.graphql.as_ref().expect("a GraphQL route");
+    assert_eq!(
+        gql.key_headers,
+        [HeaderName::from_static("idempotency-key")]
+    );
+    assert_eq!(gql.key_pointers.len(), 1);
+    assert!(gql.require_key);
+    // The route itself reads no key: its requests are judged in the body.
+    assert!(m.policy.key_headers.is_empty() && m.policy.key_from.is_none());
+    assert!(!m.policy.require_key);
+    // An error after execution began does not prove nothing ran: held.
+    assert_eq!(
+        m.policy.engine.resolution_for(500),
+        idem::Resolution::Unknown
+    );
+    let route = |keys: &str| {
+        format!("upstream = \"http://127.0.0.1:1\"\n[[route]]\npath = \"/graphql\"\n{keys}")
+    };
+    for (text, why) in [
+        (
+            route("method = \"GET\"\nprotocol = \"graphql\""),
+            "takes POST",
+        ),
+        (
+            route(
+                "method = \"POST\"\nprotocol = \"graphql\"\nfingerprint_include = [\"/variables\"]",
+            ),
+            "remove fingerprint_include",
+        ),
+        (
+            route("method = \"POST\"\nprotocol = \"graphql\"\nkey_from = \"variables\""),
+            "starts with '/'",
+        ),
+        (
+            route(
+                "method = \"POST\"\nprotocol = \"graphql\"\nkey_header = \"Authorization\"\n[tenant]\nfrom = \"header\"\nname = \"authorization\"",
+            ),
+            "carries a credential",
+        ),
+        (
+            route("method = \"POST\"\nprotocol = \"graphql\"\n[[route.call]]\nmethod = \"x\""),
+            "write protocol = \"jsonrpc\"",
+        ),
+    ] {
+        let err = from_text(&text).expect_err(&text).to_string();
+        assert!(err.contains(why), "{text}\n→ {err}");
+    }
+}

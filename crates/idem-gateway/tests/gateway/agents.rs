@@ -8,11 +8,8 @@
 //! mode (answers as JSON). Every payment is charged once, the
 //! SDK parses every replay, and a changed call is refused.
 
-use std::net::{SocketAddr, TcpListener};
-use std::path::Path;
-
 use idem_testkit::gateway::GatewayProcess;
-use serde_json::Value;
+use idem_testkit::peers::{python_report, python_service};
 
 const IDEM: &str = env!("CARGO_BIN_EXE_idem");
 const SERVER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/mcp_server.py");
@@ -30,34 +27,13 @@ tools = ["charge"]
 require_key = true
 "#;
 
-/// The MCP server on a free loopback port, its ledger in `dir`.
-async fn mcp_server(python: &Path, dir: &Path) -> (tokio::process::Child, SocketAddr) {
-    let addr = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port");
-    let child = tokio::process::Command::new(python)
-        .arg(SERVER)
-        .arg(addr.port().to_string())
-        .arg(dir.join("ledger"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(dir.join("mcp.log")).expect("log"))
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start the MCP server");
-    idem_testkit::wait::eventually("the MCP server listens", async || {
-        tokio::net::TcpStream::connect(addr).await.is_ok()
-    })
-    .await;
-    (child, addr)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_agents_retries_charge_each_payment_once() {
     let Some(python) = idem_testkit::services::python_with(&["mcp"]) else {
         return;
     };
     let dir = tempfile::tempdir().expect("temp dir");
-    let (_server, server) = mcp_server(&python, dir.path()).await;
+    let (_server, server) = python_service(&python, SERVER, dir.path(), "mcp.log").await;
     let gw = GatewayProcess::builder(IDEM, dir.path())
         .config(CONFIG)
         .upstream(&format!("http://{server}"))
@@ -66,20 +42,8 @@ async fn an_mcp_agents_retries_charge_each_payment_once() {
     const PAYMENTS: usize = 20;
     let mut keys = 0;
     for mode in ["legacy", "auto"] {
-        let out = tokio::process::Command::new(&python)
-            .arg(AGENT)
-            .arg(format!("http://{}/mcp", gw.addr))
-            .arg(PAYMENTS.to_string())
-            .arg(mode)
-            .output()
-            .await
-            .expect("run the agent");
-        assert!(
-            out.status.success(),
-            "the agent failed ({mode}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let report: Value = serde_json::from_slice(&out.stdout).expect("the agent's report");
+        let url = format!("http://{}/mcp", gw.addr);
+        let report = python_report(&python, AGENT, &[&url, &PAYMENTS.to_string(), mode]).await;
         let answers = report["answers"].as_object().expect("answers");
         let parsed: usize = answers
             .values()
@@ -139,20 +103,7 @@ async fn a_plain_json_rpc_clients_retries_charge_each_payment_once() {
         return;
     };
     let dir = tempfile::tempdir().expect("temp dir");
-    let addr = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port");
-    let _server = tokio::process::Command::new(&python)
-        .arg(RPC_SERVER)
-        .arg(addr.port().to_string())
-        .arg(dir.path().join("ledger"))
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start the JSON-RPC server");
-    idem_testkit::wait::eventually("the JSON-RPC server listens", async || {
-        tokio::net::TcpStream::connect(addr).await.is_ok()
-    })
-    .await;
+    let (_server, addr) = python_service(&python, RPC_SERVER, dir.path(), "rpc.log").await;
     let config = r#"
 [[route]]
 method = "POST"
@@ -170,19 +121,8 @@ require_key = true
         .start()
         .await;
     const PAYMENTS: usize = 20;
-    let out = tokio::process::Command::new(&python)
-        .arg(RPC_CLIENT)
-        .arg(format!("http://{}/rpc", gw.addr))
-        .arg(PAYMENTS.to_string())
-        .output()
-        .await
-        .expect("run the client");
-    assert!(
-        out.status.success(),
-        "the client failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).expect("the client's report");
+    let url = format!("http://{}/rpc", gw.addr);
+    let report = python_report(&python, RPC_CLIENT, &[&url, &PAYMENTS.to_string()]).await;
     eprintln!("JSON-RPC client: {report}");
     let answers = report["answers"].as_object().expect("answers");
     assert_eq!(answers.len(), PAYMENTS);

@@ -12,6 +12,7 @@ mod dashboard;
 mod e2e;
 mod faults;
 mod first_hour;
+mod graphql;
 mod hostile_upstream;
 mod limits;
 mod profiles;

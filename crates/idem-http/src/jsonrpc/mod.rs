@@ -47,7 +47,7 @@ use idem::json::Value;
 
 pub use answer::{ErrorClass, classify, error_code, refusal, with_id};
 
-use crate::request::{key_from_headers, key_from_value};
+use crate::request::{key_in, key_required};
 use crate::{JsonPointer, Problem, ProblemKind};
 
 /// Which tools of `tools/call` a rule covers.
@@ -274,22 +274,16 @@ impl JsonRpc {
             id: id_text.clone(),
             problem,
         };
-        let (key, field) = match key_of(rule, headers, call) {
+        let (key, field) = match key_in(
+            headers,
+            &rule.key_headers,
+            &rule.key_pointers,
+            call,
+            "the call's",
+        ) {
             Ok(Some(found)) => found,
             Ok(None) if rule.require_key => {
-                let mut places: Vec<String> = rule
-                    .key_headers
-                    .iter()
-                    .map(crate::request::header_label)
-                    .collect();
-                places.extend(rule.key_pointers.iter().map(|p| p.to_string()));
-                return refuse(Problem::new(
-                    ProblemKind::KeyMissing,
-                    format!(
-                        "{method} requires an idempotency key in {}",
-                        places.join(" or ")
-                    ),
-                ));
+                return refuse(key_required(method, &rule.key_headers, &rule.key_pointers));
             }
             Ok(None) => return Judged::Pass,
             Err(problem) => return refuse(problem),
@@ -302,8 +296,11 @@ impl JsonRpc {
         // own field (a retry may send it elsewhere) and `_meta` (progress
         // tokens and the client's bookkeeping), never its `id`.
         let mut params = params.cloned().unwrap_or(Value::Null);
-        if let (Some(field), Value::Object(p)) = (&field, &mut params) {
-            remove(p, field);
+        // A key in the call's `params` is left out of them.
+        if let (Some(path), Value::Object(p)) = (&field, &mut params)
+            && let Some(("params", below)) = path.split_first().map(|(f, r)| (f.as_str(), r))
+        {
+            crate::pointer::remove_below(p, below);
         }
         if let Value::Object(p) = &mut params {
             p.remove("_meta");
@@ -318,44 +315,5 @@ impl JsonRpc {
             id: id_text,
             fingerprinted,
         })
-    }
-}
-
-/// A call's key and, when it came from the call itself, the path below
-/// `params` of its field.
-type Found = (IdempotencyKey, Option<Vec<String>>);
-
-/// The call's key and where in `params` it was, if there.
-fn key_of(rule: &MethodRule, headers: &HeaderMap, call: &Value) -> Result<Option<Found>, Problem> {
-    if let Some(key) = key_from_headers(headers, &rule.key_headers)? {
-        return Ok(Some((key, None)));
-    }
-    for pointer in &rule.key_pointers {
-        let Some(value) = pointer.get(call) else {
-            continue;
-        };
-        let key = key_from_value(value, &format!("the call's {pointer}"))?;
-        let below_params = pointer
-            .tokens()
-            .split_first()
-            .filter(|(first, _)| &***first == "params")
-            .map(|(_, rest)| rest.iter().map(|t| t.to_string()).collect());
-        return Ok(Some((key, below_params)));
-    }
-    Ok(None)
-}
-
-/// Removes the field `path` names below `object`.
-fn remove(object: &mut idem::json::Map, path: &[String]) {
-    match path {
-        [] => {}
-        [last] => {
-            object.remove(last);
-        }
-        [first, rest @ ..] => {
-            if let Some(Value::Object(inner)) = object.get_mut(first) {
-                remove(inner, rest);
-            }
-        }
     }
 }

@@ -129,7 +129,7 @@ fn refusals_are_error_objects_with_stable_codes() {
     let resp = refusal(b"\"r-1\"", &problem);
     assert_eq!(resp.status(), http::StatusCode::OK);
     assert_eq!(resp.headers()["retry-after"], "1");
-    let body = futures_body(resp.into_body());
+    let body = crate::full_body(resp.into_body());
     let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
     assert_eq!(v["jsonrpc"], "2.0");
     assert_eq!(v["id"], "r-1");
@@ -145,16 +145,6 @@ fn refusals_are_error_objects_with_stable_codes() {
         codes.iter().all(|c| !(-32768..=-32000).contains(c)),
         "{codes:?}"
     );
-}
-
-fn futures_body(body: http_body_util::Full<Bytes>) -> Bytes {
-    use http_body_util::BodyExt as _;
-    tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("runtime")
-        .block_on(body.collect())
-        .expect("body")
-        .to_bytes()
 }
 
 #[test]

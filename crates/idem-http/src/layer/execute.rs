@@ -41,13 +41,21 @@ where
         let (mut parts, body) = resp.into_parts();
         // The layer's own marker, never the upstream's to set.
         parts.headers.remove(NOT_RETAINED);
-        // A JSON-RPC answer's error object decides with its status, so a
-        // successful answer is read (within the stored limit) before it is
-        // judged; an event stream too, which is then kept whole.
+        // A JSON-RPC answer's error object, and a GraphQL answer's
+        // `errors` and `data`, decide with its status, so a successful
+        // answer (and a GraphQL request error's `400`) is read, within the
+        // stored limit, before it is judged; an event stream too, which
+        // is then kept whole.
         let mut body = Pending::Unread(body);
         let mut judged_status = parts.status.as_u16();
-        if policy.jsonrpc.is_some()
-            && parts.status.is_success()
+        // A GraphQL answer that says nothing ran.
+        let mut not_run = false;
+        let judges_body = match (&policy.jsonrpc, &policy.graphql) {
+            (Some(_), _) => parts.status.is_success(),
+            (None, Some(_)) => parts.status.is_success() || parts.status == StatusCode::BAD_REQUEST,
+            (None, None) => false,
+        };
+        if judges_body
             && parts.extensions.get::<UpstreamOutcome>().is_none()
             && let Pending::Unread(unread) = body
         {
@@ -57,11 +65,19 @@ where
                     .headers
                     .get(header::CONTENT_TYPE)
                     .and_then(|v| v.to_str().ok());
-                judged_status = match crate::jsonrpc::classify(bytes, content_type) {
-                    crate::jsonrpc::ErrorClass::Result => judged_status,
-                    crate::jsonrpc::ErrorClass::Final => 400,
-                    crate::jsonrpc::ErrorClass::Server => 500,
-                };
+                if policy.jsonrpc.is_some() {
+                    judged_status = match crate::jsonrpc::classify(bytes, content_type) {
+                        crate::jsonrpc::ErrorClass::Result => judged_status,
+                        crate::jsonrpc::ErrorClass::Final => 400,
+                        crate::jsonrpc::ErrorClass::Server => 500,
+                    };
+                } else {
+                    match crate::graphql::classify(bytes) {
+                        crate::graphql::Outcome::Ran => {}
+                        crate::graphql::Outcome::NotRun => not_run = true,
+                        crate::graphql::Outcome::Failed => judged_status = 500,
+                    }
+                }
             }
             body = Pending::Read(kept);
         }
@@ -83,6 +99,10 @@ where
                     Decision::Executed,
                 ));
             }
+            None if not_run => (
+                idem::Resolution::Release,
+                "the GraphQL answer says execution never began; key released",
+            ),
             None => match policy.engine.resolution_for(judged_status) {
                 idem::Resolution::Release => {
                     (idem::Resolution::Release, "transient status; key released")

@@ -9,6 +9,7 @@ use super::incoming::{
 };
 use super::replay::replayed;
 use super::*;
+use crate::graphql::Judged as GraphQlJudged;
 use crate::jsonrpc::Judged;
 
 impl<S: Store, T: TenantExtractor> Shared<S, T> {
@@ -154,9 +155,10 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         // Without a key header (`handle` sends such a request here only
         // when `key_in_body` holds), the body is read first: whether the
         // request is protected at all depends on it.
-        // A JSON-RPC route's protected call: its id, operation and what
-        // its fingerprint covers.
+        // A JSON-RPC route's protected call, or a GraphQL route's
+        // mutation: its operation and what its fingerprint covers.
         let mut call: Option<crate::jsonrpc::Call> = None;
+        let mut mutation: Option<crate::graphql::Operation> = None;
         let (key, body) = match header_key {
             Some(key) => (key, Received::Unread(body)),
             None => {
@@ -167,10 +169,15 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                         return Ok(problem(refused.problem, Decision::BadRequest));
                     }
                 };
-                let found = match (&policy.webhook, &policy.jsonrpc, &policy.key_from) {
+                let found = match (
+                    &policy.webhook,
+                    &policy.jsonrpc,
+                    &policy.graphql,
+                    &policy.key_from,
+                ) {
                     // The signature is checked over the body as received,
                     // before the id in it is believed.
-                    (Some(hook), _, _) => match hook.verify(&parts.headers, &bytes) {
+                    (Some(hook), _, _, _) => match hook.verify(&parts.headers, &bytes) {
                         Ok(key) => {
                             this.metrics.webhook(&this.routes, index, None);
                             Ok(Some(key))
@@ -182,7 +189,7 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                             return Ok(problem(refusal.problem(), Decision::Unverified));
                         }
                     },
-                    (None, Some(rpc), _) => match rpc.judge(&parts.headers, &bytes) {
+                    (None, Some(rpc), _, _) => match rpc.judge(&parts.headers, &bytes) {
                         Judged::Pass => Ok(None),
                         Judged::Absorb => {
                             tracing::info!(reason = "jsonrpc_cancel_absorbed", %operation);
@@ -207,8 +214,35 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                             return Ok(with_decision(resp, decision));
                         }
                     },
-                    (None, None, Some(field)) => key_from_body(&parts, &bytes, field),
-                    (None, None, None) => Ok(None),
+                    (None, None, Some(gql), _) => {
+                        let content_type = parts
+                            .headers
+                            .get(header::CONTENT_TYPE)
+                            .and_then(|v| v.to_str().ok());
+                        match gql.judge(&parts.headers, content_type, &bytes) {
+                            GraphQlJudged::Pass => Ok(None),
+                            GraphQlJudged::Protect(judged) => {
+                                let key = judged.key.clone();
+                                mutation = Some(judged);
+                                Ok(Some(key))
+                            }
+                            GraphQlJudged::Refuse(p) => {
+                                tracing::info!(reason = "graphql_refused", %operation, kind = p.slug(), detail = p.detail());
+                                let decision = match p.kind() {
+                                    Some(ProblemKind::KeyMissing) => Decision::MissingKey,
+                                    Some(ProblemKind::KeyInvalid | ProblemKind::KeyAmbiguous) => {
+                                        Decision::InvalidKey
+                                    }
+                                    _ => Decision::BadRequest,
+                                };
+                                let resp = crate::graphql::refusal(&p, accept(&parts.headers))
+                                    .map(|body| ResponseBody::Full { body });
+                                return Ok(with_decision(resp, decision));
+                            }
+                        }
+                    }
+                    (None, None, None, Some(field)) => key_from_body(&parts, &bytes, field),
+                    (None, None, None, None) => Ok(None),
                 };
                 match found {
                     Ok(Some(key)) => (key, Received::Read(bytes)),
@@ -231,13 +265,22 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                 }
             }
         };
-        // A call's operation within its route: `POST /mcp tools/call charge`.
-        let operation = match &call {
-            Some(c) => format!("{operation} {}", c.operation),
-            None => operation,
+        // A call's operation within its route: `POST /mcp tools/call
+        // charge`, `POST /graphql mutation CreatePayment`.
+        let operation = match (&call, &mutation) {
+            (Some(c), _) => format!("{operation} {}", c.operation),
+            (None, Some(m)) => format!("{operation} {}", m.operation),
+            (None, None) => operation,
         };
         let rpc_id = call.as_ref().map(|c| c.id.clone());
-        let fingerprinted = call.map(|c| c.fingerprinted);
+        // A GraphQL answer the layer makes is a GraphQL error in the media
+        // type the client accepts.
+        let graphql_accept = mutation
+            .is_some()
+            .then(|| accept(&parts.headers).map(str::to_owned));
+        let fingerprinted = call
+            .map(|c| c.fingerprinted)
+            .or(mutation.map(|m| m.fingerprinted));
         let task_rpc_id = rpc_id.clone();
         // Every answer to a JSON-RPC call is said in JSON-RPC.
         let route = Protected {
@@ -257,9 +300,10 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
             task_rpc_id,
         )
         .await;
-        match rpc_id {
-            Some(id) => answer.map(|resp| rpc_answer(resp, &id)),
-            None => answer,
+        match (rpc_id, graphql_accept) {
+            (Some(id), _) => answer.map(|resp| rpc_answer(resp, &id)),
+            (None, Some(accept)) => answer.map(|resp| graphql_answer(resp, accept.as_deref())),
+            (None, None) => answer,
         }
     }
 
@@ -585,6 +629,33 @@ fn rpc_answer<B>(resp: Response<ResponseBody<B>>, id: &[u8]) -> Response<Respons
     let (mut answer, body) = crate::jsonrpc::refusal(id, &problem).into_parts();
     answer.extensions = parts.extensions;
     Response::from_parts(answer, ResponseBody::Full { body })
+}
+
+/// A GraphQL mutation's answer: a refusal the layer made (in flight, key
+/// reused, held, store down) becomes a GraphQL error in the problem's
+/// status (labelled as before); any other answer is the service's.
+fn graphql_answer<B>(
+    resp: Response<ResponseBody<B>>,
+    accept: Option<&str>,
+) -> Response<ResponseBody<B>> {
+    let Some(problem) = resp.extensions().get::<Problem>().cloned() else {
+        return resp;
+    };
+    let (parts, _) = resp.into_parts();
+    let (mut answer, body) = crate::graphql::refusal(&problem, accept).into_parts();
+    answer.extensions = parts.extensions;
+    // The layer's own headers (the replay and retention markers) stay.
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            answer.headers.entry(name).or_insert_with(|| value.clone());
+        }
+    }
+    Response::from_parts(answer, ResponseBody::Full { body })
+}
+
+/// The request's `Accept`, when it is text.
+fn accept(headers: &http::HeaderMap) -> Option<&str> {
+    headers.get(header::ACCEPT).and_then(|v| v.to_str().ok())
 }
 
 /// Adds `Idempotency-TTL` (the route's retention, in seconds) to an

@@ -81,11 +81,12 @@ where
 /// the route names a `key_from` field, and only a JSON body can hold it
 /// (any other is forwarded, or refused, unread, as on a route without
 /// `key_from`); or the route receives webhooks, whose every delivery is
-/// read and verified before its id is believed; or it speaks JSON-RPC,
-/// whose calls say in their body whether they are protected.
+/// read and verified before its id is believed; or it speaks JSON-RPC or
+/// GraphQL, whose requests say in their body whether they are protected.
 pub(super) fn key_in_body(policy: &RoutePolicy, headers: &HeaderMap) -> bool {
     policy.webhook.is_some()
         || policy.jsonrpc.is_some()
+        || policy.graphql.is_some()
         || (policy.key_from.is_some() && is_json(headers))
 }
 

@@ -79,6 +79,53 @@ pub fn key_from_body(
         .transpose()
 }
 
+/// A key read from a request and, when it came from its body, the path
+/// of its field, for the fingerprint to leave out.
+pub(crate) type KeyFound = (IdempotencyKey, Option<Vec<String>>);
+
+/// The key of a request judged in its body (a JSON-RPC call, a GraphQL
+/// request): the first of `names` the request carries, else the first of
+/// `pointers` present in `value`, named `what`'s in a refusal (`the
+/// call's /params/key`).
+pub(crate) fn key_in(
+    headers: &HeaderMap,
+    names: &[HeaderName],
+    pointers: &[crate::JsonPointer],
+    value: &Value,
+    what: &str,
+) -> Result<Option<KeyFound>, Problem> {
+    if let Some(key) = key_from_headers(headers, names)? {
+        return Ok(Some((key, None)));
+    }
+    for pointer in pointers {
+        let Some(found) = pointer.get(value) else {
+            continue;
+        };
+        let key = key_from_value(found, &format!("{what} {pointer}"))?;
+        let path = pointer.tokens().iter().map(|t| t.to_string()).collect();
+        return Ok(Some((key, Some(path))));
+    }
+    Ok(None)
+}
+
+/// The refusal of `what` ("tools/call", "a mutation") without the key it
+/// requires, naming every place it may be.
+pub(crate) fn key_required(
+    what: &str,
+    names: &[HeaderName],
+    pointers: &[crate::JsonPointer],
+) -> Problem {
+    let mut places: Vec<String> = names.iter().map(header_label).collect();
+    places.extend(pointers.iter().map(|p| p.to_string()));
+    Problem::new(
+        ProblemKind::KeyMissing,
+        format!(
+            "{what} requires an idempotency key in {}",
+            places.join(" or ")
+        ),
+    )
+}
+
 /// The key a JSON value holds: a string, or an integer as written;
 /// `place` names where it was (`the body's /id`) in the refusal.
 pub(crate) fn key_from_value(value: &Value, place: &str) -> Result<IdempotencyKey, Problem> {

@@ -25,7 +25,7 @@ mod tenant;
 
 pub use fingerprint::{Hashing, fingerprints, is_json, previous_fingerprint};
 pub use key::{IDEMPOTENCY_KEY, idempotency_key, key_from_body, key_from_headers};
-pub(crate) use key::{header_label, key_from_value};
+pub(crate) use key::{header_label, key_from_value, key_in, key_required};
 pub use tenant::{PeerAddr, Tenant, TenantExtractor, TenantSource, is_trusted};
 
 #[cfg(test)]
