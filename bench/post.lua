@@ -8,13 +8,16 @@
 -- route and a webhook route get the same requests: in order per thread,
 -- or at random among the file's; with IDEM_KEYS=rpc-unique or
 -- rpc-replays a JSON-RPC call to /rpc keyed as unique or replay are;
--- otherwise no key (pass-through).
+-- with IDEM_KEYS=gql-unique or gql-replays a GraphQL mutation to
+-- /graphql keyed the same way; otherwise no key (pass-through).
 local mode = os.getenv("IDEM_KEYS") or "none"
 local tag = os.getenv("IDEM_RUN_TAG") or tostring(os.time())
 local replay_keys = tonumber(os.getenv("IDEM_REPLAY_KEYS") or "100")
 local threads = 0
 local counter = 0
 local body = '{"amount_cents":100,"currency":"EUR","payment_method_id":"pm_card_visa"}'
+-- The GraphQL mutation of the gql-* scenarios (bench/ab's GQL_BODY).
+local mutation = '{"query":"mutation Create($amount: Int!, $currency: String!) { createPayment(amountCents: $amount, currency: $currency, paymentMethodId: \\"pm_card_visa\\") { id status amountCents } }","operationName":"Create","variables":{"amount":100,"currency":"EUR"}}'
 
 local deliveries = {}
 
@@ -75,6 +78,16 @@ function request()
     headers["Idempotency-Key"] = key
     local call = '{"jsonrpc":"2.0","id":' .. id .. ',"method":"payments.create","params":' .. body .. '}'
     return wrk.format("POST", "/rpc", headers, call)
+  elseif mode == "gql-unique" or mode == "gql-replays" then
+    -- A GraphQL mutation to /graphql, its key in Idempotency-Key: fresh,
+    -- or one of the warmed gql-replay-N.
+    if mode == "gql-unique" then
+      counter = counter + 1
+      headers["Idempotency-Key"] = tag .. "-" .. tostring(tid) .. "-" .. counter
+    else
+      headers["Idempotency-Key"] = "gql-replay-" .. math.random(1, replay_keys)
+    end
+    return wrk.format("POST", "/graphql", headers, mutation)
   elseif mode == "signed-unique" or mode == "signed-replays" then
     local d
     if mode == "signed-unique" then

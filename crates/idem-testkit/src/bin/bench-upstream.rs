@@ -1,6 +1,7 @@
 //! A fast upstream for benchmarks: answers every request at once with a
 //! small JSON body (201 for POST, 200 otherwise), HTTP/1.1 keep-alive;
-//! on `/rpc`, a JSON-RPC 2.0 result (`200`), as a JSON-RPC service does.
+//! on `/rpc`, a JSON-RPC 2.0 result (`200`), as a JSON-RPC service does;
+//! on `/graphql`, a GraphQL response with `data` (`200`).
 //!
 //! Usage: `bench-upstream [ADDR]` (default `127.0.0.1:18081`). Prints
 //! `listening on ADDR` once ready.
@@ -22,19 +23,21 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
         StatusCode::OK
     };
     // Read the body so keep-alive connections stay usable.
-    let rpc = req.uri().path() == "/rpc";
-    let _ = req.into_body().collect().await;
-    let (status, body): (StatusCode, &'static [u8]) = if rpc {
-        (
+    let (status, body): (StatusCode, &'static [u8]) = match req.uri().path() {
+        "/rpc" => (
             StatusCode::OK,
             br#"{"jsonrpc":"2.0","id":1,"result":{"id":"pay_1","status":"succeeded","amount_cents":100}}"#,
-        )
-    } else {
-        (
+        ),
+        "/graphql" => (
+            StatusCode::OK,
+            br#"{"data":{"createPayment":{"id":"pay_1","status":"succeeded","amountCents":100}}}"#,
+        ),
+        _ => (
             status,
             br#"{"id":"pay_1","status":"succeeded","amount_cents":100}"#,
-        )
+        ),
     };
+    let _ = req.into_body().collect().await;
     let resp = Response::builder()
         .status(status)
         .header("content-type", "application/json")
