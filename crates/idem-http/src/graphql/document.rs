@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use apollo_parser::cst::{self, CstNode};
-use apollo_parser::{Parser, SyntaxKind, SyntaxNode};
+use apollo_parser::{Lexer, Parser, TokenKind};
 
 /// The type of an operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,21 +105,18 @@ pub(super) fn select(query: &str, name: Option<&str>, limits: &Limits) -> Result
         Some(t) if t.subscription_token().is_some() => OperationType::Subscription,
         Some(_) => OperationType::Query,
     };
-    // The fragments the operation spreads, and those they spread.
+    // The operation's tokens, then those of the fragments it spreads
+    // (and they spread), each once, by name. The tree only says where
+    // each definition is: its text is lexed again, which costs a
+    // fraction of walking the tree's tokens.
+    let mut normal = String::with_capacity(query.len());
+    let mut pending = tokens(slice(query, op.syntax()), &mut normal);
     let mut used = BTreeSet::new();
-    let mut pending = spreads(op.syntax());
     while let Some(next) = pending.pop() {
         if used.insert(next.clone())
             && let Some(f) = fragments.get(&next)
         {
-            pending.extend(spreads(f.syntax()));
-        }
-    }
-    let mut normal = String::with_capacity(query.len());
-    tokens(op.syntax(), &mut normal);
-    for name in &used {
-        if let Some(f) = fragments.get(name) {
-            tokens(f.syntax(), &mut normal);
+            pending.extend(tokens(slice(query, f.syntax()), &mut normal));
         }
     }
     Ok(Selected {
@@ -129,30 +126,36 @@ pub(super) fn select(query: &str, name: Option<&str>, limits: &Limits) -> Result
     })
 }
 
-/// The names of the fragments spread under `node`.
-fn spreads(node: &SyntaxNode) -> Vec<String> {
-    node.descendants()
-        .filter_map(cst::FragmentSpread::cast)
-        .filter_map(|s| s.fragment_name()?.name())
-        .map(|n| n.text().to_string())
-        .collect()
+/// The text of the definition `node` in `query`.
+fn slice<'q>(query: &'q str, node: &apollo_parser::SyntaxNode) -> &'q str {
+    let range = node.text_range();
+    query
+        .get(usize::from(range.start())..usize::from(range.end()))
+        .unwrap_or("")
 }
 
-/// Appends the significant tokens under `node` to `out`, one space apart.
-fn tokens(node: &SyntaxNode, out: &mut String) {
-    for token in node
-        .descendants_with_tokens()
-        .filter_map(|element| element.into_token())
-    {
+/// Appends the significant tokens of `text` to `out`, one space apart,
+/// and returns the names of the fragments it spreads (`...Name`, not an
+/// inline `... on Type`).
+fn tokens(text: &str, out: &mut String) -> Vec<String> {
+    let mut spreads = Vec::new();
+    let mut after_spread = false;
+    for token in Lexer::new(text).flatten() {
+        let kind = token.kind();
         if matches!(
-            token.kind(),
-            SyntaxKind::WHITESPACE | SyntaxKind::COMMENT | SyntaxKind::COMMA
+            kind,
+            TokenKind::Whitespace | TokenKind::Comment | TokenKind::Comma | TokenKind::Eof
         ) {
             continue;
         }
+        if after_spread && kind == TokenKind::Name && token.data() != "on" {
+            spreads.push(token.data().to_owned());
+        }
+        after_spread = kind == TokenKind::Spread;
         if !out.is_empty() {
             out.push(' ');
         }
-        out.push_str(token.text());
+        out.push_str(token.data());
     }
+    spreads
 }
