@@ -254,6 +254,10 @@ python_packages "the GraphQL peers" "strawberry.asgi, uvicorn, gql.transport.req
   "strawberry-graphql uvicorn gql" \
   'strawberry-graphql[asgi]==0.341.2' 'uvicorn==0.55.0' 'gql[requests]==4.4.0'
 
+# The gRPC door's peers: grpcio's server and client, with JSON messages
+# and generic handlers, so no protobuf and no generated code.
+python_packages "the gRPC peers" "grpc" "grpcio" 'grpcio==1.85.4'
+
 # GitHub's Octokit signer (npm; ESM only), installed under
 # ~/.cache/idem/node, where the webhook tests look for it.
 NODE_DIR="${IDEM_TEST_NODE_DIR:-$HOME/.cache/idem/node}"

@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use http::Response;
+use http::{HeaderMap, Response};
 
 use crate::Problem;
 use http_body::{Body, Frame, SizeHint};
@@ -36,6 +36,13 @@ pub enum ResponseBody<B> {
         /// The remainder.
         rest: Pin<Box<B>>,
     },
+    /// In memory, then trailer fields (a gRPC answer's `grpc-status`).
+    Trailed {
+        /// The bytes, sent first (`None` once sent, or when empty).
+        body: Option<Bytes>,
+        /// The trailers, sent last.
+        trailers: Option<HeaderMap>,
+    },
 }
 
 impl<B> ResponseBody<B> {
@@ -46,6 +53,21 @@ impl<B> ResponseBody<B> {
         }
     }
 
+    /// A buffered body followed by `trailers`; without any, a plain
+    /// buffered one.
+    pub fn with_trailers(bytes: impl Into<Bytes>, trailers: Option<HeaderMap>) -> Self {
+        match trailers {
+            Some(trailers) if !trailers.is_empty() => {
+                let bytes = bytes.into();
+                Self::Trailed {
+                    body: (!bytes.is_empty()).then_some(bytes),
+                    trailers: Some(trailers),
+                }
+            }
+            _ => Self::full(bytes),
+        }
+    }
+
     /// A problem's whole response (status, problem+json, `Retry-After`).
     /// The problem rides in the response's extensions, so that a route
     /// that answers in another form (JSON-RPC) can say the same.
@@ -53,6 +75,29 @@ impl<B> ResponseBody<B> {
         let (mut parts, body) = problem.to_response().into_parts();
         parts.extensions.insert(problem.clone());
         Response::from_parts(parts, Self::Full { body })
+    }
+
+    /// An answer the layer (or the inner service, for an upstream that
+    /// failed) said as a problem, said again in the form a route's
+    /// clients read (`say` makes it: a JSON-RPC error object, a GraphQL
+    /// error, a gRPC status), its extensions and other headers kept; any
+    /// other answer as it is.
+    pub fn restate(
+        resp: Response<Self>,
+        say: impl FnOnce(&Problem) -> Response<Full<Bytes>>,
+    ) -> Response<Self> {
+        let Some(problem) = resp.extensions().get::<Problem>().cloned() else {
+            return resp;
+        };
+        let (parts, _) = resp.into_parts();
+        let (mut answer, body) = say(&problem).into_parts();
+        answer.extensions = parts.extensions;
+        for (name, value) in &parts.headers {
+            if name != http::header::CONTENT_TYPE && name != http::header::CONTENT_LENGTH {
+                answer.headers.entry(name).or_insert_with(|| value.clone());
+            }
+        }
+        Response::from_parts(answer, Self::Full { body })
     }
 
     /// The inner service's body.
@@ -69,6 +114,7 @@ impl<B> std::fmt::Debug for ResponseBody<B> {
             Self::Full { .. } => "ResponseBody::Full",
             Self::Inner { .. } => "ResponseBody::Inner",
             Self::Prefixed { .. } => "ResponseBody::Prefixed",
+            Self::Trailed { .. } => "ResponseBody::Trailed",
         })
     }
 }
@@ -94,6 +140,10 @@ where
                 Some(bytes) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
                 None => rest.as_mut().poll_frame(cx).map_err(Into::into),
             },
+            Self::Trailed { body, trailers } => Poll::Ready(match body.take() {
+                Some(bytes) => Some(Ok(Frame::data(bytes))),
+                None => trailers.take().map(|t| Ok(Frame::trailers(t))),
+            }),
         }
     }
 
@@ -102,6 +152,7 @@ where
             Self::Full { body } => body.is_end_stream(),
             Self::Inner { body } => body.is_end_stream(),
             Self::Prefixed { prefix, rest } => prefix.is_none() && rest.is_end_stream(),
+            Self::Trailed { body, trailers } => body.is_none() && trailers.is_none(),
         }
     }
 
@@ -118,6 +169,9 @@ where
                     hint.set_upper(upper + extra);
                 }
                 hint
+            }
+            Self::Trailed { body, .. } => {
+                SizeHint::with_exact(body.as_ref().map_or(0, |b| b.len() as u64))
             }
         }
     }
@@ -165,8 +219,8 @@ fn is_timeout(err: &(dyn std::error::Error + 'static)) -> bool {
 
 /// What reading a response body for storage found.
 pub(crate) enum Kept<B> {
-    /// The whole body, within the limit.
-    Whole(Bytes),
+    /// The whole body, within the limit, and its trailers if it had any.
+    Whole(Bytes, Option<HeaderMap>),
     /// Over the limit: what was read, and the rest still to stream.
     TooLarge { prefix: Bytes, rest: Pin<Box<B>> },
     /// The body failed part-way.
@@ -181,13 +235,13 @@ where
 {
     let mut body = Box::pin(body);
     let mut buf = BytesMut::new();
+    let mut trailers: Option<HeaderMap> = None;
     loop {
         match body.frame().await {
-            None => return Kept::Whole(buf.freeze()),
+            None => return Kept::Whole(buf.freeze(), trailers),
             Some(Err(err)) => return Kept::Broken(err.into()),
-            Some(Ok(frame)) => {
-                // Trailers are not kept for replay.
-                if let Ok(data) = frame.into_data() {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => {
                     buf.extend_from_slice(&data);
                     if buf.len() > limit {
                         return Kept::TooLarge {
@@ -196,7 +250,13 @@ where
                         };
                     }
                 }
-            }
+                // Kept with the body: a gRPC answer's status is in them.
+                Err(frame) => {
+                    if let Ok(more) = frame.into_trailers() {
+                        trailers.get_or_insert_with(HeaderMap::new).extend(more);
+                    }
+                }
+            },
         }
     }
 }

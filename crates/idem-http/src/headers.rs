@@ -140,6 +140,23 @@ pub(crate) fn storable_headers(
         .collect()
 }
 
+/// The prefix under which a record keeps its answer's trailer fields
+/// (a gRPC answer's `grpc-status`), among its headers: a field name has
+/// no `:`, so none is mistaken for a header, and a reader that does not
+/// know trailers skips them as names it cannot replay.
+pub(crate) const TRAILER_PREFIX: &str = ":trailer:";
+
+/// The trailer fields of an upstream's answer that its record keeps, as
+/// [`storable_headers`] keeps headers, each under [`TRAILER_PREFIX`].
+pub(crate) fn storable_trailers(
+    trailers: &HeaderMap,
+    unstored: &[HeaderName],
+) -> impl Iterator<Item = (String, Bytes)> {
+    storable_headers(trailers, unstored)
+        .into_iter()
+        .map(|(name, value)| (format!("{TRAILER_PREFIX}{name}"), value))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -41,6 +41,7 @@ mod body;
 pub mod contract;
 mod decision;
 pub mod graphql;
+pub mod grpc;
 mod headers;
 pub mod jsonrpc;
 pub mod layer;

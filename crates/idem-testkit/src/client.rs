@@ -110,3 +110,17 @@ pub async fn metric(admin: SocketAddr, name: &str, label: &str) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// A cleartext HTTP/2 connection to `addr` by prior knowledge, as a gRPC
+/// client opens one; its driver runs in a task of its own.
+pub async fn h2c(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("HTTP/2 handshake");
+    tokio::spawn(conn);
+    sender
+}

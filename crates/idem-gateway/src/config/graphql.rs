@@ -10,7 +10,7 @@ use idem_http::graphql::GraphQl;
 
 use super::error::ConfigError;
 use super::file::{PolicyConfig, Source};
-use super::policy::post_route_of_kind;
+use super::policy::speaks;
 
 /// Whether the route speaks GraphQL; its other keys checked against it.
 pub(super) fn is_graphql(
@@ -19,26 +19,19 @@ pub(super) fn is_graphql(
     route: &PolicyConfig,
     method: &Method,
 ) -> Result<bool, ConfigError> {
-    if route
-        .protocol
-        .as_ref()
-        .is_none_or(|v| v.get_ref() != "graphql")
-    {
-        return Ok(false);
-    }
-    post_route_of_kind(
+    speaks(
         src,
         at,
+        route,
         method,
-        "a GraphQL route",
+        ("graphql", "GraphQL"),
         &[
             ("fingerprint_include", route.fingerprint_include.is_some()),
             ("fingerprint_exclude", route.fingerprint_exclude.is_some()),
             ("webhook", route.webhook.is_some()),
         ],
         "a GraphQL route fingerprints the operation its request selects, its document normalised and its variables",
-    )?;
-    Ok(true)
+    )
 }
 
 /// The route's policy, speaking GraphQL: its key places and whether a

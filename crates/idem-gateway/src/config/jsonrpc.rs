@@ -22,13 +22,13 @@ pub(super) fn jsonrpc(
     let file = || src.file.display();
     let protocol = match &route.protocol {
         None => None,
-        Some(v) if v.get_ref() == "http" || v.get_ref() == "graphql" => None,
+        Some(v) if ["http", "graphql", "grpc"].contains(&v.get_ref().as_str()) => None,
         Some(v) if v.get_ref() == "jsonrpc" => Some(v),
         Some(v) => {
             return Err(src.error(
                 &format!("{at}.protocol"),
                 v,
-                "expected \"http\" (the default), \"jsonrpc\" or \"graphql\"",
+                "expected \"http\" (the default), \"jsonrpc\", \"graphql\" or \"grpc\"",
             ));
         }
     };

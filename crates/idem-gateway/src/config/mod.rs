@@ -15,6 +15,7 @@ pub mod defaults;
 mod error;
 mod file;
 mod graphql;
+mod grpc;
 mod jobs;
 mod jsonrpc;
 mod limits;
@@ -122,7 +123,9 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         // Never a password in a message.
         err.map_message(|m| m.replace(&upstream.0, &idem::store::redact_url(&upstream.0)))
     })?;
-    let upstream_tls = tls::upstream_tls(src, &file, upstream.scheme_str() == Some("https"))?;
+    let https = upstream.scheme_str() == Some("https");
+    let upstream_tls = tls::upstream_tls(src, &file, https)?;
+    let upstream_prior_knowledge = tls::prior_knowledge(src, &file, https)?;
     let listen =
         pick(&o.listen, "listen", &file.listen).unwrap_or((DEFAULT_LISTEN.to_owned(), None));
     let listen =
@@ -216,6 +219,7 @@ fn build(file: FileConfig, src: &Source<'_>, o: &Overrides) -> Result<Settings, 
         listen,
         upstream,
         upstream_tls,
+        upstream_prior_knowledge,
         store,
         store_timeout,
         admin_listen,

@@ -189,11 +189,11 @@ pub(super) fn key_headers(
     Ok(names)
 }
 
-/// The policy a JSON-RPC or GraphQL route starts from, before its own
-/// keys: an error in an answer that says the call began (a JSON-RPC
-/// internal or server error, GraphQL `errors` with `data: null`), and a
-/// `5xx`, holds the key as an unknown outcome, since it does not prove
-/// the call did not run. Stored, a client could never get past it with
+/// The policy a JSON-RPC, GraphQL or gRPC route starts from, before its
+/// own keys: an error in an answer that says the call began (a JSON-RPC
+/// internal or server error, a GraphQL field error at the root, a gRPC
+/// `UNKNOWN` or `INTERNAL`), and a `5xx`, holds the key as an unknown
+/// outcome, since it does not prove the call did not run. Stored, a client could never get past it with
 /// its key; released, its retry could run the call twice.
 pub(super) fn holding_server_errors(defaults: &RoutePolicy) -> RoutePolicy {
     let engine = defaults
@@ -201,6 +201,29 @@ pub(super) fn holding_server_errors(defaults: &RoutePolicy) -> RoutePolicy {
         .clone()
         .with_on_server_error(idem::ServerError::Hold);
     defaults.clone().with_engine(engine)
+}
+
+/// Whether the route says `protocol = "<protocol>"` (`("grpc", "gRPC")`:
+/// the value, and its name in messages); if so, it is checked as a route
+/// of that kind ([`post_route_of_kind`]).
+pub(super) fn speaks(
+    src: &Source<'_>,
+    at: &str,
+    route: &PolicyConfig,
+    method: &Method,
+    (protocol, name): (&str, &str),
+    decided: &[(&str, bool)],
+    why: &str,
+) -> Result<bool, ConfigError> {
+    if route
+        .protocol
+        .as_ref()
+        .is_none_or(|v| v.get_ref() != protocol)
+    {
+        return Ok(false);
+    }
+    post_route_of_kind(src, at, method, &format!("a {name} route"), decided, why)?;
+    Ok(true)
 }
 
 /// Refuses a route of a kind that receives only `POST` (`kind`: "a

@@ -9,6 +9,7 @@ use super::defaults;
 use super::error::ConfigError;
 use super::file::{FileConfig, PolicyConfig, Source};
 use super::graphql::{is_graphql, with_graphql};
+use super::grpc::is_grpc;
 use super::jsonrpc::jsonrpc;
 use super::policy::{apply, holding_server_errors, lookup};
 use super::values::{duration, parse_method, positive};
@@ -118,10 +119,11 @@ pub(super) fn routes(
             .transpose()?;
         let rpc = jsonrpc(src, &at, r, &m, tenant)?;
         let gql = is_graphql(src, &at, r, &m)?;
+        let grpc = is_grpc(src, &at, r, &m)?;
         let base = match (&hook, &rpc) {
             (Some(hook), _) => base_policy(&defaults, hook.provider()),
             (None, Some(_)) => holding_server_errors(&defaults),
-            (None, None) if gql => holding_server_errors(&defaults),
+            (None, None) if gql || grpc => holding_server_errors(&defaults),
             (None, None) => defaults.clone(),
         };
         let mut policy = apply(src, &at, r, base, credential)?;

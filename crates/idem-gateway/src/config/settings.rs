@@ -42,6 +42,10 @@ pub struct Settings {
     /// client certificate for mTLS, the ALPN protocols offered (`None`
     /// for `http://`).
     pub upstream_tls: Option<Arc<rustls::ClientConfig>>,
+    /// Every request to an `http://` upstream goes in HTTP/2 by prior
+    /// knowledge (`upstream_http2 = "prior_knowledge"`); otherwise only
+    /// gRPC calls do.
+    pub upstream_prior_knowledge: bool,
     /// The store URL.
     pub store: String,
     /// How long a store operation on the request path may take before the

@@ -549,6 +549,14 @@ fn upstream_tls_keys_are_checked_at_start() {
             "upstream = \"https://a..b:1\"\n".to_owned(),
             "is not a name a TLS certificate can be checked against",
         ),
+        (
+            "upstream = \"https://x:1\"\nupstream_http2 = \"prior_knowledge\"\n".to_owned(),
+            "agrees on HTTP/2 by ALPN",
+        ),
+        (
+            "upstream = \"http://x:1\"\nupstream_http2 = \"auto\"\n".to_owned(),
+            "an http:// upstream takes \"prior_knowledge\"",
+        ),
     ];
     for (text, expected) in cases {
         let err = from_text(&text).expect_err(&text).to_string();
@@ -559,6 +567,10 @@ fn upstream_tls_keys_are_checked_at_start() {
     }
     let plain = from_text("upstream = \"http://x:1\"\n").expect("http");
     assert!(plain.upstream_tls.is_none());
+    assert!(!plain.upstream_prior_knowledge);
+    let h2c = from_text("upstream = \"http://x:1\"\nupstream_http2 = \"prior_knowledge\"\n")
+        .expect("h2c");
+    assert!(h2c.upstream_prior_knowledge);
     let tls = from_text("upstream = \"https://x\"\n").expect("https");
     let alpn = &tls.upstream_tls.expect("a TLS client").alpn_protocols;
     assert_eq!(alpn, &[b"h2".to_vec(), b"http/1.1".to_vec()]);
@@ -1269,7 +1281,7 @@ key_header = "Idempotency-Key"
     let call = "[[route.call]]\nmethod = \"tools/call\"";
     for (text, why) in [
         (
-            route("method = \"POST\"\nprotocol = \"grpc\"", call),
+            route("method = \"POST\"\nprotocol = \"soap\"", call),
             "expected \"http\"",
         ),
         (
@@ -1396,6 +1408,44 @@ require_key = true
             "write protocol = \"jsonrpc\"",
         ),
     ] {
+        let err = from_text(&text).expect_err(&text).to_string();
+        assert!(err.contains(why), "{text}\n→ {err}");
+    }
+}
+
+#[test]
+fn grpc_routes_take_post_and_hold_what_does_not_prove_nothing_ran() {
+    let text = "upstream = \"http://127.0.0.1:1\"\n[[route]]\nmethod = \"POST\"\npath = \"/pay.Payments/{method}\"\nprotocol = \"grpc\"\n";
+    let s = from_text(text).expect("ok");
+    let m = s
+        .routes
+        .matching(&Method::POST, "/pay.Payments/Create")
+        .expect("route");
+    // UNKNOWN and INTERNAL count as 500: held; UNAVAILABLE as 503: released.
+    assert_eq!(
+        m.policy.engine.resolution_for(500),
+        idem::Resolution::Unknown
+    );
+    assert_eq!(
+        m.policy.engine.resolution_for(503),
+        idem::Resolution::Release
+    );
+    assert_eq!(
+        m.policy.key_headers,
+        [HeaderName::from_static("idempotency-key")]
+    );
+    for (route, why) in [
+        (
+            "method = \"GET\"\nprotocol = \"grpc\"",
+            "a gRPC route takes POST",
+        ),
+        (
+            "method = \"POST\"\nprotocol = \"grpc\"\nkey_from = \"/id\"",
+            "remove key_from",
+        ),
+    ] {
+        let text =
+            format!("upstream = \"http://127.0.0.1:1\"\n[[route]]\npath = \"/p.S/M\"\n{route}\n");
         let err = from_text(&text).expect_err(&text).to_string();
         assert!(err.contains(why), "{text}\n→ {err}");
     }

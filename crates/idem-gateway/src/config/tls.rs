@@ -10,6 +10,10 @@
 //! upstream_http2 = "auto"                         # or "never"
 //! ```
 //!
+//! An `http://` upstream speaks HTTP/1.1, and HTTP/2 by prior knowledge
+//! to gRPC calls; `upstream_http2 = "prior_knowledge"` sends every request
+//! so (an h2c-only server).
+//!
 //! A file that cannot be read, holds no PEM certificate, or a key that does
 //! not match its certificate stops the start with the file's line; so does
 //! any of these keys beside a plain `http://` upstream, where it would be
@@ -36,7 +40,6 @@ pub(super) fn upstream_tls(
         ("upstream_ca_file", &file.upstream_ca_file),
         ("upstream_client_cert", &file.upstream_client_cert),
         ("upstream_client_key", &file.upstream_client_key),
-        ("upstream_http2", &file.upstream_http2),
     ];
     if !https {
         return match keys.iter().find_map(|(k, v)| v.as_ref().map(|v| (k, v))) {
@@ -53,6 +56,13 @@ pub(super) fn upstream_tls(
         Some(v) => match v.get_ref().as_str() {
             "auto" => true,
             "never" => false,
+            "prior_knowledge" => {
+                return Err(src.error(
+                    "upstream_http2",
+                    v,
+                    "an https:// upstream agrees on HTTP/2 by ALPN: write \"auto\" (the default); prior knowledge is for http:// upstreams",
+                ));
+            }
             _ => {
                 return Err(src.error(
                     "upstream_http2",
@@ -133,6 +143,29 @@ pub(super) fn upstream_tls(
         vec![b"http/1.1".to_vec()]
     };
     Ok(Some(Arc::new(config)))
+}
+
+/// Whether every request to an `http://` upstream goes in HTTP/2 by
+/// prior knowledge (`upstream_http2 = "prior_knowledge"`; `"never"`, the
+/// default there, sends only gRPC calls so). On an `https://` upstream
+/// the key is [`upstream_tls`]'s.
+pub(super) fn prior_knowledge(
+    src: &Source<'_>,
+    file: &FileConfig,
+    https: bool,
+) -> Result<bool, ConfigError> {
+    match &file.upstream_http2 {
+        Some(v) if !https => match v.get_ref().as_str() {
+            "prior_knowledge" => Ok(true),
+            "never" => Ok(false),
+            _ => Err(src.error(
+                "upstream_http2",
+                v,
+                "an http:// upstream takes \"prior_knowledge\" (HTTP/2 for every request, an h2c server) or \"never\" (HTTP/1.1, and HTTP/2 for gRPC calls only, the default)",
+            )),
+        },
+        _ => Ok(false),
+    }
 }
 
 /// The PEM certificates of the file `path` names (config key `key`).

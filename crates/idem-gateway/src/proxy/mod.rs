@@ -49,9 +49,15 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// A proxy to `upstream` (an `http://host:port` origin, or
+    /// A proxy to `upstream` (an `http://host:port` origin, spoken to in
+    /// HTTP/2 by prior knowledge with `prior_knowledge`, or
     /// `https://host:port` with the TLS client `tls`).
-    pub fn new(upstream: &Uri, tls: Option<Arc<rustls::ClientConfig>>, timeout: Duration) -> Self {
+    pub fn new(
+        upstream: &Uri,
+        tls: Option<Arc<rustls::ClientConfig>>,
+        prior_knowledge: bool,
+        timeout: Duration,
+    ) -> Self {
         Self {
             upstream: Upstream::new(
                 upstream
@@ -59,6 +65,7 @@ impl Proxy {
                     .cloned()
                     .expect("validated upstream has an authority"),
                 tls,
+                prior_knowledge,
             ),
             timeout,
             trusted: Arc::new([]),
@@ -88,7 +95,21 @@ impl Service<Request<ProxyBody>> for Proxy {
         // held until whoever handles the answer (the idempotency layer,
         // recording it after the client left) is done with it.
         let slot = parts.extensions.remove::<Slot>();
+        // `TE: trailers` is the one TE HTTP/2 allows, and a gRPC server
+        // refuses a call without it: it goes on, the rest of TE does not.
+        let trailers = parts
+            .headers
+            .get(http::header::TE)
+            .is_some_and(|te| te.as_bytes().eq_ignore_ascii_case(b"trailers"));
         strip_hop_by_hop(&mut parts.headers);
+        if trailers {
+            parts
+                .headers
+                .insert(http::header::TE, HeaderValue::from_static("trailers"));
+        }
+        // A gRPC call's own deadline, when sooner than the gateway's.
+        let timeout = idem_http::grpc::timeout(&parts.headers)
+            .map_or(self.timeout, |deadline| deadline.min(self.timeout));
         // A body of unknown length goes on chunked, whatever the method:
         // left to itself the HTTP/1 client sends a GET, HEAD or CONNECT
         // without it (RFC 9110 gives such a body no meaning, but it is the
@@ -114,9 +135,9 @@ impl Service<Request<ProxyBody>> for Proxy {
         telemetry::propagate(&span, &mut parts.headers);
         let exchange = Arc::clone(&self.upstream).send(Request::from_parts(parts, body));
         ResponseFuture {
-            exchange: Box::pin(tokio::time::timeout(self.timeout, exchange)),
+            exchange: Box::pin(tokio::time::timeout(timeout, exchange)),
             slot,
-            timeout: self.timeout,
+            timeout,
             span,
         }
     }
@@ -290,10 +311,14 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// The gateway's own answer when the upstream failed: the problem (also
+/// in the extensions, for the layer to say it as a route's clients read
+/// it, a gRPC status say) and what became of the request.
 fn failure(problem: Problem, outcome: UpstreamOutcome) -> Response<ProxyBody> {
     let (parts, body) = problem.to_response().into_parts();
     let mut resp = Response::from_parts(parts, ProxyBody::Full(body));
     resp.extensions_mut().insert(outcome);
+    resp.extensions_mut().insert(problem);
     resp
 }
 
@@ -379,7 +404,7 @@ mod tests {
     async fn forwarding_headers_go_on_only_from_trusted_proxies() {
         let up = idem_testkit::upstream::CountingUpstream::start().await;
         let upstream: Uri = up.url().parse().expect("upstream URI");
-        let proxy = || Proxy::new(&upstream, None, Duration::from_secs(10));
+        let proxy = || Proxy::new(&upstream, None, false, Duration::from_secs(10));
         let nets = |net: &str| -> Vec<IpNet> { vec![net.parse().expect("net")] };
         for (proxy, peer, chain, forwarded) in [
             (

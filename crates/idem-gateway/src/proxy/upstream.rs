@@ -176,8 +176,16 @@ pub struct Upstream {
     /// Idle HTTP/1.1 connections, one list per runtime that opened them.
     idle: Mutex<Vec<Idle>>,
     /// HTTP/2 is offered by ALPN (an `https://` upstream with
-    /// `upstream_http2 = "auto"`); only then is `shared` ever set.
+    /// `upstream_http2 = "auto"`).
     http2: bool,
+    /// A plain `http://` upstream: HTTP/2 is spoken to it only by prior
+    /// knowledge.
+    plain: bool,
+    /// Every request to a plain upstream goes in HTTP/2 by prior
+    /// knowledge (`upstream_http2 = "prior_knowledge"`); otherwise only
+    /// gRPC calls do, which HTTP/1.1 cannot carry.
+    prior_knowledge: bool,
+    /// The one HTTP/2 connection, once opened.
     shared: Mutex<Option<http2::SendRequest<ProxyBody>>>,
 }
 
@@ -200,14 +208,23 @@ impl std::fmt::Debug for Upstream {
 
 impl Upstream {
     /// Connections to `authority` (`host:port`): over TLS with `tls`
-    /// (an `https://` upstream), plain without.
-    pub fn new(authority: Authority, tls: Option<Arc<rustls::ClientConfig>>) -> Arc<Self> {
+    /// (an `https://` upstream), plain without; to a plain one, HTTP/2 by
+    /// prior knowledge for every request with `prior_knowledge`, for gRPC
+    /// calls only without.
+    pub fn new(
+        authority: Authority,
+        tls: Option<Arc<rustls::ClientConfig>>,
+        prior_knowledge: bool,
+    ) -> Arc<Self> {
         let http2 = tls
             .as_ref()
             .is_some_and(|c| c.alpn_protocols.iter().any(|p| p == b"h2"));
+        let plain = tls.is_none();
         Arc::new(Self {
             connector: Connector::new(&authority, tls),
             http2,
+            plain,
+            prior_knowledge: plain && prior_knowledge,
             authority,
             idle: Mutex::new(Vec::new()),
             shared: Mutex::new(None),
@@ -243,11 +260,14 @@ impl Upstream {
         // an idle HTTP/1.1 connection), and every request copied all of it
         // from one wrapper to the next on its way into the gateway's box.
         let mut allow_shared = true;
+        // HTTP/2 by prior knowledge to a plain upstream: for every request,
+        // or for a gRPC call, which needs HTTP/2 end to end.
+        let h2c = self.plain && (self.prior_knowledge || idem_http::grpc::is_grpc(req.headers()));
         loop {
-            let (channel, fresh) = match self.checkout(allow_shared) {
+            let (channel, fresh) = match self.checkout(allow_shared, h2c) {
                 Some(channel) => (channel, None),
                 None => {
-                    let (channel, refusal) = Box::pin(self.open()).await?;
+                    let (channel, refusal) = Box::pin(self.open(h2c)).await?;
                     (channel, Some(refusal))
                 }
             };
@@ -313,7 +333,12 @@ impl Upstream {
             .remove(HOST)
             .and_then(|h| Authority::try_from(h.as_bytes()).ok())
             .unwrap_or_else(|| self.authority.clone());
-        let mut uri = Uri::builder().scheme(Scheme::HTTPS).authority(authority);
+        let scheme = if self.plain {
+            Scheme::HTTP
+        } else {
+            Scheme::HTTPS
+        };
+        let mut uri = Uri::builder().scheme(scheme).authority(authority);
         if let Some(path) = req.uri().path_and_query() {
             uri = uri.path_and_query(path.clone());
         }
@@ -326,6 +351,9 @@ impl Upstream {
             }
         }
         *req.version_mut() = Version::HTTP_2;
+        // HTTP/2 frames the body itself; a chunked marker set for HTTP/1.1
+        // would only be dropped, with a warning, by the HTTP/2 client.
+        req.headers_mut().remove(http::header::TRANSFER_ENCODING);
         if let Err(err) = sender.ready().await {
             self.forget_closed();
             return Tried::Unsent(
@@ -348,16 +376,17 @@ impl Upstream {
         }
     }
 
-    /// A new connection: HTTP/2 when the upstream chose it by ALPN (then
-    /// shared by every request), HTTP/1.1 otherwise.
-    async fn open(&self) -> Result<(Channel, Refusal), ExchangeError> {
+    /// A new connection: HTTP/2 when the upstream chose it by ALPN, or by
+    /// prior knowledge when `h2c` says so (then shared by every request
+    /// that speaks HTTP/2), HTTP/1.1 otherwise.
+    async fn open(&self, h2c: bool) -> Result<(Channel, Refusal), ExchangeError> {
         let (stream, h2) = self.connector.connect().await.map_err(|err| match err {
             ConnectError::Unreachable(why) => ExchangeError::NotSent(why),
             ConnectError::Tls(why) => ExchangeError::Tls(why),
         })?;
         let addr = &self.authority;
         let refusal = stream.refusal();
-        if h2 {
+        if h2 || h2c {
             let (sender, conn) = http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
                 .keep_alive_interval(H2_PING_EVERY)
@@ -393,14 +422,19 @@ impl Upstream {
 
     /// The shared HTTP/2 connection if it is open (and `allow_shared`
     /// says so), else the most recently used idle HTTP/1.1 connection that
-    /// the caller's runtime opened and that is still open.
-    fn checkout(&self, allow_shared: bool) -> Option<Channel> {
+    /// the caller's runtime opened and that is still open; never an
+    /// HTTP/1.1 one for a request that goes in HTTP/2 by prior knowledge
+    /// (`h2c`).
+    fn checkout(&self, allow_shared: bool, h2c: bool) -> Option<Channel> {
         if allow_shared
-            && self.http2
+            && (self.http2 || h2c)
             && let Ok(shared) = self.shared.lock()
             && let Some(sender) = shared.as_ref().filter(|s| !s.is_closed())
         {
             return Some(Channel::Http2(sender.clone()));
+        }
+        if h2c {
+            return None;
         }
         let home = current_home();
         loop {
@@ -673,7 +707,7 @@ mod tests {
     #[test]
     fn an_idle_connection_is_taken_only_by_the_event_loop_that_opened_it() {
         let (authority, accepted) = counting_upstream();
-        let upstream = Upstream::new(authority, None);
+        let upstream = Upstream::new(authority, None, false);
         let (one, two) = (event_loop(), event_loop());
 
         one.block_on(get(&upstream));
@@ -703,7 +737,7 @@ mod tests {
     #[test]
     fn a_shut_down_loops_connections_are_never_handed_to_another() {
         let (authority, accepted) = counting_upstream();
-        let upstream = Upstream::new(authority, None);
+        let upstream = Upstream::new(authority, None, false);
         let gone = event_loop();
         gone.block_on(get(&upstream));
         drop(gone);

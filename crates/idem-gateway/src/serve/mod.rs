@@ -113,6 +113,7 @@ pub async fn bind(settings: &Settings) -> Result<Server, GatewayError> {
     let proxy = Proxy::new(
         &settings.upstream,
         settings.upstream_tls.clone(),
+        settings.upstream_prior_knowledge,
         settings.upstream_timeout,
     )
     .with_trusted_proxies(settings.tenant.trusted_proxies());
@@ -372,9 +373,19 @@ fn client_connections(
             let busy = activity.as_ref().map(Activity::start);
             async move {
                 let track = |resp: Response<_>| resp.map(|b| Tracked::new(b, busy));
+                // A gRPC call's refusals here are gRPC statuses too (the
+                // layer says its own so).
+                let grpc = idem_http::grpc::is_grpc(req.headers());
+                let refused = |resp| {
+                    if grpc {
+                        idem_http::grpc::answer(resp)
+                    } else {
+                        resp
+                    }
+                };
                 if let Some(problem) = host_problem(&req) {
                     tracing::debug!(reason = "host_invalid", %peer, detail = problem.detail());
-                    return Ok(track(ResponseBody::problem(&problem)));
+                    return Ok(track(refused(ResponseBody::problem(&problem))));
                 }
                 if let Some(resp) = published.as_ref().and_then(|p| p.answer(&req)) {
                     return Ok(track(resp));
@@ -384,11 +395,11 @@ fn client_connections(
                 if receiving.reads_ahead(&body) {
                     let Some(place) = receiving.per_peer.take(peer.ip()) else {
                         tracing::debug!(reason = "peer_bodies", %peer, "request shed: its peer has max_bodies_per_peer bodies arriving");
-                        return Ok(track(limits::overloaded()));
+                        return Ok(track(refused(limits::overloaded())));
                     };
                     let Ok(all) = Arc::clone(&receiving.all).try_acquire_owned() else {
                         tracing::debug!(reason = "bodies", %peer, "request shed: max_bodies bodies are arriving");
-                        return Ok(track(limits::overloaded()));
+                        return Ok(track(refused(limits::overloaded())));
                     };
                     // A body that stalls is answered by whoever reads it
                     // (408 before anything is recorded or forwarded).
@@ -400,7 +411,7 @@ fn client_connections(
                     // shed request would add work exactly when there is
                     // too much.
                     tracing::debug!(reason = "overloaded", %peer, "request shed: every in-flight slot is taken");
-                    return Ok(track(limits::overloaded()));
+                    return Ok(track(refused(limits::overloaded())));
                 };
                 let body = if body_timeout.is_none() && body_total.is_none() && body.nothing_ahead()
                 {

@@ -382,16 +382,7 @@ async fn http2_clients_are_proxied_and_replayed() {
     let dir = tempfile::tempdir().expect("temp dir");
     let up = CountingUpstream::start().await;
     let gw = start(dir.path(), CONFIG, &up.url(), &sqlite_store(dir.path())).await;
-    let stream = tokio::net::TcpStream::connect(gw.addr)
-        .await
-        .expect("connect");
-    let (mut h2, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .expect("HTTP/2 handshake");
-    tokio::spawn(conn);
+    let mut h2 = idem_testkit::client::h2c(gw.addr).await;
     let mut call = async |method: Method, key: Option<&str>| {
         let mut req = http::Request::builder()
             .method(method)

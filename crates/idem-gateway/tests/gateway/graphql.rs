@@ -9,10 +9,8 @@
 //! run's answer, queries pass unrecorded, and a changed request is
 //! refused in a GraphQL error the client reads.
 
-use std::path::Path;
-
 use idem_testkit::gateway::{GatewayProcess, listed_records, sqlite_store};
-use idem_testkit::peers::{python_report, python_service};
+use idem_testkit::peers::python_report;
 use serde_json::Value;
 
 const IDEM: &str = env!("CARGO_BIN_EXE_idem");
@@ -33,35 +31,20 @@ protocol = "graphql"
 key_from = "/variables/idempotencyKey"
 "#;
 
-/// The GraphQL server, behind `idem serve` with [`CONFIG`]; `None` (a
-/// loud skip) without the Python peers.
+/// The GraphQL server, behind `idem serve` with [`CONFIG`]; `None` (a loud
+/// skip) without its Python peers.
 async fn behind_idem() -> Option<(
     std::path::PathBuf,
     tempfile::TempDir,
     tokio::process::Child,
     GatewayProcess,
 )> {
-    let python = idem_testkit::services::python_with(&[
-        "strawberry.asgi",
-        "uvicorn",
-        "gql.transport.requests",
-    ])?;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let (server, addr) = python_service(&python, SERVER, dir.path(), "graphql.log").await;
-    let gw = GatewayProcess::builder(IDEM, dir.path())
-        .config(CONFIG)
-        .upstream(&format!("http://{addr}"))
-        .start()
-        .await;
-    Some((python, dir, server, gw))
-}
-
-fn ledger(dir: &Path) -> Vec<String> {
-    std::fs::read_to_string(dir.join("ledger"))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_owned)
-        .collect()
+    super::python_service_behind_idem(
+        &["strawberry.asgi", "uvicorn", "gql.transport.requests"],
+        SERVER,
+        CONFIG,
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,7 +61,7 @@ async fn a_gql_clients_retries_create_each_payment_once() {
         .map(|a| a.as_array().map_or(0, Vec::len))
         .sum();
     let keys = PAYMENTS + PAYMENTS.div_ceil(4);
-    let lines = ledger(dir.path());
+    let lines = super::ledger(dir.path());
     let distinct: std::collections::BTreeSet<&String> = lines.iter().collect();
     eprintln!(
         "gql client: {} calls, {} distinct keys, {parsed} answers parsed by gql, refusals {}, {} answers dropped by the client; ledger: {} side effects",
@@ -182,7 +165,7 @@ async fn graphql_answers_release_hold_or_store_their_keys() {
         held["errors"][0]["extensions"]["code"], "IDEMPOTENCY_OUTCOME_HELD",
         "{held}"
     );
-    let lines = ledger(dir.path());
+    let lines = super::ledger(dir.path());
     assert_eq!(
         lines
             .iter()

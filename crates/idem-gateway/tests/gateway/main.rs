@@ -13,6 +13,7 @@ mod e2e;
 mod faults;
 mod first_hour;
 mod graphql;
+mod grpc;
 mod hostile_upstream;
 mod limits;
 mod profiles;
@@ -28,3 +29,39 @@ mod telemetry;
 mod trust;
 mod upstream_tls;
 mod webhooks;
+
+/// A service written in Python (`script PORT LEDGER`, with the
+/// `modules` it imports) behind `idem serve` with `config`: the Python
+/// it runs under, the directory of its files, its process and the
+/// gateway's. `None` (a loud skip) without its modules.
+async fn python_service_behind_idem(
+    modules: &[&str],
+    script: &str,
+    config: &str,
+) -> Option<(
+    std::path::PathBuf,
+    tempfile::TempDir,
+    tokio::process::Child,
+    idem_testkit::gateway::GatewayProcess,
+)> {
+    let python = idem_testkit::services::python_with(modules)?;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (service, addr) =
+        idem_testkit::peers::python_service(&python, script, dir.path(), "service.log").await;
+    let gw = idem_testkit::gateway::GatewayProcess::builder(env!("CARGO_BIN_EXE_idem"), dir.path())
+        .config(config)
+        .upstream(&format!("http://{addr}"))
+        .start()
+        .await;
+    Some((python, dir, service, gw))
+}
+
+/// The lines of the ledger a Python service keeps in `dir`: one per side
+/// effect.
+fn ledger(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("ledger"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}

@@ -41,16 +41,20 @@ where
         let (mut parts, body) = resp.into_parts();
         // The layer's own marker, never the upstream's to set.
         parts.headers.remove(NOT_RETAINED);
-        // A JSON-RPC answer's error object, and a GraphQL answer's
-        // `errors` and `data`, decide with its status, so a successful
-        // answer (and a GraphQL request error's `400`) is read, within the
-        // stored limit, before it is judged; an event stream too, which
-        // is then kept whole.
+        // A gRPC answer's `grpc-status`, a JSON-RPC answer's error object,
+        // and a GraphQL answer's `errors` and `data` decide with its
+        // status, so a successful answer (and a GraphQL request error's
+        // `400`) is read, within the stored limit, before it is judged; an
+        // event stream too, which is then kept whole.
         let mut body = Pending::Unread(body);
         let mut judged_status = parts.status.as_u16();
         // A GraphQL answer that says nothing ran.
         let mut not_run = false;
+        // A gRPC answer is `200` whatever became of the call: its status
+        // is in its trailers, after the messages.
+        let grpc = crate::grpc::is_grpc(&parts.headers);
         let judges_body = match (&policy.jsonrpc, &policy.graphql) {
+            _ if grpc => parts.status.is_success(),
             (Some(_), _) => parts.status.is_success(),
             (None, Some(_)) => parts.status.is_success() || parts.status == StatusCode::BAD_REQUEST,
             (None, None) => false,
@@ -60,12 +64,15 @@ where
             && let Pending::Unread(unread) = body
         {
             let kept = keep_response(unread, policy.max_stored_response).await;
-            if let Kept::Whole(bytes) = &kept {
+            if let Kept::Whole(bytes, trailers) = &kept {
                 let content_type = parts
                     .headers
                     .get(header::CONTENT_TYPE)
                     .and_then(|v| v.to_str().ok());
-                if policy.jsonrpc.is_some() {
+                if grpc {
+                    let code = crate::grpc::status(&parts.headers, trailers.as_ref());
+                    judged_status = crate::grpc::judged_status(code);
+                } else if policy.jsonrpc.is_some() {
                     judged_status = match crate::jsonrpc::classify(bytes, content_type) {
                         crate::jsonrpc::ErrorClass::Result => judged_status,
                         crate::jsonrpc::ErrorClass::Final => 400,
@@ -147,10 +154,14 @@ where
             },
         );
         match kept {
-            Kept::Whole(bytes) => {
+            Kept::Whole(bytes, trailers) => {
+                let mut headers = stored_headers;
+                if let Some(trailers) = &trailers {
+                    headers.extend(storable_trailers(trailers, &policy.unstored_headers));
+                }
                 let stored = StoredResponse {
                     status,
-                    headers: stored_headers,
+                    headers,
                     body: bytes.clone(),
                 };
                 if let Err(err) = guard.finish(stored).await {
@@ -158,7 +169,7 @@ where
                 }
                 tracing::info!(reason = "idempotency_executed", tenant = scope.tenant(), operation = scope.operation(), %key, status, resolution = ?policy.engine.resolution_for(judged_status));
                 Ok(with_decision(
-                    Response::from_parts(parts, ResponseBody::full(bytes)),
+                    Response::from_parts(parts, ResponseBody::with_trailers(bytes, trailers)),
                     Decision::Executed,
                 ))
             }
@@ -211,7 +222,9 @@ impl<B> Pending<B> {
     fn into_body(self) -> ResponseBody<B> {
         match self {
             Self::Unread(body) => ResponseBody::inner(body),
-            Self::Read(Kept::Whole(bytes)) => ResponseBody::full(bytes),
+            Self::Read(Kept::Whole(bytes, trailers)) => {
+                ResponseBody::with_trailers(bytes, trailers)
+            }
             Self::Read(Kept::TooLarge { prefix, rest }) => ResponseBody::Prefixed {
                 prefix: (!prefix.is_empty()).then_some(prefix),
                 rest,

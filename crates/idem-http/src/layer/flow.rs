@@ -65,7 +65,10 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
             req.method(),
             normalized.as_deref().unwrap_or(req.uri().path()),
         );
+        // Every answer the layer makes to a gRPC call is a gRPC status.
+        let grpc = crate::grpc::is_grpc(req.headers());
         let counted = Counted {
+            grpc,
             shared: Arc::clone(this),
             // Labels index: configured routes, then the defaults, then "none".
             index: route.as_ref().map_or(this.engines.len(), |r| r.index),
@@ -622,13 +625,7 @@ where
 /// object with the call's `id` (labelled as before); any other answer
 /// is the service's, or a replay already given the call's `id`.
 fn rpc_answer<B>(resp: Response<ResponseBody<B>>, id: &[u8]) -> Response<ResponseBody<B>> {
-    let Some(problem) = resp.extensions().get::<Problem>().cloned() else {
-        return resp;
-    };
-    let (parts, _) = resp.into_parts();
-    let (mut answer, body) = crate::jsonrpc::refusal(id, &problem).into_parts();
-    answer.extensions = parts.extensions;
-    Response::from_parts(answer, ResponseBody::Full { body })
+    ResponseBody::restate(resp, |p| crate::jsonrpc::refusal(id, p))
 }
 
 /// A GraphQL mutation's answer: a refusal the layer made (in flight, key
@@ -638,19 +635,7 @@ fn graphql_answer<B>(
     resp: Response<ResponseBody<B>>,
     accept: Option<&str>,
 ) -> Response<ResponseBody<B>> {
-    let Some(problem) = resp.extensions().get::<Problem>().cloned() else {
-        return resp;
-    };
-    let (parts, _) = resp.into_parts();
-    let (mut answer, body) = crate::graphql::refusal(&problem, accept).into_parts();
-    answer.extensions = parts.extensions;
-    // The layer's own headers (the replay and retention markers) stay.
-    for (name, value) in &parts.headers {
-        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
-            answer.headers.entry(name).or_insert_with(|| value.clone());
-        }
-    }
-    Response::from_parts(answer, ResponseBody::Full { body })
+    ResponseBody::restate(resp, |p| crate::graphql::refusal(p, accept))
 }
 
 /// The request's `Accept`, when it is text.

@@ -177,7 +177,7 @@ where
                 .into());
             }
             match keep_response(body, LOOKUP_BODY_LIMIT).await {
-                Kept::Whole(bytes) => Ok((parts.status, parts.headers, bytes)),
+                Kept::Whole(bytes, _) => Ok((parts.status, parts.headers, bytes)),
                 Kept::TooLarge { .. } => Err("the lookup's answer is too large to record".into()),
                 Kept::Broken(err) => Err(err),
             }

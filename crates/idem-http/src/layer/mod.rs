@@ -45,7 +45,8 @@ use crate::decision::Decision;
 #[cfg(test)]
 use crate::headers::IDEMPOTENT_REPLAYED;
 use crate::headers::{
-    IDEMPOTENCY_STATUS, IDEMPOTENCY_TTL, NOT_RETAINED, replayable_name, storable_headers,
+    IDEMPOTENCY_STATUS, IDEMPOTENCY_TTL, NOT_RETAINED, TRAILER_PREFIX, replayable_name,
+    storable_headers, storable_trailers,
 };
 use crate::metrics::RequestMetrics;
 use crate::pattern::normalize_path;
@@ -341,6 +342,8 @@ struct Counted<S, T> {
     index: usize,
     matched: bool,
     started: Instant,
+    /// The request is a gRPC call: a refusal is said as a gRPC status.
+    grpc: bool,
 }
 
 impl<S, T> Counted<S, T> {
@@ -350,7 +353,11 @@ impl<S, T> Counted<S, T> {
             index,
             matched,
             started,
+            grpc,
         } = self;
+        if grpc && let Ok(resp) = answer {
+            answer = Ok(crate::grpc::answer(resp));
+        }
         if let Ok(resp) = &mut answer {
             let decision = resp
                 .extensions()

@@ -51,11 +51,17 @@ pub(super) fn replayed<B>(replay: Replay, contract: &Contract) -> Response<Respo
             .insert(IDEMPOTENCY_STATUS, HeaderValue::from_static("not-retained"));
         resp
     } else {
-        let mut resp = Response::new(ResponseBody::full(body));
-        *resp.status_mut() = status;
+        let mut fields = HeaderMap::new();
+        let mut trailers = HeaderMap::new();
         for (name, value) in &headers {
-            append(resp.headers_mut(), name, value);
+            match name.strip_prefix(TRAILER_PREFIX) {
+                Some(trailer) => append(&mut trailers, trailer, value),
+                None => append(&mut fields, name, value),
+            }
         }
+        let mut resp = Response::new(ResponseBody::with_trailers(body, Some(trailers)));
+        *resp.status_mut() = status;
+        *resp.headers_mut() = fields;
         resp
     };
     for name in &contract.replay_headers {

@@ -14,7 +14,9 @@ use sha2::{Digest, Sha256};
 use super::tenant::Tenant;
 use crate::{BodyFields, Problem, ProblemKind};
 
-/// Whether a `Content-Type` names JSON (`application/json`, `…+json`).
+/// Whether a `Content-Type` names JSON (`application/json`, `…+json`);
+/// not `application/grpc+json`, whose body is length-prefixed gRPC
+/// frames (fingerprinted as the bytes sent), whatever their encoding.
 pub fn is_json(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
@@ -28,7 +30,9 @@ pub fn is_json(headers: &HeaderMap) -> bool {
         })
         .is_some_and(|mime| {
             mime == "application/json"
-                || (mime.starts_with("application/") && mime.ends_with("+json"))
+                || (mime.starts_with("application/")
+                    && mime.ends_with("+json")
+                    && !mime.starts_with("application/grpc+"))
         })
 }
 
