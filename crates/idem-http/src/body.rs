@@ -40,8 +40,9 @@ pub enum ResponseBody<B> {
     Trailed {
         /// The bytes, sent first (`None` once sent, or when empty).
         body: Option<Bytes>,
-        /// The trailers, sent last.
-        trailers: Option<HeaderMap>,
+        /// The trailers, sent last; boxed, so that every other answer's
+        /// body, moved from wrapper to wrapper, stays as small as before.
+        trailers: Option<Box<HeaderMap>>,
     },
 }
 
@@ -61,7 +62,7 @@ impl<B> ResponseBody<B> {
                 let bytes = bytes.into();
                 Self::Trailed {
                     body: (!bytes.is_empty()).then_some(bytes),
-                    trailers: Some(trailers),
+                    trailers: Some(Box::new(trailers)),
                 }
             }
             _ => Self::full(bytes),
@@ -142,7 +143,7 @@ where
             },
             Self::Trailed { body, trailers } => Poll::Ready(match body.take() {
                 Some(bytes) => Some(Ok(Frame::data(bytes))),
-                None => trailers.take().map(|t| Ok(Frame::trailers(t))),
+                None => trailers.take().map(|t| Ok(Frame::trailers(*t))),
             }),
         }
     }

@@ -80,15 +80,14 @@ pub const UNAUTHENTICATED: u8 = 16;
 /// Whether a request (or answer) is gRPC: its `Content-Type` is
 /// `application/grpc`, or one of its `+proto`, `+json` forms.
 pub fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| {
-            let ct = ct.split(';').next().unwrap_or("").trim();
-            ct.len() >= 16
-                && ct[..16].eq_ignore_ascii_case("application/grpc")
-                && (ct.len() == 16 || ct.as_bytes()[16] == b'+')
-        })
+    // On every request, gRPC or not: the bytes are compared, never parsed.
+    const GRPC: &[u8] = b"application/grpc";
+    headers.get(header::CONTENT_TYPE).is_some_and(|v| {
+        let ct = v.as_bytes();
+        ct.len() >= GRPC.len()
+            && ct[..GRPC.len()].eq_ignore_ascii_case(GRPC)
+            && matches!(ct.get(GRPC.len()), None | Some(b'+' | b';' | b' '))
+    })
 }
 
 /// An answer's status code: from its trailers, else (a trailers-only

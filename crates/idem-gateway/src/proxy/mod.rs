@@ -95,12 +95,15 @@ impl Service<Request<ProxyBody>> for Proxy {
         // held until whoever handles the answer (the idempotency layer,
         // recording it after the client left) is done with it.
         let slot = parts.extensions.remove::<Slot>();
+        let grpc = idem_http::grpc::is_grpc(&parts.headers);
         // `TE: trailers` is the one TE HTTP/2 allows, and a gRPC server
-        // refuses a call without it: it goes on, the rest of TE does not.
-        let trailers = parts
-            .headers
-            .get(http::header::TE)
-            .is_some_and(|te| te.as_bytes().eq_ignore_ascii_case(b"trailers"));
+        // refuses a call without it: a gRPC call's goes on, the rest of TE
+        // does not.
+        let trailers = grpc
+            && parts
+                .headers
+                .get(http::header::TE)
+                .is_some_and(|te| te.as_bytes().eq_ignore_ascii_case(b"trailers"));
         strip_hop_by_hop(&mut parts.headers);
         if trailers {
             parts
@@ -108,8 +111,10 @@ impl Service<Request<ProxyBody>> for Proxy {
                 .insert(http::header::TE, HeaderValue::from_static("trailers"));
         }
         // A gRPC call's own deadline, when sooner than the gateway's.
-        let timeout = idem_http::grpc::timeout(&parts.headers)
-            .map_or(self.timeout, |deadline| deadline.min(self.timeout));
+        let timeout = match grpc.then(|| idem_http::grpc::timeout(&parts.headers)) {
+            Some(Some(deadline)) => deadline.min(self.timeout),
+            _ => self.timeout,
+        };
         // A body of unknown length goes on chunked, whatever the method:
         // left to itself the HTTP/1 client sends a GET, HEAD or CONNECT
         // without it (RFC 9110 gives such a body no meaning, but it is the
@@ -133,7 +138,7 @@ impl Service<Request<ProxyBody>> for Proxy {
         }
         let span = telemetry::upstream_span(&parts.method);
         telemetry::propagate(&span, &mut parts.headers);
-        let exchange = Arc::clone(&self.upstream).send(Request::from_parts(parts, body));
+        let exchange = Arc::clone(&self.upstream).send(Request::from_parts(parts, body), grpc);
         ResponseFuture {
             exchange: Box::pin(tokio::time::timeout(timeout, exchange)),
             slot,

@@ -231,11 +231,13 @@ impl Upstream {
         })
     }
 
-    /// Sends `req` (its URI reduced to path and query) and returns the
-    /// response head; the body drives the connection until it is read.
+    /// Sends `req` (its URI reduced to path and query; `grpc`: a gRPC
+    /// call) and returns the response head; the body drives the
+    /// connection until it is read.
     pub async fn send(
         self: Arc<Self>,
         mut req: Request<ProxyBody>,
+        grpc: bool,
     ) -> Result<Response<UpstreamBody>, ExchangeError> {
         let path = req
             .uri()
@@ -262,7 +264,7 @@ impl Upstream {
         let mut allow_shared = true;
         // HTTP/2 by prior knowledge to a plain upstream: for every request,
         // or for a gRPC call, which needs HTTP/2 end to end.
-        let h2c = self.plain && (self.prior_knowledge || idem_http::grpc::is_grpc(req.headers()));
+        let h2c = self.plain && (self.prior_knowledge || grpc);
         loop {
             let (channel, fresh) = match self.checkout(allow_shared, h2c) {
                 Some(channel) => (channel, None),
@@ -687,7 +689,10 @@ mod tests {
             let req = Request::get("/")
                 .body(ProxyBody::from(Bytes::new()))
                 .expect("request");
-            let resp = Arc::clone(upstream).send(req).await.expect("answered");
+            let resp = Arc::clone(upstream)
+                .send(req, false)
+                .await
+                .expect("answered");
             assert_eq!(resp.status(), 200);
             resp.into_body().collect().await.expect("body").to_bytes()
         };
