@@ -132,6 +132,36 @@ fn frame(message: &[u8]) -> Bytes {
     Bytes::from(out)
 }
 
+/// One call by a plain HTTP/2 client: the answer's head, its bytes and
+/// its trailers.
+async fn wire_call(
+    h2: &mut hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    addr: std::net::SocketAddr,
+    method: &str,
+    key: &str,
+    message: &str,
+    extra: &[(&str, &str)],
+) -> (http::response::Parts, Bytes, http::HeaderMap) {
+    let mut req = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/pay.Payments/{method}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", "Bearer grpc-wire")
+        .header("idempotency-key", key);
+    for (name, value) in extra {
+        req = req.header(*name, *value);
+    }
+    let req = req
+        .body(Full::new(frame(message.as_bytes())))
+        .expect("request");
+    let resp = h2.send_request(req).await.expect("HTTP/2 answer");
+    let (parts, body) = resp.into_parts();
+    let collected = body.collect().await.expect("body");
+    let trailers = collected.trailers().cloned().unwrap_or_default();
+    (parts, collected.to_bytes(), trailers)
+}
+
 /// A replay, seen on the wire by a plain HTTP/2 client: the same status,
 /// headers, message bytes and trailers as the first answer, plus the
 /// replay's own marker; refusals are trailers-only answers.
@@ -141,21 +171,9 @@ async fn a_replay_is_the_first_answer_byte_for_byte() {
         return;
     };
     let mut h2 = idem_testkit::client::h2c(gw.addr).await;
+    let addr = gw.addr;
     let mut call = async |method: &str, key: &str, message: &str| {
-        let req = http::Request::builder()
-            .method("POST")
-            .uri(format!("http://{}/pay.Payments/{method}", gw.addr))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .header("authorization", "Bearer grpc-wire")
-            .header("idempotency-key", key)
-            .body(Full::new(frame(message.as_bytes())))
-            .expect("request");
-        let resp = h2.send_request(req).await.expect("HTTP/2 answer");
-        let (parts, body) = resp.into_parts();
-        let collected = body.collect().await.expect("body");
-        let trailers = collected.trailers().cloned().unwrap_or_default();
-        (parts, collected.to_bytes(), trailers)
+        wire_call(&mut h2, addr, method, key, message, &[]).await
     };
     let (first, first_body, first_trailers) =
         call("Create", "wire-1", r#"{"order":"w-1","cents":5}"#).await;
@@ -187,6 +205,53 @@ async fn a_replay_is_the_first_answer_byte_for_byte() {
     // A key that cannot be one: INVALID_ARGUMENT, nothing run.
     let (bad, _, _) = call("Create", "  ", r#"{"order":"w-2","cents":5}"#).await;
     assert_eq!(bad.headers["grpc-status"], "3", "{bad:?}");
+}
+
+/// A call whose `grpc-timeout` passes while the server runs it gets
+/// `DEADLINE_EXCEEDED`, and its key is held: the retry is refused as
+/// held, never run again. A server-streaming method under a route is
+/// stored whole, its three messages and trailers replayed as sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadlines_hold_and_streamed_answers_are_kept_whole() {
+    let Some((_, dir, _server, gw)) = behind_idem().await else {
+        return;
+    };
+    let mut h2 = idem_testkit::client::h2c(gw.addr).await;
+    let slow = r#"{"order":"w-slow","cents":7,"delay_ms":800}"#;
+    let deadline = [("grpc-timeout", "200m")];
+    let (late, _, _) = wire_call(&mut h2, gw.addr, "Create", "wire-late", slow, &deadline).await;
+    assert_eq!(
+        late.headers["grpc-status"], "4",
+        "DEADLINE_EXCEEDED: {late:?}"
+    );
+    let (again, _, _) = wire_call(&mut h2, gw.addr, "Create", "wire-late", slow, &[]).await;
+    assert_eq!(again.headers["grpc-status"], "10", "ABORTED: {again:?}");
+    assert_eq!(again.headers["idem-problem"], "idempotency-outcome-held");
+    // The server ran it once, after the gateway stopped waiting.
+    idem_testkit::wait::eventually("the slow call's charge", async || {
+        super::ledger(dir.path()).iter().any(|l| l == "w-slow 7")
+    })
+    .await;
+    assert_eq!(
+        super::ledger(dir.path())
+            .iter()
+            .filter(|l| l.as_str() == "w-slow 7")
+            .count(),
+        1
+    );
+    let (_, first_body, first_trailers) =
+        wire_call(&mut h2, gw.addr, "Watch", "wire-watch", "{}", &[]).await;
+    let (replay, replay_body, replay_trailers) =
+        wire_call(&mut h2, gw.addr, "Watch", "wire-watch", "{}", &[]).await;
+    assert_eq!(first_trailers["grpc-status"], "0");
+    assert_eq!(replay.headers["idempotent-replayed"], "true");
+    assert_eq!(first_body, replay_body, "three messages, as sent");
+    assert_eq!(
+        first_body.iter().filter(|b| **b == b'{').count(),
+        3,
+        "{first_body:?}"
+    );
+    assert_eq!(first_trailers, replay_trailers);
 }
 
 /// `idem openapi` and `idem check` aside, the configuration: a gRPC route
