@@ -216,10 +216,19 @@ impl RoutePolicy {
     /// header is read, and every delivery has one) and its tenant the
     /// sender ([`Webhook::tenant`]).
     pub fn with_webhook(mut self, webhook: Webhook) -> Self {
+        self = self.keyed_in_body(true);
+        self.webhook = Some(Arc::new(webhook));
+        self
+    }
+
+    /// A route whose requests say in their body where their key is (and
+    /// whether they need one): no route-wide key header or field is read
+    /// before the body, and the route refuses nothing for want of one
+    /// unless `require_key`.
+    fn keyed_in_body(mut self, require_key: bool) -> Self {
         self.key_headers = Vec::new();
         self.key_from = None;
-        self.require_key = true;
-        self.webhook = Some(Arc::new(webhook));
+        self.require_key = require_key;
         self
     }
 
@@ -228,9 +237,7 @@ impl RoutePolicy {
     /// header), its answers and refusals JSON-RPC's. An MCP session id is
     /// never stored with an answer: a retry may come on another session.
     pub fn with_jsonrpc(mut self, jsonrpc: JsonRpc) -> Self {
-        self.key_headers = Vec::new();
-        self.key_from = None;
-        self.require_key = false;
+        self = self.keyed_in_body(false);
         let session = HeaderName::from_static("mcp-session-id");
         if !self.unstored_headers.contains(&session) {
             self.unstored_headers.push(session);
@@ -245,9 +252,7 @@ impl RoutePolicy {
     /// subscription passes through unrecorded. Refusals are GraphQL
     /// errors.
     pub fn with_graphql(mut self, graphql: GraphQl) -> Self {
-        self.key_headers = Vec::new();
-        self.key_from = None;
-        self.require_key = false;
+        self = self.keyed_in_body(false);
         self.graphql = Some(Arc::new(graphql));
         self
     }

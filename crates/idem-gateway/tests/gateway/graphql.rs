@@ -9,7 +9,7 @@
 //! run's answer, queries pass unrecorded, and a changed request is
 //! refused in a GraphQL error the client reads.
 
-use idem_testkit::gateway::{GatewayProcess, listed_records, sqlite_store};
+use idem_testkit::gateway::{listed_records, sqlite_store};
 use idem_testkit::peers::python_report;
 use serde_json::Value;
 
@@ -33,12 +33,7 @@ key_from = "/variables/idempotencyKey"
 
 /// The GraphQL server, behind `idem serve` with [`CONFIG`]; `None` (a loud
 /// skip) without its Python peers.
-async fn behind_idem() -> Option<(
-    std::path::PathBuf,
-    tempfile::TempDir,
-    tokio::process::Child,
-    GatewayProcess,
-)> {
+async fn behind_idem() -> Option<super::Behind> {
     super::python_service_behind_idem(
         &["strawberry.asgi", "uvicorn", "gql.transport.requests"],
         SERVER,

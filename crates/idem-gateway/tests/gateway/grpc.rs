@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use idem_testkit::gateway::{GatewayProcess, listed_records, sqlite_store};
+use idem_testkit::gateway::{listed_records, sqlite_store};
 use idem_testkit::peers::python_report;
 use serde_json::Value;
 
@@ -30,12 +30,7 @@ protocol = "grpc"
 
 /// The gRPC server, behind `idem serve` with [`CONFIG`]; `None` (a loud
 /// skip) without its Python peers.
-async fn behind_idem() -> Option<(
-    std::path::PathBuf,
-    tempfile::TempDir,
-    tokio::process::Child,
-    GatewayProcess,
-)> {
+async fn behind_idem() -> Option<super::Behind> {
     super::python_service_behind_idem(&["grpc"], SERVER, CONFIG).await
 }
 

@@ -30,20 +30,23 @@ mod trust;
 mod upstream_tls;
 mod webhooks;
 
-/// A service written in Python (`script PORT LEDGER`, with the
-/// `modules` it imports) behind `idem serve` with `config`: the Python
-/// it runs under, the directory of its files, its process and the
-/// gateway's. `None` (a loud skip) without its modules.
-async fn python_service_behind_idem(
-    modules: &[&str],
-    script: &str,
-    config: &str,
-) -> Option<(
+/// A Python service behind `idem serve`: the Python it runs under, the
+/// directory of its files, its process and the gateway's.
+type Behind = (
     std::path::PathBuf,
     tempfile::TempDir,
     tokio::process::Child,
     idem_testkit::gateway::GatewayProcess,
-)> {
+);
+
+/// A service written in Python (`script PORT LEDGER`, with the
+/// `modules` it imports) behind `idem serve` with `config`; `None` (a
+/// loud skip) without its modules.
+async fn python_service_behind_idem(
+    modules: &[&str],
+    script: &str,
+    config: &str,
+) -> Option<Behind> {
     let python = idem_testkit::services::python_with(modules)?;
     let dir = tempfile::tempdir().expect("temp dir");
     let (service, addr) =

@@ -10,7 +10,7 @@ use super::incoming::{
 use super::replay::replayed;
 use super::*;
 use crate::graphql::Judged as GraphQlJudged;
-use crate::jsonrpc::Judged;
+use crate::jsonrpc::Judged as RpcJudged;
 
 impl<S: Store, T: TenantExtractor> Shared<S, T> {
     pub(super) fn start_reconciliation(&self) {
@@ -159,9 +159,8 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         // when `key_in_body` holds), the body is read first: whether the
         // request is protected at all depends on it.
         // A JSON-RPC route's protected call, or a GraphQL route's
-        // mutation: its operation and what its fingerprint covers.
-        let mut call: Option<crate::jsonrpc::Call> = None;
-        let mut mutation: Option<crate::graphql::Operation> = None;
+        // mutation.
+        let mut judged: Option<Judged> = None;
         let (key, body) = match header_key {
             Some(key) => (key, Received::Unread(body)),
             None => {
@@ -193,28 +192,25 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                         }
                     },
                     (None, Some(rpc), _, _) => match rpc.judge(&parts.headers, &bytes) {
-                        Judged::Pass => Ok(None),
-                        Judged::Absorb => {
+                        RpcJudged::Pass => Ok(None),
+                        RpcJudged::Absorb => {
                             tracing::info!(reason = "jsonrpc_cancel_absorbed", %operation);
                             let mut resp = Response::new(ResponseBody::full(Bytes::new()));
                             *resp.status_mut() = StatusCode::ACCEPTED;
                             return Ok(with_decision(resp, Decision::PassThrough));
                         }
-                        Judged::Protect(judged) => {
-                            let key = judged.key.clone();
-                            call = Some(judged);
+                        RpcJudged::Protect(call) => {
+                            let key = call.key;
+                            judged = Some(Judged {
+                                operation: call.operation,
+                                fingerprinted: call.fingerprinted,
+                                form: Form::JsonRpc(call.id),
+                            });
                             Ok(Some(key))
                         }
-                        Judged::Refuse { id, problem: p } => {
+                        RpcJudged::Refuse { id, problem: p } => {
                             tracing::info!(reason = "idempotency_invalid_key", %operation, kind = p.slug(), detail = p.detail());
-                            let decision = match p.kind() {
-                                Some(ProblemKind::KeyMissing) => Decision::MissingKey,
-                                Some(ProblemKind::JsonRpcBatchRefused) => Decision::BadRequest,
-                                _ => Decision::InvalidKey,
-                            };
-                            let resp = crate::jsonrpc::refusal(&id, &p)
-                                .map(|body| ResponseBody::Full { body });
-                            return Ok(with_decision(resp, decision));
+                            return Ok(refused(&p, crate::jsonrpc::refusal(&id, &p)));
                         }
                     },
                     (None, None, Some(gql), _) => {
@@ -224,23 +220,19 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
                             .and_then(|v| v.to_str().ok());
                         match gql.judge(&parts.headers, content_type, &bytes) {
                             GraphQlJudged::Pass => Ok(None),
-                            GraphQlJudged::Protect(judged) => {
-                                let key = judged.key.clone();
-                                mutation = Some(judged);
+                            GraphQlJudged::Protect(mutation) => {
+                                let key = mutation.key;
+                                judged = Some(Judged {
+                                    operation: mutation.operation,
+                                    fingerprinted: mutation.fingerprinted,
+                                    form: Form::GraphQl(accept(&parts.headers).map(str::to_owned)),
+                                });
                                 Ok(Some(key))
                             }
                             GraphQlJudged::Refuse(p) => {
                                 tracing::info!(reason = "graphql_refused", %operation, kind = p.slug(), detail = p.detail());
-                                let decision = match p.kind() {
-                                    Some(ProblemKind::KeyMissing) => Decision::MissingKey,
-                                    Some(ProblemKind::KeyInvalid | ProblemKind::KeyAmbiguous) => {
-                                        Decision::InvalidKey
-                                    }
-                                    _ => Decision::BadRequest,
-                                };
-                                let resp = crate::graphql::refusal(&p, accept(&parts.headers))
-                                    .map(|body| ResponseBody::Full { body });
-                                return Ok(with_decision(resp, decision));
+                                let answer = crate::graphql::refusal(&p, accept(&parts.headers));
+                                return Ok(refused(&p, answer));
                             }
                         }
                     }
@@ -270,43 +262,30 @@ impl<S: Store, T: TenantExtractor> Shared<S, T> {
         };
         // A call's operation within its route: `POST /mcp tools/call
         // charge`, `POST /graphql mutation CreatePayment`.
-        let operation = match (&call, &mutation) {
-            (Some(c), _) => format!("{operation} {}", c.operation),
-            (None, Some(m)) => format!("{operation} {}", m.operation),
-            (None, None) => operation,
+        let (operation, fingerprinted, form) = match judged {
+            Some(j) => (
+                format!("{operation} {}", j.operation),
+                Some(j.fingerprinted),
+                Some(j.form),
+            ),
+            None => (operation, None, None),
         };
-        let rpc_id = call.as_ref().map(|c| c.id.clone());
-        // A GraphQL answer the layer makes is a GraphQL error in the media
-        // type the client accepts.
-        let graphql_accept = mutation
-            .is_some()
-            .then(|| accept(&parts.headers).map(str::to_owned));
-        let fingerprinted = call
-            .map(|c| c.fingerprinted)
-            .or(mutation.map(|m| m.fingerprinted));
-        let task_rpc_id = rpc_id.clone();
-        // Every answer to a JSON-RPC call is said in JSON-RPC.
+        // A replay of a JSON-RPC call is given the retry's `id`.
+        let rpc_id = match &form {
+            Some(Form::JsonRpc(id)) => Some(id.clone()),
+            _ => None,
+        };
         let route = Protected {
             index,
             operation,
             policy,
             normalized,
         };
-        let answer = Self::keyed(
-            this,
-            inner,
-            parts,
-            body,
-            key,
-            route,
-            fingerprinted,
-            task_rpc_id,
-        )
-        .await;
-        match (rpc_id, graphql_accept) {
-            (Some(id), _) => answer.map(|resp| rpc_answer(resp, &id)),
-            (None, Some(accept)) => answer.map(|resp| graphql_answer(resp, accept.as_deref())),
-            (None, None) => answer,
+        let answer = Self::keyed(this, inner, parts, body, key, route, fingerprinted, rpc_id).await;
+        // Every answer the layer makes to a call is said in its protocol.
+        match form {
+            Some(form) => answer.map(|resp| form.restate(resp)),
+            None => answer,
         }
     }
 
@@ -621,21 +600,54 @@ where
     }
 }
 
-/// A JSON-RPC call's answer: a refusal the layer made becomes an error
-/// object with the call's `id` (labelled as before); any other answer
-/// is the service's, or a replay already given the call's `id`.
-fn rpc_answer<B>(resp: Response<ResponseBody<B>>, id: &[u8]) -> Response<ResponseBody<B>> {
-    ResponseBody::restate(resp, |p| crate::jsonrpc::refusal(id, p))
+/// A request a JSON-RPC or GraphQL route protects, as its route judged
+/// it from its body.
+struct Judged {
+    /// Its operation within the route (`tools/call charge`, `mutation
+    /// CreatePayment`).
+    operation: String,
+    /// What its fingerprint covers: the request's meaning.
+    fingerprinted: Bytes,
+    /// The form the layer's own answers to it take.
+    form: Form,
 }
 
-/// A GraphQL mutation's answer: a refusal the layer made (in flight, key
-/// reused, held, store down) becomes a GraphQL error in the problem's
-/// status (labelled as before); any other answer is the service's.
-fn graphql_answer<B>(
-    resp: Response<ResponseBody<B>>,
-    accept: Option<&str>,
+/// The protocol a judged request's answers are said in.
+enum Form {
+    /// A JSON-RPC error object with the call's `id`.
+    JsonRpc(Bytes),
+    /// A GraphQL error, in the media type the client's `Accept` names.
+    GraphQl(Option<String>),
+}
+
+impl Form {
+    /// The answer to the request: a refusal the layer made (in flight,
+    /// key reused, held, store down) said in this form, labelled as
+    /// before; any other answer is the service's, or a replay (a JSON-RPC
+    /// one already given the call's `id`).
+    fn restate<B>(&self, resp: Response<ResponseBody<B>>) -> Response<ResponseBody<B>> {
+        match self {
+            Self::JsonRpc(id) => ResponseBody::restate(resp, |p| crate::jsonrpc::refusal(id, p)),
+            Self::GraphQl(accept) => {
+                ResponseBody::restate(resp, |p| crate::graphql::refusal(p, accept.as_deref()))
+            }
+        }
+    }
+}
+
+/// A request a protocol route refused as it read it, `answer` saying so
+/// in the route's protocol, labelled by the problem: a missing key, an
+/// invalid one, or a request it cannot take.
+fn refused<B>(
+    p: &Problem,
+    answer: Response<http_body_util::Full<Bytes>>,
 ) -> Response<ResponseBody<B>> {
-    ResponseBody::restate(resp, |p| crate::graphql::refusal(p, accept))
+    let decision = match p.kind() {
+        Some(ProblemKind::KeyMissing) => Decision::MissingKey,
+        Some(ProblemKind::KeyInvalid | ProblemKind::KeyAmbiguous) => Decision::InvalidKey,
+        _ => Decision::BadRequest,
+    };
+    with_decision(answer.map(|body| ResponseBody::Full { body }), decision)
 }
 
 /// The request's `Accept`, when it is text.
